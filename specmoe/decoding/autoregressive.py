@@ -1,0 +1,49 @@
+"""Plain autoregressive decoding: prefill, then one token per sequence per step."""
+from __future__ import annotations
+
+import time
+
+from specmoe.decoding.runner import ModelRunner
+from specmoe.decoding.sampling import sample
+from specmoe.decoding.sequence import Sequence
+
+MAX_PREFILL_TOKENS = 4096  # tokens per prefill forward; bounds activation memory for large batches
+
+
+def prefill(runner: ModelRunner, seqs: list[Sequence], stats: dict) -> dict[int, list[int]]:
+    """Write every prompt into the cache; return {seq_id: [first sampled token]}."""
+    t0 = time.perf_counter()
+    out: dict[int, list[int]] = {}
+    i = 0
+    while i < len(seqs):
+        group, n = [], 0
+        while i < len(seqs) and (not group or n + len(seqs[i].prompt_ids) <= MAX_PREFILL_TOKENS):
+            group.append(seqs[i])
+            n += len(seqs[i].prompt_ids)
+            i += 1
+        logits = runner.forward(group, [s.prompt_ids for s in group])  # [B, V]
+        for s in group:
+            runner.commit(s, len(s.prompt_ids))
+        toks = sample(logits, [s.params for s in group], [s.generator for s in group])
+        out.update({s.seq_id: [t] for s, t in zip(group, toks)})
+    stats["prefill_time_s"] += time.perf_counter() - t0
+    stats["prompt_tokens"] += sum(len(s.prompt_ids) for s in seqs)
+    return out
+
+
+class AutoregressiveDecoder:
+    """One target forward per step over the last token of every active sequence."""
+    name = "ar"
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+
+    def stats(self) -> dict:
+        return {"decoding": self.name}
+
+    def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+        logits = self.runner.forward(seqs, [[s.output_ids[-1]] for s in seqs])  # [B, V]
+        for s in seqs:
+            self.runner.commit(s, 1)
+        toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        return {s.seq_id: [t] for s, t in zip(seqs, toks)}

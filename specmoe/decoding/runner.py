@@ -1,0 +1,62 @@
+"""ModelRunner: turns lists of sequences and their new tokens into one batched forward.
+
+It owns the model, the KV cache and the expert provider. A forward writes the new
+tokens' keys/values at positions `cache.lengths[slot] + t`; committing (advancing
+lengths) is the caller's decision, which is what makes speculative rollback free.
+"""
+from __future__ import annotations
+
+import torch
+
+from specmoe.decoding.sequence import Sequence
+from specmoe.models.decoder import BatchView, Transformer
+from specmoe.models.kv_cache import KVCache
+from specmoe.models.moe import ForwardContext
+
+# B=batch, T=new tokens per sequence (padded), V=vocab
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, provider, cache: KVCache, device: torch.device):
+        self.model, self.provider, self.cache, self.device = model, provider, cache, device
+        self.observers: list = []    # called for every forward (telemetry, HotTemporal counts)
+        self.layer_hooks: list = []  # called at the start of each MoE layer (prefetch)
+
+    def context(self, routing_hook=None, observers=None) -> ForwardContext:
+        return ForwardContext(provider=self.provider, routing_hook=routing_hook,
+                              observers=list(self.observers) + list(observers or []),
+                              layer_hooks=list(self.layer_hooks))
+
+    def batch_view(self, slots: list[int], new_lens: list[int]) -> BatchView:
+        B, T = len(slots), max(new_lens)
+        starts = torch.tensor([self.cache.lengths[s] for s in slots], device=self.device)
+        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]  # [B, T]
+        valid = None
+        if min(new_lens) != T:
+            valid = torch.arange(T, device=self.device)[None, :] < torch.tensor(new_lens, device=self.device)[:, None]
+        contiguous = slice(slots[0], slots[0] + B) if slots == list(range(slots[0], slots[0] + B)) else None
+        key_len = max(self.cache.lengths[s] + n for s, n in zip(slots, new_lens))
+        return BatchView(slots=torch.tensor(slots, device=self.device), positions=positions, valid=valid,
+                         contiguous=contiguous, key_len=key_len)
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[Sequence], new_tokens: list[list[int]], *, ctx: ForwardContext | None = None,
+                all_logits: bool = False) -> torch.Tensor:
+        """Run the new tokens of each sequence. Returns logits [B, T, V] (all positions, padded) or
+        [B, V] at each sequence's last new token. Does not advance cache lengths."""
+        lens = [len(t) for t in new_tokens]
+        T = max(lens)
+        tokens = torch.tensor([t + [0] * (T - len(t)) for t in new_tokens], device=self.device)  # [B, T]
+        bv = self.batch_view([s.slot for s in seqs], lens)
+        ctx = ctx or self.context()
+        if all_logits:
+            return self.model(tokens, self.cache, bv, ctx).float()
+        last = torch.tensor(lens, device=self.device)[:, None] - 1  # [B, 1]
+        return self.model(tokens, self.cache, bv, ctx, logits_at=last)[:, 0].float()  # [B, V]
+
+    def commit(self, seq: Sequence, n: int) -> None:
+        self.cache.lengths[seq.slot] += n
+
+    def rollback(self, seq: Sequence, length: int) -> None:
+        assert length <= self.cache.lengths[seq.slot], "rollback can only shorten a sequence"
+        self.cache.lengths[seq.slot] = length

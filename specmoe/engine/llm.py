@@ -1,0 +1,212 @@
+"""The user-facing `LLM`: load a checkpoint, schedule requests, run a decoding strategy.
+
+The scheduler admits waiting requests into free KV-cache slots between decode steps
+(continuous batching), so requests join and leave the running batch at step
+boundaries; the strategy only sees the list of active sequences.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specmoe.decoding.autoregressive import AutoregressiveDecoder, prefill
+from specmoe.decoding.runner import ModelRunner
+from specmoe.decoding.sampling import SamplingParams, make_generator
+from specmoe.decoding.sequence import Sequence
+from specmoe.engine.outputs import RequestOutput
+from specmoe.engine.stats import derived, new_stats
+from specmoe.engine.tokenizer import Tokenizer
+from specmoe.errors import InputError, SpecMoEError
+from specmoe.experts.resident import ResidentExperts
+from specmoe.models.kv_cache import KVCache
+from specmoe.models.loader import load_model
+from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
+
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "models" / "specmoe-tiny-moe"
+
+
+def default_model_path() -> Path:
+    if not (DEMO_MODEL / "config.json").is_file():
+        raise SpecMoEError(f"the bundled demo model is not at {DEMO_MODEL}; pass model=PATH "
+                           "(a Hugging Face checkpoint directory)")
+    return DEMO_MODEL
+
+
+class LLM:
+    """`LLM(model=None|path, dtype="auto", device="cpu")`; `generate`, `logits`, `stats`."""
+
+    def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto",
+                 device: str = "cpu", max_batch: int = 256, max_model_len: int | None = None,
+                 progress: bool = False):
+        self.path = Path(model) if model is not None else default_model_path()
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise SpecMoEError("device='cuda' requested but CUDA is not available")
+        self.ckpt = Checkpoint(self.path)
+        self.config = self.ckpt.config
+        self.dtype = resolve_dtype(dtype, default=self.config.dtype)
+        self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
+        self.provider = ResidentExperts(self.ckpt, self.dtype, self.device, progress=progress)
+        self.tokenizer = Tokenizer.load(self.path)
+        self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
+                                 self.config.max_position_embeddings)
+        self.max_batch = max_batch
+        eos = set(self.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = eos
+        self._cache: KVCache | None = None
+        self._stats = new_stats()
+        self._next_id = 0
+
+    # ---------------------------------------------------------------- helpers
+    def _cache_for(self, max_seq: int) -> KVCache:
+        c = self._cache
+        if c is None or c.max_seq < max_seq:
+            cfg = self.config
+            self._cache = None  # free the old one first
+            self._cache = KVCache(num_layers=cfg.num_layers, max_batch=self.max_batch, max_seq=max_seq,
+                                  num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=self.dtype,
+                                  device=self.device)
+        self._cache.lengths = [0] * self.max_batch
+        return self._cache
+
+    def _tokenize(self, prompts) -> tuple[list[str | None], list[list[int]]]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise InputError("empty prompt list: pass at least one prompt")
+        texts, ids = [], []
+        for p in prompts:
+            if isinstance(p, str):
+                if self.tokenizer is None:
+                    raise InputError(f"{self.path} has no tokenizer.json; pass prompts as token-id lists")
+                texts.append(p)
+                ids.append(self.tokenizer.encode(p))
+            else:
+                texts.append(None)
+                ids.append([int(t) for t in p])
+            if not ids[-1]:
+                raise InputError(f"prompt {len(ids) - 1} is empty")
+            bad = [t for t in ids[-1] if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise InputError(f"prompt {len(ids) - 1} has token ids outside the vocabulary "
+                                 f"[0, {self.config.vocab_size}): {bad[:5]}")
+            if len(ids[-1]) >= self.max_model_len:
+                raise InputError(f"prompt {len(ids) - 1} has {len(ids[-1])} tokens; the context length is "
+                                 f"{self.max_model_len} (prompt + at least one generated token must fit)")
+        return texts, ids
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    def _make_strategy(self, runner: ModelRunner):
+        return AutoregressiveDecoder(runner)
+
+    # ---------------------------------------------------------------- API
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        texts, prompt_ids = self._tokenize(prompts)
+        if params is None:
+            params = SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompt_ids)
+        if len(plist) != len(prompt_ids):
+            raise InputError(f"{len(plist)} SamplingParams for {len(prompt_ids)} prompts")
+        return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
+
+    def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
+        lookahead = 16  # room for speculative positions past max_tokens
+        max_seq = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist)))
+        cache = self._cache_for(max_seq + lookahead)
+        runner = ModelRunner(self.model, self.provider, cache, self.device)
+        strategy = self._make_strategy(runner)
+        waiting = list(range(len(prompt_ids)))
+        free_slots = list(range(self.max_batch))
+        active: list[Sequence] = []
+        done: dict[int, Sequence] = {}
+        st = self._stats
+        st["requests"] += len(prompt_ids)
+        bar = tqdm(total=len(prompt_ids), desc="requests", disable=not use_tqdm)
+        while waiting or active:
+            if waiting and free_slots:  # admit new requests between steps
+                new = []
+                while waiting and free_slots:
+                    i = waiting.pop(0)
+                    sp = plist[i]
+                    new.append(Sequence(seq_id=i, prompt_ids=prompt_ids[i], params=sp, slot=free_slots.pop(0),
+                                        generator=make_generator(sp.seed, self.device)))
+                first = prefill(runner, sorted(new, key=lambda s: s.slot), st)
+                for s in new:
+                    self._append(s, first[s.seq_id])
+                active += new
+            else:
+                t0 = time.perf_counter()
+                out = strategy.step(active)
+                st["decode_time_s"] += time.perf_counter() - t0
+                st["decode_steps"] += 1
+                for s in active:
+                    self._append(s, out[s.seq_id])
+            for s in [s for s in active if s.finished]:
+                active.remove(s)
+                free_slots.append(s.slot)
+                free_slots.sort()
+                done[s.seq_id] = s
+                bar.update()
+        bar.close()
+        self._strategy_stats = strategy.stats()
+        outs = []
+        for i in range(len(prompt_ids)):
+            s = done[i]
+            text = self._decode(s.output_ids)
+            for stop in s.params.stop:
+                if stop in text:
+                    text = text[: text.index(stop)]
+            outs.append(RequestOutput(request_id=self._next_id + i, prompt=texts[i], prompt_token_ids=s.prompt_ids,
+                                      text=text, token_ids=list(s.output_ids), finish_reason=s.finish_reason))
+        self._next_id += len(prompt_ids)
+        return outs
+
+    def _append(self, s: Sequence, tokens: list[int]) -> None:
+        """Append tokens one by one, stopping at EOS, a stop string, max_tokens or the context end."""
+        for t in tokens:
+            if s.finished:
+                return
+            s.output_ids.append(t)
+            self._stats["generated_tokens"] += 1
+            p = s.params
+            if t in self.eos_token_ids and not p.ignore_eos:
+                s.finished, s.finish_reason = True, "stop"
+            elif p.stop and any(stop in self._decode(s.output_ids) for stop in p.stop):
+                s.finished, s.finish_reason = True, "stop"
+            elif len(s.output_ids) >= p.max_tokens or s.num_tokens >= self.max_model_len:
+                s.finished, s.finish_reason = True, "length"
+
+    @torch.inference_mode()
+    def logits(self, token_id_lists: list[list[int]]) -> torch.Tensor:
+        """Scoring: [B, T, V] fp32 logits for each position (right-padded with zeros)."""
+        _, ids = self._tokenize(token_id_lists if token_id_lists and not isinstance(token_id_lists[0], int)
+                                else [token_id_lists])
+        if len(ids) > self.max_batch:
+            return torch.cat([self.logits(ids[i:i + self.max_batch]) for i in range(0, len(ids), self.max_batch)])
+        T = max(len(t) for t in ids)
+        cache = self._cache_for(T)
+        runner = ModelRunner(self.model, self.provider, cache, self.device)
+        seqs = [Sequence(seq_id=i, prompt_ids=t, params=SamplingParams(), slot=i, generator=torch.Generator())
+                for i, t in enumerate(ids)]
+        out = runner.forward(seqs, ids, all_logits=True)
+        for b, t in enumerate(ids):
+            out[b, len(t):] = 0
+        return out
+
+    @property
+    def stats(self) -> dict:
+        s = dict(self._stats)
+        s.update(derived(s))
+        s.update(getattr(self, "_strategy_stats", {}))
+        return s
+
+    def reset_stats(self) -> None:
+        self._stats = new_stats()

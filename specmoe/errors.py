@@ -1,0 +1,22 @@
+"""User-facing errors. Everything raised for bad input is a SpecMoEError, so the CLI
+and the server can print one clear line instead of a traceback."""
+
+
+class SpecMoEError(Exception):
+    """Base class for errors caused by user input (files, options, prompts)."""
+
+
+class CheckpointError(SpecMoEError):
+    """A checkpoint directory is missing, corrupt, or does not match its config."""
+
+
+class UnsupportedModelError(SpecMoEError):
+    """The checkpoint's architecture is not one specmoe implements."""
+
+
+class InputError(SpecMoEError):
+    """A prompt or option is invalid (empty batch, prompt over the context length...)."""
+
+
+class MemoryBudgetError(SpecMoEError):
+    """A cache or buffer would not fit in the memory the user allowed or the machine has."""

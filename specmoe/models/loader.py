@@ -1,0 +1,27 @@
+"""Build the decoder on `meta` and assign its non-expert weights from a checkpoint,
+one tensor at a time (never the whole checkpoint in memory)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from specmoe.models.decoder import Transformer
+from specmoe.weights.checkpoint import Checkpoint
+from specmoe.weights.names import non_expert_keys
+
+
+def load_model(ckpt: Checkpoint, *, dtype: torch.dtype, device: torch.device | str = "cpu",
+               progress: bool = False) -> Transformer:
+    cfg = ckpt.config
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    names = non_expert_keys(cfg)
+    for pname, (key, shape) in tqdm(names.items(), desc="weights", unit="t", disable=not progress, leave=False):
+        t = ckpt.get(key, dtype).to(device)
+        assert tuple(t.shape) == tuple(shape), f"{key}: shape {tuple(t.shape)} != {shape}"
+        mod_name, attr = pname.rsplit(".", 1)
+        setattr(model.get_submodule(mod_name), attr, nn.Parameter(t, requires_grad=False))
+    leftover = [n for n, p in model.named_parameters() if p.is_meta]
+    assert not leftover, f"parameters never assigned: {leftover}"
+    return model.eval()

@@ -1,0 +1,111 @@
+"""The sparse MoE block: router → (optional routing hook) → experts fetched by
+(layer, expert) from an ExpertProvider → weighted scatter-add (+ Qwen2-MoE shared expert).
+
+The block never knows which tier an expert's bytes come from. A decoding strategy
+changes which experts a forward may use through `ForwardContext.routing_hook`
+(SpecMoE's draft restricts routing to the resident draft experts), never by copying
+the model. Each forward asks the provider once per layer for the *union* of the
+experts its tokens need, whatever the batch size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specmoe.config import ModelConfig
+from specmoe.models.routers import route
+
+# N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden
+
+
+class ExpertProvider(Protocol):
+    """Contract: `fetch(layer, ids)` yields `(expert_id, buffer)` exactly once for every id
+    in `ids` (a sorted list of distinct ids), in any order (resident ones first is
+    best), where `buffer` is the expert packed flat as [gate (I·D); up (I·D); down (D·I)]
+    on the compute device, valid until the generator is exhausted."""
+
+    def fetch(self, layer: int, ids: list[int]):
+        ...
+
+
+# (layer, router logits [N, E], weights [N, K] fp32, ids [N, K]) -> (weights, ids)
+RoutingHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class ForwardContext:
+    """What one forward may use: where experts come from, an optional routing hook,
+    and observers called per MoE layer with (layer, ids [N, K], counts [E] list[int])."""
+    provider: ExpertProvider
+    routing_hook: RoutingHook | None = None
+    observers: list = field(default_factory=list)
+    # called at the start of each MoE layer with (layer, hidden [N, D]); used for prefetch
+    layer_hooks: list = field(default_factory=list)
+
+
+def expert_ffn(x: torch.Tensor, buf: torch.Tensor, D: int, I: int) -> torch.Tensor:
+    """SwiGLU expert on a packed buffer. x [n, D] → [n, D]."""
+    gate_up = buf[: 2 * I * D].view(2 * I, D)
+    down = buf[2 * I * D:].view(D, I)
+    g, u = F.linear(x, gate_up).chunk(2, dim=-1)  # [n, I] each
+    return F.linear(F.silu(g) * u, down)
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        if cfg.shared_expert_intermediate_size:
+            from specmoe.models.decoder import DenseMLP
+            self.shared = DenseMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+            self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def route(self, x: torch.Tensor):
+        """x [N, D] → logits [N, E], weights [N, K] fp32, ids [N, K]."""
+        logits = self.router(x)
+        weights, ids = route(self.cfg.model_type, logits, top_k=self.cfg.top_k,
+                             norm_topk_prob=self.cfg.norm_topk_prob)
+        return logits, weights, ids
+
+    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        shape = h.shape
+        x = h.reshape(-1, shape[-1])  # [N, D]
+        for hook in ctx.layer_hooks:
+            hook(self.layer, x)
+        logits, weights, ids = self.route(x)
+        if ctx.routing_hook is not None:
+            weights, ids = ctx.routing_hook(self.layer, logits, weights, ids)
+        out = self.experts_forward(x, weights, ids, ctx)
+        if self.cfg.shared_expert_intermediate_size:
+            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        return out.view(shape)
+
+    def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
+        N, K = ids.shape
+        D, I, E = self.cfg.hidden_size, self.cfg.expert_intermediate_size, self.cfg.num_experts
+        flat = ids.reshape(-1)  # [N·K]
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=E).tolist()  # one host sync per layer: the union must be known
+        for obs in ctx.observers:
+            obs(self.layer, ids, counts)
+        starts, acc = [], 0
+        for c in counts:
+            starts.append(acc)
+            acc += c
+        token_of = order // K  # [N·K] token of each sorted assignment
+        xs = x[token_of]  # [N·K, D]
+        ws = weights.reshape(-1)[order].to(x.dtype)[:, None]  # [N·K, 1]
+        ys = torch.empty_like(xs)
+        needed = [e for e in range(E) if counts[e]]
+        # Results land in fixed slots of `ys`, so the sum below does not depend on the order
+        # in which the provider hands experts out (offloaded == resident, bit for bit).
+        for e, buf in ctx.provider.fetch(self.layer, needed):
+            s = slice(starts[e], starts[e] + counts[e])
+            ys[s] = expert_ffn(xs[s], buf, D, I) * ws[s]
+        out = torch.zeros_like(x)
+        return out.index_add_(0, token_of, ys)

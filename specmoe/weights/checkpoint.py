@@ -1,0 +1,168 @@
+"""Lazy, validated access to a Hugging Face safetensors checkpoint directory.
+
+`Checkpoint` maps tensor names to files (single file or sharded index), opens files
+lazily with `safe_open`, checks every key exists with the shape the config implies,
+and reads one tensor at a time, so a checkpoint is never materialised whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from specmoe.config import ModelConfig
+from specmoe.errors import CheckpointError
+from specmoe.weights.names import IGNORED_SUFFIXES, expert_keys, non_expert_keys
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, default: str = "float32") -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = (dtype or default)
+    if name == "auto":
+        name = default
+    if name not in DTYPES:
+        raise CheckpointError(f"unsupported dtype {name!r}; use one of float32, float16, bfloat16")
+    return DTYPES[name]
+
+
+class Checkpoint:
+    """A checkpoint directory: config + key → file map + lazy tensor reads."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.config = ModelConfig.from_dir(self.path)
+        self._handles: dict[str, object] = {}
+        self.key_to_file = self._index()
+        self.validate()
+
+    def _index(self) -> dict[str, str]:
+        index = self.path / "model.safetensors.index.json"
+        single = self.path / "model.safetensors"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index} is not a valid safetensors index: {e}") from None
+            for shard in sorted(set(weight_map.values())):
+                if not (self.path / shard).is_file():
+                    raise CheckpointError(f"missing shard {shard} listed in {index.name} ({self.path})")
+            return dict(weight_map)
+        files = sorted(self.path.glob("*.safetensors"))
+        if single.is_file():
+            files = [single]
+        if not files:
+            pickles = [p.name for p in self.path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+            if pickles:
+                raise CheckpointError(
+                    f"{self.path} holds only pickle checkpoints ({', '.join(sorted(pickles)[:3])}); specmoe reads "
+                    "safetensors only (pickle files can execute code). Convert with "
+                    "`model.save_pretrained(dir, safe_serialization=True)`.")
+            raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {self.path}")
+        out = {}
+        for f in files:
+            for k in self._open(f.name).keys():
+                out[k] = f.name
+        return out
+
+    def _open(self, fname: str):
+        h = self._handles.get(fname)
+        if h is None:
+            fpath = self.path / fname
+            try:
+                h = safe_open(str(fpath), framework="pt")
+            except Exception as e:  # safetensors raises its own error types for corrupt headers
+                raise CheckpointError(f"cannot read {fpath}: corrupt or truncated safetensors file ({e})") from None
+            self._handles[fname] = h
+        return h
+
+    def file_of(self, key: str) -> Path:
+        return self.path / self.key_to_file[key]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._open(self.key_to_file[key]).get_slice(key).get_shape())
+
+    def expected_keys(self) -> dict[str, tuple[int, ...]]:
+        cfg = self.config
+        out = {key: shape for key, shape in non_expert_keys(cfg).values()}
+        for layer in cfg.moe_layers:
+            for e in range(cfg.num_experts):
+                out.update({key: shape for key, shape in expert_keys(cfg, layer, e).values()})
+        return out
+
+    def validate(self) -> None:
+        """Every expected key present with its shape; unexpected keys reported by name."""
+        expected = self.expected_keys()
+        missing = [k for k in expected if k not in self.key_to_file]
+        if missing:
+            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+            raise CheckpointError(f"checkpoint {self.path} is missing {len(missing)} tensor(s): "
+                                  f"{', '.join(missing[:5])}{more}")
+        unexpected = [k for k in self.key_to_file if k not in expected and not k.endswith(IGNORED_SUFFIXES)]
+        if self.config.tie_word_embeddings and "lm_head.weight" in unexpected:
+            unexpected.remove("lm_head.weight")
+        if unexpected:
+            more = f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+            raise CheckpointError(f"checkpoint {self.path} has {len(unexpected)} unexpected tensor(s) for "
+                                  f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}")
+        for k, shape in expected.items():
+            got = self.shape(k)
+            if got != tuple(shape):
+                raise CheckpointError(f"tensor {k} has shape {list(got)}, expected {list(shape)} from config.json")
+        for fname in set(self.key_to_file.values()):
+            self._check_length(fname)
+
+    def _check_length(self, fname: str) -> None:
+        """A truncated file has a valid header but fewer data bytes than it declares."""
+        fpath = self.path / fname
+        with open(fpath, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            try:
+                header = json.loads(f.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise CheckpointError(f"cannot read {fpath}: corrupt safetensors header") from None
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if os.path.getsize(fpath) < 8 + n + end:
+            raise CheckpointError(f"{fpath} is truncated: {os.path.getsize(fpath)} bytes, header declares "
+                                  f"{8 + n + end}")
+
+    def tensor_offsets(self, key: str) -> tuple[Path, int, int, str]:
+        """(file, absolute byte offset, byte length, safetensors dtype) of one tensor, for direct reads."""
+        fname = self.key_to_file[key]
+        hdr = self._header(fname)
+        info = hdr["tensors"][key]
+        a, b = info["data_offsets"]
+        return self.path / fname, hdr["base"] + a, b - a, info["dtype"]
+
+    def _header(self, fname: str) -> dict:
+        cache = self.__dict__.setdefault("_headers", {})
+        if fname not in cache:
+            with open(self.path / fname, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                h = json.loads(f.read(n))
+            h.pop("__metadata__", None)
+            cache[fname] = {"base": 8 + n, "tensors": h}
+        return cache[fname]
+
+    def get(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        t = self._open(self.key_to_file[key]).get_tensor(key)
+        return t.to(dtype) if dtype is not None and t.dtype != dtype else t
+
+    def read_expert(self, layer: int, expert: int, dtype: torch.dtype) -> torch.Tensor:
+        """One expert packed as a contiguous flat buffer [gate (I·D); up (I·D); down (D·I)]."""
+        keys = expert_keys(self.config, layer, expert)
+        return torch.cat([self.get(keys[p][0], dtype).reshape(-1) for p in ("gate", "up", "down")])
+
+    def fingerprint(self) -> str:
+        """Cheap identity of the weight files: names, sizes and mtimes (for caches next to the checkpoint)."""
+        parts = []
+        for fname in sorted(set(self.key_to_file.values())):
+            st = os.stat(self.path / fname)
+            parts.append(f"{fname}:{st.st_size}:{st.st_mtime_ns}")
+        return "|".join(parts)
