@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specmoe.decoding.autoregressive import AutoregressiveDecoder, prefill
+from specmoe.decoding.autoregressive import prefill
+from specmoe.decoding.factory import lookahead, make_strategy
 from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sampling import SamplingParams, make_generator
 from specmoe.decoding.sequence import Sequence
@@ -20,7 +21,8 @@ from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.stats import derived, new_stats
 from specmoe.engine.tokenizer import Tokenizer
 from specmoe.errors import InputError, SpecMoEError
-from specmoe.experts.resident import ResidentExperts
+from specmoe.engine.options import split_options
+from specmoe.experts.factory import build_provider
 from specmoe.models.kv_cache import KVCache
 from specmoe.models.loader import load_model
 from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
@@ -40,7 +42,10 @@ class LLM:
 
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto",
                  device: str = "cpu", max_batch: int = 256, max_model_len: int | None = None,
-                 progress: bool = False):
+                 progress: bool = False, **options):
+        """`options` are the fields of OffloadConfig (offload=, cache_experts=, ...) and SpecConfig
+        (decoding=, draft_experts=, ...)."""
+        self.offload_cfg, self.spec_cfg = split_options(dict(options))
         self.path = Path(model) if model is not None else default_model_path()
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -49,7 +54,8 @@ class LLM:
         self.config = self.ckpt.config
         self.dtype = resolve_dtype(dtype, default=self.config.dtype)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
-        self.provider = ResidentExperts(self.ckpt, self.dtype, self.device, progress=progress)
+        self.provider = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype, device=self.device,
+                                       progress=progress)
         self.tokenizer = Tokenizer.load(self.path)
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
                                  self.config.max_position_embeddings)
@@ -103,9 +109,6 @@ class LLM:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
-    def _make_strategy(self, runner: ModelRunner):
-        return AutoregressiveDecoder(runner)
-
     # ---------------------------------------------------------------- API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -118,11 +121,10 @@ class LLM:
         return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
 
     def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
-        lookahead = 16  # room for speculative positions past max_tokens
         max_seq = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist)))
-        cache = self._cache_for(max_seq + lookahead)
+        cache = self._cache_for(max_seq + lookahead(self.spec_cfg))  # room for speculative positions
         runner = ModelRunner(self.model, self.provider, cache, self.device)
-        strategy = self._make_strategy(runner)
+        strategy = make_strategy(runner, self.spec_cfg, engine=self)
         waiting = list(range(len(prompt_ids)))
         free_slots = list(range(self.max_batch))
         active: list[Sequence] = []
@@ -206,7 +208,13 @@ class LLM:
         s = dict(self._stats)
         s.update(derived(s))
         s.update(getattr(self, "_strategy_stats", {}))
+        if hasattr(self.provider, "stats"):
+            s.update(self.provider.stats())
+        if s["generated_tokens"] and "bytes_moved" in s:
+            s["bytes_per_token"] = s["bytes_moved"] / s["generated_tokens"]
         return s
 
     def reset_stats(self) -> None:
         self._stats = new_stats()
+        if hasattr(self.provider, "reset_stats"):
+            self.provider.reset_stats()

@@ -1,0 +1,75 @@
+"""Fixtures: tiny random checkpoints of every supported family, written with
+transformers' own classes and `save_pretrained` (real HF key names and layouts)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+def make_tiny_checkpoint(family: str, path, *, shard_size: str | None = None, seed: int = 0,
+                         dtype: torch.dtype = torch.float32, **overrides):
+    """Build a random tiny model of `family` with transformers and save it to `path`."""
+    import transformers as tf
+    common = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=256,
+                  initializer_range=0.2, eos_token_id=None, pad_token_id=None, bos_token_id=None)
+    if family == "mixtral":
+        cfg = tf.MixtralConfig(intermediate_size=24, num_local_experts=8, **{**common, **overrides})
+        cls = tf.MixtralForCausalLM
+    elif family == "qwen2_moe":
+        cfg = tf.Qwen2MoeConfig(intermediate_size=40, moe_intermediate_size=24, num_experts=8,
+                                shared_expert_intermediate_size=28, norm_topk_prob=False,
+                                decoder_sparse_step=1, mlp_only_layers=[1], **{**common, **overrides})
+        cls = tf.Qwen2MoeForCausalLM
+    elif family == "qwen3_moe":
+        cfg = tf.Qwen3MoeConfig(intermediate_size=40, moe_intermediate_size=24, num_experts=8, head_dim=16,
+                                norm_topk_prob=True, **{**common, **overrides})
+        cls = tf.Qwen3MoeForCausalLM
+    elif family == "olmoe":
+        cfg = tf.OlmoeConfig(intermediate_size=24, num_experts=8, clip_qkv=3.0, norm_topk_prob=False,
+                             **{**common, **overrides})
+        cls = tf.OlmoeForCausalLM
+    else:
+        raise ValueError(family)
+    torch.manual_seed(seed)
+    model = cls(cfg).to(dtype).eval()
+    kw = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(path, **kw)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    """tiny_ckpt(family, **overrides) -> path; cached per (family, overrides) for the session."""
+    made = {}
+
+    def get(family: str, **overrides):
+        key = (family, tuple(sorted(overrides.items())))
+        if key not in made:
+            d = tmp_path_factory.mktemp(f"tiny_{family}")
+            made[key] = make_tiny_checkpoint(family, d, **overrides)
+        return made[key]
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    """hf_model(path) -> the transformers model loaded from a checkpoint dir (fp32, eval)."""
+    from transformers import AutoModelForCausalLM
+    cache = {}
+
+    def get(path):
+        if path not in cache:
+            cache[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        return cache[path]
+    return get
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="CUDA not available")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
