@@ -1,0 +1,5 @@
+import sys
+
+from specmoe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,38 @@
+"""`specmoe` command line: thin parsers over library calls. Each subcommand lives in its
+own module with `register(subparsers)`; user errors print one line and exit 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specmoe.errors import SpecMoEError
+
+SUBCOMMANDS = ("generate", "inspect", "profile", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+    p = argparse.ArgumentParser(prog="specmoe", description="Offloaded MoE inference with expert-aware "
+                                "speculative decoding. Every command defaults to the bundled demo model.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(f"specmoe.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"specmoe.cli.{name}":
+                raise
+            continue
+        mod.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except SpecMoEError as e:
+        print(f"specmoe: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specmoe: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,50 @@
+"""Flags shared by subcommands, generated from the option dataclasses."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import MISSING, fields
+
+from specmoe.engine.options import OffloadConfig, SpecConfig
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled demo model)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="compute dtype (auto = the checkpoint's)")
+    p.add_argument("--device", default="cpu", help="compute device: cpu or cuda")
+    p.add_argument("--max-batch", type=int, default=256, help="KV-cache slots (max concurrent sequences)")
+
+
+def add_option_args(p: argparse.ArgumentParser) -> None:
+    """One flag per field of OffloadConfig and SpecConfig (--cache-policy, --draft-experts, ...)."""
+    for cls in (OffloadConfig, SpecConfig):
+        g = p.add_argument_group(cls.__name__, cls.__doc__)
+        for f in fields(cls):
+            default = f.default if f.default is not MISSING else None
+            kw = {"help": f"{f.metadata.get('help', '')} (default: {default})", "default": default}
+            if f.metadata.get("choices"):
+                kw["choices"] = f.metadata["choices"]
+            typ = f.metadata.get("type") or (type(default) if default is not None else str)
+            if typ is bool:
+                kw["action"] = argparse.BooleanOptionalAction
+            else:
+                kw["type"] = typ
+            g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
+
+
+def option_kwargs(args) -> dict:
+    return {f.name: getattr(args, f.name) for cls in (OffloadConfig, SpecConfig) for f in fields(cls)
+            if hasattr(args, f.name)}
+
+
+def make_llm(args, progress: bool = True):
+    from specmoe import LLM
+    return LLM(args.model, dtype=args.dtype, device=args.device, max_batch=args.max_batch, progress=progress,
+               **option_kwargs(args))
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")

@@ -1,0 +1,66 @@
+"""`specmoe generate`: complete prompts and print the text (or JSON with stats)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from specmoe.cli.common import add_model_args, add_option_args, make_llm, print_json
+from specmoe.errors import InputError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate completions for prompts")
+    add_model_args(p)
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    p.add_argument("--prompts-file", help="file with one prompt per line, or JSONL with a 'prompt' field")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling (per request)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print outputs and stats as JSON")
+    add_option_args(p)
+    p.set_defaults(func=run)
+
+
+def read_prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        path = Path(args.prompts_file)
+        if not path.is_file():
+            raise InputError(f"prompts file not found: {path}")
+        for i, line in enumerate(path.read_text().splitlines()):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    prompts.append(json.loads(line)["prompt"])
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise InputError(f"{path}:{i + 1}: expected a JSON object with a 'prompt' field") from None
+            else:
+                prompts.append(line)
+    if not prompts:
+        prompts = ["def fibonacci(n):"]
+    return prompts
+
+
+def run(args) -> int:
+    from specmoe import SamplingParams
+    prompts = read_prompts(args)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, stop=args.stop)
+    llm = make_llm(args, progress=not args.json)
+    outs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json)
+    if args.json:
+        print_json({"model": str(llm.path), "outputs": [
+            {"prompt": o.prompt, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}
+            for o in outs], "stats": llm.stats})
+        return 0
+    for o in outs:
+        sys.stdout.write(f"--- prompt: {o.prompt!r}\n{o.prompt}{o.text}\n")
+    s = llm.stats
+    sys.stderr.write(f"[{s['generated_tokens']} tokens, {s['decode_tokens_per_s']:.1f} tok/s decode, "
+                     f"prefill {s['prefill_time_s'] * 1e3:.0f} ms]\n")
+    return 0

@@ -1,0 +1,61 @@
+"""`specmoe inspect PATH`: what a checkpoint is and where its bytes are."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specmoe.cli.common import print_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="describe a checkpoint: family, layers, experts, bytes")
+    p.add_argument("path", nargs="?", default=None, help="checkpoint directory (default: the demo model)")
+    p.add_argument("--json", action="store_true", help="print as JSON")
+    p.set_defaults(func=run)
+
+
+def skewness(counts: list[int]) -> float:
+    """Share of routed assignments covered by the hottest 25% of experts (SpecMoE Table I)."""
+    c = sorted(counts, reverse=True)
+    k = max(1, len(c) // 4)
+    return sum(c[:k]) / max(1, sum(c))
+
+
+def describe(path) -> dict:
+    from specmoe.engine.llm import default_model_path
+    from specmoe.weights.checkpoint import Checkpoint
+    from specmoe.weights.names import expert_keys, non_expert_keys
+    path = Path(path) if path else default_model_path()
+    ck = Checkpoint(path)
+    cfg = ck.config
+
+    def nbytes(key):
+        _, _, n, _ = ck.tensor_offsets(key)
+        return n
+    expert_bytes = sum(nbytes(k) for layer in cfg.moe_layers for e in range(cfg.num_experts)
+                       for k, _ in expert_keys(cfg, layer, e).values())
+    other = sum(nbytes(k) for k, _ in non_expert_keys(cfg).values())
+    info = {"path": str(path), "family": cfg.model_type, "layers": cfg.num_layers,
+            "moe_layers": len(cfg.moe_layers), "experts_per_layer": cfg.num_experts, "top_k": cfg.top_k,
+            "hidden_size": cfg.hidden_size, "expert_intermediate_size": cfg.expert_intermediate_size,
+            "vocab_size": cfg.vocab_size, "context_length": cfg.max_position_embeddings, "dtype": cfg.dtype,
+            "expert_bytes": expert_bytes, "non_expert_bytes": other,
+            "bytes_per_expert": expert_bytes // max(1, len(cfg.moe_layers) * cfg.num_experts)}
+    prof = path / "expert_profile.json"
+    if prof.is_file():
+        counts = json.loads(prof.read_text())
+        counts = counts.get("counts", counts) if isinstance(counts, dict) else counts
+        info["skewness_per_layer"] = [round(skewness(row), 3) for row in counts]
+    return info
+
+
+def run(args) -> int:
+    info = describe(args.path)
+    if args.json:
+        print_json(info)
+        return 0
+    for k, v in info.items():
+        if isinstance(v, int) and k.endswith("bytes"):
+            v = f"{v:,} ({v / 2**20:.2f} MiB)"
+        print(f"{k:>26}: {v}")
+    return 0
