@@ -138,7 +138,9 @@ class LLM:
                 while waiting and free_slots:
                     i = waiting.pop(0)
                     sp = plist[i]
-                    new.append(Sequence(seq_id=i, prompt_ids=prompt_ids[i], params=sp, slot=free_slots.pop(0),
+                    slot = free_slots.pop(0)
+                    cache.lengths[slot] = 0  # a freed slot's stale keys are masked until overwritten
+                    new.append(Sequence(seq_id=i, prompt_ids=prompt_ids[i], params=sp, slot=slot,
                                         generator=make_generator(sp.seed, self.device)))
                 first = prefill(runner, sorted(new, key=lambda s: s.slot), st)
                 for s in new:

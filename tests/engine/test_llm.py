@@ -1,0 +1,83 @@
+"""LLM API behaviour: batching, sampling, stops, input validation, stats."""
+import pytest
+import torch
+
+from specmoe import LLM, SamplingParams
+from specmoe.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_ckpt):
+    return LLM(tiny_ckpt("qwen3_moe"), dtype="float32", max_batch=8)
+
+
+def test_seeded_sampling_repeats(llm):
+    p = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, top_k=20, seed=1234, ignore_eos=True)
+    a = llm.generate([[1, 2, 3], [4, 5]], p)
+    b = llm.generate([[1, 2, 3], [4, 5]], p)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    c = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(**{**p.__dict__, "seed": 99}))
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+    # a request's tokens do not depend on its batch neighbours
+    solo = llm.generate([[1, 2, 3]], p)
+    assert solo[0].token_ids == a[0].token_ids
+
+
+def test_batch_equals_single_greedy(llm):
+    prompts = [[7, 8, 9, 10, 11], [3], [50, 51, 52]]
+    batch = llm.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    for p, o in zip(prompts, batch):
+        assert llm.generate([p], SamplingParams(max_tokens=10, ignore_eos=True))[0].token_ids == o.token_ids
+
+
+def test_more_requests_than_slots_join_between_steps(llm):
+    prompts = [[i + 1, i + 2] for i in range(19)]  # max_batch=8: requests queue and join as others finish
+    params = [SamplingParams(max_tokens=3 + i % 5, ignore_eos=True) for i in range(19)]
+    outs = llm.generate(prompts, params)
+    assert [len(o.token_ids) for o in outs] == [3 + i % 5 for i in range(19)]
+    for p, sp, o in list(zip(prompts, params, outs))[::6]:
+        assert llm.generate([p], sp)[0].token_ids == o.token_ids
+
+
+def test_eos_stops(tiny_ckpt):
+    llm = LLM(tiny_ckpt("qwen3_moe"), dtype="float32")
+    free = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+    llm.eos_token_ids = {free[3]}
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8))[0]
+    assert out.token_ids == free[: free.index(free[3]) + 1] and out.finish_reason == "stop"
+
+
+def test_logits_shape_and_padding(llm):
+    out = llm.logits([[1, 2, 3, 4], [5, 6]])
+    assert out.shape == (2, 4, llm.config.vocab_size) and out.dtype == torch.float32
+    assert torch.all(out[1, 2:] == 0)
+
+
+def test_input_errors(llm):
+    with pytest.raises(InputError, match="empty prompt list"):
+        llm.generate([])
+    with pytest.raises(InputError, match="prompt 1 is empty"):
+        llm.generate([[1], []])
+    with pytest.raises(InputError, match="context length is 256"):
+        llm.generate([[1] * 300])
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        llm.generate([[1, 10_000]])
+    with pytest.raises(InputError, match="no tokenizer.json"):
+        llm.generate(["hello"])
+    with pytest.raises(InputError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(InputError, match="unknown option"):
+        LLM(llm.path, not_an_option=3)
+
+
+def test_generation_stops_at_context_end(llm):
+    out = llm.generate([[1] * 250], SamplingParams(max_tokens=50, ignore_eos=True))[0]
+    assert len(out.token_ids) == 6 and out.finish_reason == "length"
+
+
+def test_stats(llm):
+    llm.reset_stats()
+    llm.generate([[1, 2], [3, 4]], SamplingParams(max_tokens=5, ignore_eos=True))
+    s = llm.stats
+    assert s["generated_tokens"] == 10 and s["prompt_tokens"] == 4 and s["requests"] == 2
+    assert s["decode_steps"] == 4 and s["tokens_per_s"] > 0 and s["decode_time_s"] > 0

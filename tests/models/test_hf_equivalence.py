@@ -1,0 +1,65 @@
+"""Oracle: transformers' own implementation of each family. Logits within 1e-4 (fp32)
+for single and batched ragged inputs; greedy generations equal token for token."""
+import pytest
+import torch
+
+from specmoe import LLM, SamplingParams
+from tests.conftest import FAMILIES
+
+PROMPTS = [[5, 9, 3, 7, 2, 8, 11, 40], [4, 6, 10], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [30]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_transformers(family, tiny_ckpt, hf_model):
+    path = tiny_ckpt(family)
+    hf, llm = hf_model(path), LLM(path, dtype="float32")
+    ours = llm.logits(PROMPTS)  # batched, ragged
+    assert ours.shape == (len(PROMPTS), max(map(len, PROMPTS)), llm.config.vocab_size)
+    for b, ids in enumerate(PROMPTS):
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0]
+        assert (ours[b, :len(ids)] - ref).abs().max().item() <= 1e-4
+        single = llm.logits([ids])[0]
+        assert (single - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_generation_matches_transformers(family, tiny_ckpt, hf_model):
+    path = tiny_ckpt(family)
+    hf, llm = hf_model(path), LLM(path, dtype="float32")
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    for ids, out in zip(PROMPTS, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+        assert out.token_ids == ref
+
+
+def test_sharded_checkpoint(tmp_path, hf_model):
+    from tests.conftest import make_tiny_checkpoint
+    path = make_tiny_checkpoint("qwen3_moe", tmp_path / "sharded", shard_size="20KB")
+    assert (path / "model.safetensors.index.json").is_file()
+    assert len(list(path.glob("model-*.safetensors"))) > 1
+    hf, llm = hf_model(path), LLM(path, dtype="float32")
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPTS[0]])).logits[0]
+    assert (llm.logits([PROMPTS[0]])[0] - ref).abs().max().item() <= 1e-4
+
+
+def test_bf16_checkpoint_and_dtype_override(tmp_path):
+    from tests.conftest import make_tiny_checkpoint
+    path = make_tiny_checkpoint("mixtral", tmp_path / "bf16", dtype=torch.bfloat16)
+    assert LLM(path).dtype == torch.bfloat16  # auto = the checkpoint's dtype
+    llm32 = LLM(path, dtype="float32")
+    assert llm32.dtype == torch.float32 and llm32.model.embed.weight.dtype == torch.float32
+    assert llm32.provider.layers[0].dtype == torch.float32
+
+
+def test_sliding_window_mixtral(tmp_path, hf_model):
+    from tests.conftest import make_tiny_checkpoint
+    path = make_tiny_checkpoint("mixtral", tmp_path / "sw", sliding_window=4)
+    hf, llm = hf_model(path), LLM(path, dtype="float32")
+    ids = PROMPTS[2]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert (llm.logits([ids])[0] - ref).abs().max().item() <= 1e-4
