@@ -1,0 +1,61 @@
+"""Benchmark configuration and its presets."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass
+class BenchConfig:
+    model: str | None = None            # checkpoint dir (None: the bundled demo model)
+    out: str = "benchmarks/results"
+    preset: str = "custom"
+    dtype: str = "auto"
+    tiers: tuple[str, ...] = ("disk", "host")  # "disk" is the headline; "host" runs behind an emulated link
+    systems: tuple[str, ...] | None = None     # None: every registered system
+    batch_sizes: tuple[int, ...] = (1, 4, 16)
+    max_tokens: int = 16                # generated per sequence (EOS ignored)
+    prompt_tokens: int = 48             # prompts truncated to this many tokens
+    prompts_dir: str | None = None      # default: benchmarks/prompts next to the repo
+    cache_fraction: float = 0.25        # expert cache per MoE layer, as a share of its experts
+    link_gbps: float | None = 16.0      # emulated link of the host tier (None: the build's default)
+    link_latency_us: float | None = 10.0
+    sweep_batch: int = 16               # batch of the γ / N / policy / substitution sweeps
+    sweep_tier: str = "disk"
+    gammas: tuple[int, ...] = (1, 2, 4, 8)
+    draft_experts: tuple[int, ...] = (2, 4, 8)
+    policies: bool = True
+    substitutions: bool = True
+    peers: tuple[str, ...] = ("hf", "hf-offload", "llama.cpp")
+    peer_batches: tuple[int, ...] = (1, 16)
+    peer_max_tokens: int | None = None  # default: max_tokens
+    widened: bool = False               # also run the main sweep on the widened copy of the model
+    widened_batches: tuple[int, ...] = (1, 4, 16)
+    widened_hidden: int | None = None   # default: 4x the model's hidden size
+    widened_expert_mb: float = 6.0
+    cache_dir: str | None = None        # where built artefacts (widened model, GGUF) go
+    threads: int | None = None
+    time_budget_s: float | None = None  # no new measurement starts past this (they are marked skipped)
+    progress: bool = True
+    instrument: bool = True             # time fetch vs expert compute by wrapping the provider
+    plots: bool = True
+    extra_options: dict = field(default_factory=dict)  # passed to every offloaded LLM
+
+
+PRESETS = {
+    # ≤3 min on a 2-core machine with the demo model
+    "quick": dict(tiers=("disk", "host"), batch_sizes=(1, 16), max_tokens=12, prompt_tokens=32, sweep_batch=8,
+                  gammas=(2, 4), draft_experts=(2, 8), peers=("hf",), peer_batches=(1, 16), peer_max_tokens=8,
+                  systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"), time_budget_s=170),
+    # ≤30 min
+    "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=32, prompt_tokens=48,
+                 sweep_batch=64, gammas=(1, 2, 3, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),
+                 peers=("hf", "hf-offload", "llama.cpp"), peer_batches=(1, 16), peer_max_tokens=16,
+                 widened=True, widened_batches=(1, 4, 16, 64), time_budget_s=28 * 60),
+}
+
+
+def preset(name: str, **overrides) -> BenchConfig:
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    cfg = replace(BenchConfig(), preset=name, **PRESETS[name])
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,315 @@
+"""The sweeps: systems × tiers × batch sizes, then γ / N / draft-policy / substitution
+sweeps of SpecMoE, peers, the widened model; everything lands in one results dict.
+
+Every point runs the same prompts (token ids), greedy, EOS ignored, the same cache size
+and tier. A point that this build cannot run is recorded with its reason; a point that
+failed, with its error; a point cut by the time budget, as skipped. No number is ever
+filled in for one that did not run.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import random
+import sys
+import time
+import traceback
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specmoe.bench import systems as S
+from specmoe.bench.config import BenchConfig
+from specmoe.bench.machine import machine_info
+from specmoe.bench.measure import jsonable, measure
+from specmoe.errors import SpecMoEError
+
+REPO = Path(__file__).resolve().parents[2]
+DOMAINS = ("code", "docs", "bible", "fortunes")
+FALLBACK_PROMPTS = ("def fibonacci(n):", "The quick brown fox", "In the beginning", "Usage: specmoe generate")
+
+
+# ---------------------------------------------------------------- inputs
+def load_prompts(cfg: BenchConfig, tokenizer, vocab_size: int, n: int) -> tuple[list[list[int]], dict]:
+    """`n` prompts as token ids, domains interleaved round-robin so every batch mixes them."""
+    pdir = Path(cfg.prompts_dir) if cfg.prompts_dir else REPO / "benchmarks" / "prompts"
+    per_domain: dict[str, list[str]] = {}
+    for d in DOMAINS:
+        f = pdir / f"{d}.jsonl"
+        if f.is_file():
+            per_domain[d] = [json.loads(line)["prompt"] for line in f.read_text().splitlines() if line.strip()]
+    texts, info = [], {}
+    if per_domain and tokenizer is not None:
+        lists = list(per_domain.values())
+        for i in range(max(len(x) for x in lists)):
+            texts += [x[i] for x in lists if i < len(x)]
+        info = {"source": str(pdir), "domains": {d: len(v) for d, v in per_domain.items()}}
+    elif tokenizer is not None:
+        texts = list(FALLBACK_PROMPTS)
+        info = {"source": f"built-in fallback prompts ({pdir} has no prompt files)"}
+    if texts:
+        ids = [tokenizer.encode(t)[: cfg.prompt_tokens] for t in texts]
+        ids = [p for p in ids if p]
+    else:
+        rng = random.Random(0)
+        ids = [[rng.randrange(vocab_size) for _ in range(cfg.prompt_tokens)] for _ in range(8)]
+        info = {"source": "synthetic seeded token ids (the checkpoint has no tokenizer)"}
+    info.update(distinct=len(ids), prompt_tokens_max=cfg.prompt_tokens,
+                note="batches larger than the number of distinct prompts reuse them cyclically")
+    return [ids[i % len(ids)] for i in range(n)], info
+
+
+def model_info(path: Path) -> dict:
+    from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
+    ck = Checkpoint(path)
+    c = ck.config
+    esize = resolve_dtype(c.dtype).itemsize
+    return {"path": str(path), "model_type": c.model_type, "hidden_size": c.hidden_size,
+            "expert_intermediate_size": c.expert_intermediate_size, "num_layers": c.num_layers,
+            "moe_layers": len(c.moe_layers), "num_experts": c.num_experts, "top_k": c.top_k, "dtype": c.dtype,
+            "expert_bytes": c.expert_numel * esize,
+            "all_expert_bytes": c.expert_numel * esize * c.num_experts * len(c.moe_layers)}
+
+
+def build_options() -> dict:
+    from specmoe.engine.options import OffloadConfig, SpecConfig
+    return {f.name: {"owner": cls.__name__, "default": jsonable(S.default(f.name)),
+                     "choices": jsonable(f.metadata.get("choices")), "help": f.metadata.get("help")}
+            for cls in (OffloadConfig, SpecConfig) for f in fields(cls)}
+
+
+# ---------------------------------------------------------------- the run
+class Bench:
+    def __init__(self, cfg: BenchConfig):
+        self.cfg = cfg
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + cfg.time_budget_s if cfg.time_budget_s else None
+        self.bar = None
+        self.refs: dict[tuple, list] = {}  # (model tag, batch) -> reference token ids
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def tick(self, desc: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(desc[:60])
+            self.bar.update()
+
+    def make_llm(self, path: Path, opts: dict, max_batch: int):
+        from specmoe import LLM
+        return LLM(path, dtype=self.cfg.dtype, max_batch=max_batch, **opts)
+
+    def run_system(self, tag: str, path: Path, minfo: dict, setting: S.Setting, sys_: S.System,
+                   batches, prompts, *, overrides: dict | None = None, sweep: str | None = None) -> list[dict]:
+        """All batch sizes of one system at one setting, on one LLM instance."""
+        cfg = self.cfg
+        extra = dict(overrides or {})
+        if sys_.kind != "reference":
+            extra = {**cfg.extra_options, **extra}
+        opts = S.system_options(sys_, setting, expert_bytes=minfo["expert_bytes"],
+                                num_moe_layers=minfo["moe_layers"], overrides=extra)
+        base = {"model": tag, "tier": "none" if sys_.kind == "reference" else setting.tier,
+                "emulated": sys_.kind != "reference" and setting.emulated, "system": sys_.name,
+                "label": sys_.label, "options": jsonable(opts)}
+        if sweep:
+            base["sweep"] = sweep
+        rows = []
+
+        def mark(status, reason, bs):
+            for b in bs:
+                rows.append({**base, "batch": b, "status": status, "reason": reason})
+                self.tick(f"{sys_.name} b={b} {status}")
+
+        reason = S.unavailable_reason(opts)
+        if reason:
+            mark("unavailable", reason, batches)
+            return rows
+        if self.out_of_time():
+            mark("skipped", "time budget of the preset exhausted", batches)
+            return rows
+        try:
+            llm = self.make_llm(path, opts, max(batches))
+        except SpecMoEError as e:
+            status = "unavailable" if "not available" in str(e) else "error"
+            mark(status, f"{type(e).__name__}: {e}", batches)
+            return rows
+        except Exception as e:  # a build in progress may fail in ways we must record, not hide
+            mark("error", f"{type(e).__name__}: {e}", batches)
+            traceback.print_exc(file=sys.stderr)
+            return rows
+        base["effective_options"] = jsonable({**asdict(llm.offload_cfg), **asdict(llm.spec_cfg)})
+        try:
+            measure(llm, prompts[:2], 2, instrument=False)  # warm-up: first-touch allocations, lazy init
+            for b in batches:
+                if self.out_of_time():
+                    mark("skipped", "time budget of the preset exhausted", [b])
+                    continue
+                ref = self.refs.get((tag, b))
+                try:
+                    row = measure(llm, prompts[:b], cfg.max_tokens, reference=ref, instrument=cfg.instrument)
+                except Exception as e:
+                    mark("error", f"{type(e).__name__}: {e}", [b])
+                    traceback.print_exc(file=sys.stderr)
+                    continue
+                ids = row.pop("_token_ids")
+                if sys_.kind == "reference" and (tag, b) not in self.refs:
+                    self.refs[(tag, b)] = ids
+                rows.append({**base, "status": "ok", **row})
+                self.tick(f"{tag} {setting.name} {sys_.name} b={b}")
+        finally:
+            del llm
+            gc.collect()
+        return rows
+
+    # ---------------------------------------------------------------- sections
+    def settings(self, minfo: dict) -> list[S.Setting]:
+        cache = max(1, round(self.cfg.cache_fraction * minfo["num_experts"]))
+        out = []
+        for t in self.cfg.tiers:
+            if t == "host":
+                out.append(S.Setting("host", cache, self.cfg.link_gbps, self.cfg.link_latency_us))
+            else:
+                out.append(S.Setting(t, cache))
+        return out
+
+    def main_sweep(self, tag, path, minfo, batches, prompts) -> list[dict]:
+        rows = []
+        names = self.cfg.systems or tuple(s.name for s in S.SYSTEMS)
+        chosen = [S.system(n) for n in names]
+        # the reference first: its tokens check every other system (lossless output)
+        chosen.sort(key=lambda s: s.kind != "reference")
+        for i, setting in enumerate(self.settings(minfo)):
+            for sys_ in chosen:
+                if sys_.kind == "reference" and i > 0:
+                    continue  # tier-independent: run once
+                rows += self.run_system(tag, path, minfo, setting, sys_, batches, prompts)
+        return rows
+
+    def spec_sweeps(self, tag, path, minfo, prompts) -> dict:
+        cfg = self.cfg
+        setting = next((s for s in self.settings(minfo) if s.tier == cfg.sweep_tier), self.settings(minfo)[0])
+        spec = S.system(S.HEADLINE)
+        out = {}
+        if (tag, cfg.sweep_batch) not in self.refs and S.system("resident").name in (cfg.systems or ("resident",)):
+            out["reference"] = {"rows": self.run_system(tag, path, minfo, setting, S.system("resident"),
+                                                        [cfg.sweep_batch], prompts, sweep="reference")}
+        plan = {"gamma": ("num_draft_tokens", cfg.gammas), "draft_experts": ("draft_experts", cfg.draft_experts)}
+        if cfg.policies:
+            plan["draft_policy"] = ("draft_policy", S.choices("draft_policy") or ())
+        if cfg.substitutions:
+            plan["substitution"] = ("substitution", S.choices("substitution") or ())
+        for key, (opt, values) in plan.items():
+            rows = []
+            if not S.has_option(opt):
+                out[key] = {"option": opt, "status": "unavailable", "reason": f"option {opt}= not available in this build",
+                            "rows": []}
+                self.tick(f"{key} unavailable")
+                continue
+            for v in values:
+                new = self.run_system(tag, path, minfo, setting, spec, [cfg.sweep_batch], prompts,
+                                      overrides={opt: v}, sweep=f"{key}={v}")
+                rows += [{**r, "value": v} for r in new]
+            out[key] = {"option": opt, "tier": setting.tier, "batch": cfg.sweep_batch, "rows": rows}
+        return out
+
+
+def count_points(cfg: BenchConfig, n_models: int) -> int:
+    n_sys = len(cfg.systems or S.SYSTEMS)
+    main = n_sys * len(cfg.tiers) * len(cfg.batch_sizes)
+    sweeps = len(cfg.gammas) + len(cfg.draft_experts) + 8
+    return main + sweeps + (n_sys * len(cfg.tiers) * len(cfg.widened_batches) if n_models > 1 else 0)
+
+
+def headline(runs: list[dict]) -> list[dict]:
+    """SpecMoE vs every other system at each (model, tier, batch), from this run's own rows."""
+    ok = [r for r in runs if r.get("status") == "ok" and "sweep" not in r]
+    table = []
+    for r in ok:
+        if r["system"] != S.HEADLINE:
+            continue
+        for o in ok:
+            if o["model"] != r["model"] or o["batch"] != r["batch"] or o["system"] == r["system"]:
+                continue
+            if o["tier"] not in (r["tier"], "none"):
+                continue
+            table.append({"model": r["model"], "tier": r["tier"], "emulated": r["emulated"], "batch": r["batch"],
+                          "vs": o["system"], "vs_tier": o["tier"],
+                          "tokens_per_s": r["tokens_per_s"], "vs_tokens_per_s": o["tokens_per_s"],
+                          "speedup": r["tokens_per_s"] / o["tokens_per_s"] if o["tokens_per_s"] else None,
+                          "bytes_per_token": r.get("bytes_per_token"), "vs_bytes_per_token": o.get("bytes_per_token")})
+    return table
+
+
+def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
+    """Run the configured benchmark; write results.json (+ PNGs) into cfg.out; return the results."""
+    import torch
+    from specmoe.engine.llm import default_model_path
+    from specmoe.engine.tokenizer import Tokenizer
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = Path(cfg.model) if cfg.model else default_model_path()
+    minfo = model_info(path)
+    bench = Bench(cfg)
+    res = {"schema": 1, "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "command": command, "config": jsonable(asdict(cfg)), "machine": machine_info(path),
+           "models": {"main": minfo}, "build_options": build_options(),
+           "systems": [asdict(s) for s in S.SYSTEMS], "runs": [], "sweeps": {}, "peers": [], "notes": []}
+    res["tiers"] = {s.tier: {"label": s.name, "emulated": s.emulated,
+                             "link_gbps": s.link_gbps if s.emulated else None,
+                             "link_latency_us": s.link_latency_us if s.emulated else None,
+                             "cache_experts_per_layer": s.cache_experts} for s in bench.settings(minfo)}
+    res["link_emulated"] = any(s.emulated for s in bench.settings(minfo))
+    tok = Tokenizer.load(path)
+    nmax = max([*cfg.batch_sizes, cfg.sweep_batch, *cfg.peer_batches, *cfg.widened_batches])
+    prompts, pinfo = load_prompts(cfg, tok, minfo_vocab(path), nmax)
+    res["prompts"] = pinfo
+    models = [("main", path, minfo)]
+    if cfg.widened:
+        from specmoe.bench.widen import widened_copy
+        try:
+            wpath, winfo = widened_copy(path, cache_dir=cfg.cache_dir or out / "cache",
+                                        hidden=cfg.widened_hidden, expert_mb=cfg.widened_expert_mb)
+            models.append(("widened", wpath, {**model_info(wpath), "widen": winfo}))
+            res["models"]["widened"] = models[-1][2]
+        except Exception as e:
+            res["models"]["widened"] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+    bench.bar = tqdm(total=count_points(cfg, len(models)), desc="bench", unit="pt", disable=not cfg.progress)
+    try:
+        res["runs"] += bench.main_sweep("main", path, minfo, cfg.batch_sizes, prompts)
+        res["sweeps"] = bench.spec_sweeps("main", path, minfo, prompts)
+        if cfg.peers:
+            from specmoe.bench.peers import run_peers
+            res["peers"] = run_peers(cfg, path, prompts, out=out, refs=bench.refs, minfo=minfo,
+                                     out_of_time=bench.out_of_time)
+        for tag, wpath, winfo in models[1:]:
+            res["runs"] += bench.main_sweep(tag, wpath, winfo, cfg.widened_batches, prompts)
+    finally:
+        bench.bar.close()
+        res["elapsed_s"] = time.monotonic() - bench.t0
+        res["headline"] = headline(res["runs"])
+        write(res, out)
+    if cfg.plots:
+        from specmoe.bench.plots import make_plots
+        try:
+            res["plots"] = make_plots(res, out)
+        except Exception as e:
+            res["plots"] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+        write(res, out)
+    return res
+
+
+def minfo_vocab(path: Path) -> int:
+    from specmoe.config import ModelConfig
+    return ModelConfig.from_dir(path).vocab_size
+
+
+def write(res: dict, out: Path) -> Path:
+    f = out / "results.json"
+    tmp = f.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(jsonable(res), indent=1))
+    tmp.replace(f)
+    return f
