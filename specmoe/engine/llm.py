@@ -55,7 +55,7 @@ class LLM:
         self.dtype = resolve_dtype(dtype, default=self.config.dtype)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         self.provider = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype, device=self.device,
-                                       progress=progress)
+                                       progress=progress, model=self.model)
         self.tokenizer = Tokenizer.load(self.path)
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
                                  self.config.max_position_embeddings)
@@ -79,6 +79,12 @@ class LLM:
                                   device=self.device)
         self._cache.lengths = [0] * self.max_batch
         return self._cache
+
+    def _wire(self, runner: ModelRunner) -> ModelRunner:
+        """The expert provider observes routing (telemetry) and each MoE layer's input (prefetch)."""
+        runner.observers += getattr(self.provider, "forward_observers", [])
+        runner.layer_hooks += getattr(self.provider, "forward_layer_hooks", [])
+        return runner
 
     def _tokenize(self, prompts) -> tuple[list[str | None], list[list[int]]]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
@@ -123,7 +129,7 @@ class LLM:
     def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
         max_seq = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist)))
         cache = self._cache_for(max_seq + lookahead(self.spec_cfg))  # room for speculative positions
-        runner = ModelRunner(self.model, self.provider, cache, self.device)
+        runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
         strategy = make_strategy(runner, self.spec_cfg, engine=self)
         waiting = list(range(len(prompt_ids)))
         free_slots = list(range(self.max_batch))
@@ -197,7 +203,7 @@ class LLM:
             return torch.cat([self.logits(ids[i:i + self.max_batch]) for i in range(0, len(ids), self.max_batch)])
         T = max(len(t) for t in ids)
         cache = self._cache_for(T)
-        runner = ModelRunner(self.model, self.provider, cache, self.device)
+        runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
         seqs = [Sequence(seq_id=i, prompt_ids=t, params=SamplingParams(), slot=i, generator=torch.Generator())
                 for i, t in enumerate(ids)]
         out = runner.forward(seqs, ids, all_logits=True)

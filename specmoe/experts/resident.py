@@ -13,6 +13,8 @@ class ResidentExperts:
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu",
                  progress: bool = False):
         cfg = ckpt.config
+        self.moe_layers = tuple(cfg.moe_layers)
+        self.num_experts = cfg.num_experts
         self.layers: dict[int, torch.Tensor] = {}
         bar = tqdm(total=len(cfg.moe_layers) * cfg.num_experts, desc="experts", unit="exp", disable=not progress,
                    leave=False)
@@ -24,8 +26,28 @@ class ResidentExperts:
             self.layers[layer] = buf
         bar.close()
         self.nbytes = sum(t.numel() * t.element_size() for t in self.layers.values())
+        self.forward_observers = [self.observe]
+        self.forward_layer_hooks: list = []
+        self.reset_stats()
 
     def fetch(self, layer: int, ids: list[int]):
         store = self.layers[layer]
         for e in ids:
             yield e, store[e]
+
+    def pin(self, layer: int, ids: list[int]) -> None:
+        """Everything is resident already: pinning moves nothing."""
+
+    def resident(self, layer: int) -> set[int]:
+        return set(range(self.num_experts))
+
+    def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
+        row = self._counts[self.moe_layers.index(layer)]
+        for e, c in enumerate(counts):
+            row[e] += c
+
+    def reset_stats(self) -> None:
+        self._counts = [[0] * self.num_experts for _ in self.moe_layers]
+
+    def stats(self) -> dict:
+        return {"offload": "none", "bytes_moved": 0, "expert_counts": [list(r) for r in self._counts]}

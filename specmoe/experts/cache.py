@@ -1,0 +1,445 @@
+"""The device expert cache: bounded slots per MoE layer in front of a backing tier.
+
+Each MoE layer owns one preallocated tensor [S, slot bytes] on the compute device; an
+expert is one contiguous buffer [gate (I·D); up (I·D); down (D·I)], so a fetch is one
+copy (or one aligned read straight into the slot). `fetch(layer, ids)` hands out resident
+experts first while misses load on a background I/O thread (mixtral-offloading's
+generator), so compute on resident experts overlaps the transfers.
+
+Policies (DESIGN.md strategies 1–4):
+- `ondemand` (MoE-OnDemand): nothing outlives the layer's forward except pinned experts;
+- `static` (MoE-Caching): the hottest ~10% experts of each layer, from a profile, never
+  leave; the other slots behave on demand;
+- `lru` / `lfu`: slots keep experts across forwards and evict the least recently /
+  least frequently requested one (mixtral-offloading style).
+A pinned set per layer (`pin`) is never evicted (SpecMoE's draft experts).
+
+Prefetch (MoE-Overlap): while layer l computes, layer l+1's experts load in the background,
+either `predicted` (layer l+1's router applied to layer l's MoE input) or `oracle` (the
+exact union layer l+1 asked for in a previous identical run: record once, then replay; it
+measures the best overlap possible on the same I/O channel with a perfect predictor).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+
+import torch
+
+from specmoe.config import ModelConfig
+from specmoe.errors import InputError
+from specmoe.experts.memory import aligned_empty, check_fits, fmt_bytes
+from specmoe.experts.tiers import slot_bytes
+
+# S=slots per layer, E=experts, N=tokens, K=top-k, D=hidden, I=expert hidden
+
+POLICIES = ("ondemand", "static", "lru", "lfu")
+PREFETCH = ("none", "oracle", "predicted")
+
+
+class _Layer:
+    """Slot bookkeeping of one MoE layer (touched only by the compute thread)."""
+
+    def __init__(self, rows: torch.Tensor, num_experts: int):
+        self.rows = rows  # [S, slot bytes] uint8
+        self.slot_of: dict[int, int] = {}
+        self.free = list(range(rows.shape[0]))[::-1]
+        self.pinned: set[int] = set()
+        self.static: set[int] = set()
+        self.recency: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.freq = [0] * num_experts
+        self.prefetched: set[int] = set()  # loaded ahead, not yet asked for
+        self.inflight: list = []  # (future) loads into this layer's slots started by prefetch
+        self.done_event = None  # CUDA: compute finished reading the slots
+
+    @property
+    def protected(self) -> set[int]:
+        return self.pinned | self.static
+
+
+class ExpertCache:
+    """ExpertProvider over a backing tier. Public API: `fetch`, `pin`, `resident`, `stats`,
+    `reset_stats`, `observe` (a ForwardContext observer), `layer_hook` (a ForwardContext layer
+    hook, for predicted prefetch), `attach_model`, `start_oracle_replay`, `suspend_prefetch`."""
+
+    def __init__(self, tier, cfg: ModelConfig, *, slots: int, policy: str = "lru", prefetch: str = "none",
+                 device: torch.device | str = "cpu", memory_budget: int | None = None, link: dict | None = None):
+        if policy not in POLICIES:
+            raise InputError(f"cache_policy={policy!r}; choose one of {', '.join(POLICIES)}")
+        if prefetch not in PREFETCH:
+            raise InputError(f"prefetch={prefetch!r}; choose one of {', '.join(PREFETCH)}")
+        if slots < cfg.top_k:
+            raise InputError(f"the expert cache holds {slots} expert(s) per MoE layer, fewer than the {cfg.top_k} "
+                             f"(top-k) a single token needs; raise cache_experts (or cache_bytes) to at least "
+                             f"{cfg.top_k}")
+        slots = min(slots, cfg.num_experts)
+        self.tier, self.cfg, self.policy, self.prefetch = tier, cfg, policy, prefetch
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.dtype, self.numel = tier.dtype, cfg.expert_numel
+        self.expert_bytes = tier.expert_bytes
+        self.slot_bytes = slot_bytes(tier)
+        self.slots = slots
+        self.link = link
+        self.memory_budget = memory_budget
+        self.moe_layers = tuple(cfg.moe_layers)
+        self.nbytes = slots * self.slot_bytes * len(self.moe_layers)
+        check_fits(f"the expert cache ({slots} slots × {len(self.moe_layers)} MoE layers × "
+                   f"{fmt_bytes(self.slot_bytes)})", self.nbytes, self.device, budget=memory_budget)
+        self.layers: dict[int, _Layer] = {}
+        for layer in self.moe_layers:
+            rows = self._alloc(slots)
+            self.layers[layer] = _Layer(rows, cfg.num_experts)
+        self._scratch: list[torch.Tensor] = []
+        self._scratch_allocated = 0
+        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specmoe-io")  # one queue, like one link
+        self.model = None
+        self._next: tuple[int, list[int]] | None = None  # prefetch planned by the layer hook
+        self._prefetch_on = True
+        self._oracle_trace: list[tuple[int, tuple[int, ...]]] = []
+        self._oracle_replay = False
+        self._oracle_pos = 0
+        if self.cuda:
+            self.copy_stream = torch.cuda.Stream(self.device)
+            self._staging = [[aligned_empty(self.slot_bytes, pin=True), None] for _ in range(4)]
+            self._stage_i = 0
+            for L in self.layers.values():
+                L.done_event = torch.cuda.Event()
+                L.done_event.record(torch.cuda.current_stream(self.device))
+        self.reset_stats()
+        self.forward_observers = [self.observe]
+        self.forward_layer_hooks = [self.layer_hook] if prefetch == "predicted" else []
+
+    def set_static(self, hot: dict[int, list[int]]) -> None:
+        """Static policy: make each layer's hottest experts (most requested first) resident for good,
+        leaving at least one slot on demand (counted under `static_bytes`)."""
+        for layer, ids in hot.items():
+            keep = list(ids)[: max(0, self.slots - 1 - len(self.layers[layer].pinned))]  # >= 1 slot on demand
+            self._make_resident(self.layers[layer], layer, keep, "static")
+
+    @property
+    def static_experts(self) -> dict[int, list[int]]:
+        return {layer: sorted(L.static) for layer, L in self.layers.items()}
+
+    # ------------------------------------------------------------------ buffers
+    def _alloc(self, n: int) -> torch.Tensor:
+        """n rows of slot bytes; on CPU aligned so the disk tier reads straight into a row."""
+        if self.cuda:
+            return torch.empty(n, self.slot_bytes, dtype=torch.uint8, device=self.device)
+        return aligned_empty(n * self.slot_bytes).view(n, self.slot_bytes)
+
+    def _typed(self, row: torch.Tensor) -> torch.Tensor:
+        return row[: self.expert_bytes].view(self.dtype)  # [3·I·D]
+
+    def _scratch_get(self) -> torch.Tensor:
+        if not self._scratch:
+            check_fits("an expert scratch buffer", self.slot_bytes, self.device)
+            self._scratch.append(self._alloc(1)[0])
+            self._scratch_allocated += 1
+        return self._scratch.pop()
+
+    # ------------------------------------------------------------------ transfers
+    def _submit(self, layer: int, e: int, dst: torch.Tensor) -> Future:
+        if self.cuda:
+            return self.io.submit(self._cuda_load, layer, e, dst)
+        return self.io.submit(self.tier.read_into, layer, e, dst)
+
+    def _cuda_load(self, layer: int, e: int, dst: torch.Tensor):
+        """Runs on the I/O thread: stage (disk) and copy on the dedicated stream; returns its event."""
+        with torch.cuda.stream(self.copy_stream):
+            if self.tier.kind == "host":
+                src = self.tier.source(layer, e).view(torch.uint8)  # pinned
+            else:
+                stage = self._staging[self._stage_i]
+                self._stage_i = (self._stage_i + 1) % len(self._staging)
+                if stage[1] is not None:
+                    stage[1].synchronize()  # the previous copy out of this staging buffer is done
+                self.tier.read_into(layer, e, stage[0])
+                src = stage[0]
+            self.copy_stream.wait_event(self.layers[layer].done_event)  # compute no longer reads old slots
+            dst[: self.expert_bytes].copy_(src[: self.expert_bytes], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.copy_stream)
+            if self.tier.kind != "host":
+                stage[1] = ev
+        return ev
+
+    def _wait(self, fut: Future) -> None:
+        t0 = time.perf_counter()
+        ev = fut.result()
+        if ev is not None:  # CUDA: compute waits only on this expert's copy
+            torch.cuda.current_stream(self.device).wait_event(ev)
+        self._s["fetch_wait_s"] += time.perf_counter() - t0
+
+    def _await_layer(self, L: _Layer) -> None:
+        while L.inflight:
+            self._wait(L.inflight.pop())
+
+    # ------------------------------------------------------------------ slots
+    def _victim(self, L: _Layer, keep: set[int]) -> int | None:
+        cands = [e for e in L.recency if e not in keep and e not in L.pinned and e not in L.static]
+        if not cands:
+            return None
+        if self.policy == "lfu":
+            order = {e: i for i, e in enumerate(L.recency)}
+            return min(cands, key=lambda e: (L.freq[e], order[e]))
+        return cands[0]  # least recently used (the only kind left over in ondemand/static: prefetched)
+
+    def _take_slot(self, L: _Layer, keep: set[int]) -> int | None:
+        if L.free:
+            return L.free.pop()
+        v = self._victim(L, keep)
+        if v is None:
+            return None
+        if v in L.prefetched:
+            L.prefetched.discard(v)
+            self._s["prefetch_wasted"] += 1
+        L.recency.pop(v)
+        return L.slot_of.pop(v)
+
+    def _place(self, L: _Layer, e: int, s: int) -> None:
+        L.slot_of[e] = s
+        L.recency[e] = None
+        L.recency.move_to_end(e)
+
+    def _release(self, L: _Layer, e: int) -> None:
+        L.free.append(L.slot_of.pop(e))
+        L.recency.pop(e, None)
+
+    def _count_transfer(self, layer: int, n: int, kind: str | None = None) -> None:
+        s = self._s
+        s["fetches"] += n
+        s["bytes_moved"] += n * self.expert_bytes
+        if kind:
+            s[f"{kind}_bytes"] += n * self.expert_bytes
+
+    def _make_resident(self, L: _Layer, layer: int, ids: list[int], kind: str) -> None:
+        """Load `ids` into slots synchronously and protect them as `kind` ('pin' or 'static')."""
+        self._await_layer(L)
+        keep = set(ids) | L.protected
+        if kind == "pin":
+            L.pinned = set(ids)
+        else:
+            L.static = set(ids)
+        jobs = []
+        for e in ids:
+            if e in L.slot_of:
+                L.prefetched.discard(e)
+                continue
+            s = self._take_slot(L, keep)
+            assert s is not None, "validated: pinned + static experts fit in the slots"
+            self._place(L, e, s)
+            jobs.append(self._submit(layer, e, L.rows[s]))
+        for f in jobs:
+            self._wait(f)
+        self._count_transfer(layer, len(jobs), kind)
+
+    # ------------------------------------------------------------------ public API
+    def attach_model(self, model) -> None:
+        """Give the cache the model's routers (predicted prefetch applies layer l+1's router)."""
+        self.model = model
+
+    def pin(self, layer: int, ids: list[int]) -> None:
+        """Replace `layer`'s pinned set with `ids`; they become resident now (fetched if needed, counted
+        under `pin_bytes` and `bytes_moved`) and are never evicted until the next `pin` of the layer."""
+        L = self._layer(layer)
+        ids = sorted({int(e) for e in ids})
+        bad = [e for e in ids if not 0 <= e < self.cfg.num_experts]
+        if bad:
+            raise InputError(f"cannot pin experts {bad} of layer {layer}: ids must be in [0, {self.cfg.num_experts})")
+        if len(ids) + len(L.static - set(ids)) > self.slots:
+            raise InputError(f"cannot pin {len(ids)} experts in layer {layer}: the cache has {self.slots} slots per "
+                             f"layer ({len(L.static)} held by the static policy)")
+        self._make_resident(L, layer, ids, "pin")
+
+    def resident(self, layer: int) -> set[int]:
+        """Expert ids whose weights sit in `layer`'s device slots now."""
+        L = self._layer(layer)
+        self._await_layer(L)
+        return set(L.slot_of)
+
+    def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
+        """ForwardContext observer: accumulate routed-assignment counts per expert."""
+        row = self._s["expert_counts"][self.moe_layers.index(layer)]
+        for e, c in enumerate(counts):
+            row[e] += c
+
+    def layer_hook(self, layer: int, x: torch.Tensor) -> None:
+        """ForwardContext layer hook (predicted prefetch): route layer l's MoE input [N, D] with the next
+        MoE layer's router; the union, most requested first, is fetched ahead while layer l computes."""
+        nxt = self._next_layer(layer)
+        if nxt is None or self.model is None or not self._prefetch_on:
+            return
+        mlp = self.model.layers[nxt].mlp
+        _, _, ids = mlp.route(x)  # [N, K]
+        counts = torch.bincount(ids.reshape(-1), minlength=self.cfg.num_experts)
+        order = torch.argsort(counts, descending=True, stable=True)
+        self._next = (nxt, [int(e) for e in order[: int((counts > 0).sum())].tolist()])
+
+    def start_oracle_replay(self) -> None:
+        """Oracle prefetch: the runs so far were recorded; from now on replay them with the true next-layer
+        union prefetched. The replayed run must be identical (same prompts, greedy): on a mismatch the
+        oracle stops prefetching and counts `oracle_mismatches`."""
+        self._oracle_replay, self._oracle_pos = True, 0
+
+    @contextmanager
+    def suspend_prefetch(self):
+        """No prefetch inside the block (e.g. while drafting with pinned experts only)."""
+        prev, self._prefetch_on = self._prefetch_on, False
+        try:
+            yield
+        finally:
+            self._prefetch_on = prev
+
+    def evict_all(self) -> None:
+        """Drop every unprotected expert from the slots (cold cache, e.g. between benchmark runs)."""
+        for L in self.layers.values():
+            self._await_layer(L)
+            for e in [e for e in L.slot_of if e not in L.protected]:
+                self._release(L, e)
+            L.prefetched.clear()
+
+    def fetch(self, layer: int, ids: list[int]):
+        """Yield (expert id, packed buffer) once per id: resident experts first, while misses load."""
+        L = self._layer(layer)
+        s = self._s
+        li = self.moe_layers.index(layer)
+        self._await_layer(L)
+        need = set(ids)
+        if L.prefetched:
+            s["prefetch_useful"] += len(L.prefetched & need)
+            s["prefetch_wasted"] += len(L.prefetched - need)
+            L.prefetched.clear()
+        hits = [e for e in ids if e in L.slot_of]
+        misses = [e for e in ids if e not in L.slot_of]
+        jobs, scratch = [], []
+        for e in misses:
+            slot = self._take_slot(L, need)
+            if slot is None:  # the union outgrew the layer's slots: spare buffers, never a failure
+                buf = self._scratch_get()
+                scratch.append(buf)
+                s["scratch_fetches"] += 1
+            else:
+                self._place(L, e, slot)
+                buf = L.rows[slot]
+            jobs.append((e, buf, self._submit(layer, e, buf)))
+        for e in ids:
+            L.freq[e] += 1
+            if e in L.recency:
+                L.recency.move_to_end(e)
+        s["hits"] += len(hits)
+        s["misses"] += len(misses)
+        s["hits_per_layer"][li] += len(hits)
+        s["misses_per_layer"][li] += len(misses)
+        self._count_transfer(layer, len(misses))
+        self._plan_next(layer, ids)  # queued behind this layer's misses on the I/O thread
+        done = set()
+        try:
+            for e in hits:
+                t0 = time.perf_counter()
+                yield e, self._typed(L.rows[L.slot_of[e]])
+                s["expert_compute_s"] += time.perf_counter() - t0
+            for e, buf, fut in jobs:
+                self._wait(fut)
+                done.add(e)
+                t0 = time.perf_counter()
+                yield e, self._typed(buf)
+                s["expert_compute_s"] += time.perf_counter() - t0
+        finally:
+            for e, buf, fut in jobs:
+                if e not in done:
+                    fut.exception()  # never leave a transfer writing into a buffer we hand back
+                    if e in L.slot_of and L.rows[L.slot_of[e]].data_ptr() == buf.data_ptr():
+                        self._release(L, e)
+            self._scratch += scratch
+            if self.cuda:
+                L.done_event.record(torch.cuda.current_stream(self.device))
+            if self.policy in ("ondemand", "static"):
+                for e in [e for e in L.slot_of if e not in L.protected and e not in L.prefetched]:
+                    self._release(L, e)
+
+    # ------------------------------------------------------------------ prefetch
+    def _next_layer(self, layer: int) -> int | None:
+        i = self.moe_layers.index(layer)
+        return self.moe_layers[i + 1] if i + 1 < len(self.moe_layers) else None
+
+    def _plan_next(self, layer: int, ids: list[int]) -> None:
+        target = None
+        if self.prefetch == "oracle":
+            target = self._oracle_step(layer, ids)
+        elif self.prefetch == "predicted" and self._next is not None:
+            target, self._next = self._next, None
+        if target is None or not self._prefetch_on or target[0] == layer:
+            return
+        nxt, want = target
+        L = self.layers[nxt]
+        keep = set(want)
+        n = 0
+        for e in want:
+            if e in L.slot_of:
+                continue
+            slot = self._take_slot(L, keep)
+            if slot is None:
+                break  # prefetch never spills into scratch buffers
+            self._place(L, e, slot)
+            L.prefetched.add(e)
+            L.inflight.append(self._submit(nxt, e, L.rows[slot]))
+            n += 1
+        self._count_transfer(nxt, n, "prefetch")
+
+    def _oracle_step(self, layer: int, ids: list[int]):
+        key = (layer, tuple(ids))
+        if not self._oracle_replay:
+            self._oracle_trace.append(key)
+            return None
+        tr, i = self._oracle_trace, self._oracle_pos
+        if i < 0:
+            return None
+        if i >= len(tr) or tr[i] != key:
+            self._s["oracle_mismatches"] += 1
+            self._oracle_pos = -1
+            return None
+        self._oracle_pos += 1
+        if i + 1 < len(tr) and tr[i + 1][0] == self._next_layer(layer):
+            return tr[i + 1][0], list(tr[i + 1][1])
+        return None
+
+    # ------------------------------------------------------------------ telemetry
+    def _layer(self, layer: int) -> _Layer:
+        if layer not in self.layers:
+            raise InputError(f"layer {layer} is not a MoE layer (MoE layers: {list(self.moe_layers)})")
+        return self.layers[layer]
+
+    def reset_stats(self) -> None:
+        n, E = len(self.moe_layers), self.cfg.num_experts
+        self._s = {"bytes_moved": 0, "fetches": 0, "hits": 0, "misses": 0, "hits_per_layer": [0] * n,
+                   "misses_per_layer": [0] * n, "fetch_wait_s": 0.0, "expert_compute_s": 0.0, "pin_bytes": 0,
+                   "static_bytes": 0, "prefetch_bytes": 0, "prefetch_useful": 0, "prefetch_wasted": 0,
+                   "scratch_fetches": 0, "oracle_mismatches": 0, "expert_counts": [[0] * E for _ in range(n)]}
+
+    def stats(self) -> dict:
+        s = self._s
+        req = s["hits"] + s["misses"]
+        out = {"offload": self.tier.kind, "cache_policy": self.policy, "prefetch": self.prefetch,
+               "cache_slots_per_layer": self.slots, "cache_bytes": self.nbytes, "bytes_per_expert": self.expert_bytes,
+               "direct_io": bool(getattr(self.tier, "direct_io", False)),
+               "emulated_link": self.link is not None, **(self.link or {}),
+               **{k: (list(v) if isinstance(v, list) else v) for k, v in s.items()},
+               "hit_rate": s["hits"] / req if req else 0.0,
+               "scratch_buffers": self._scratch_allocated}
+        out["expert_counts"] = [list(r) for r in s["expert_counts"]]
+        if self.prefetch == "oracle":
+            out["oracle"] = "replaying" if self._oracle_replay else "recording"
+        return out
+
+    def close(self) -> None:
+        self.io.shutdown(wait=True)
+        self.tier.close()
+
+    def __del__(self):
+        io = getattr(self, "io", None)
+        if io is not None:
+            io.shutdown(wait=False)

@@ -1,0 +1,135 @@
+"""Backing tiers: where an expert's bytes live when they are not in a device slot.
+
+A tier copies one expert into a destination buffer with one transfer:
+- `HostTier`: every expert packed in host RAM ([E, 3·I·D] per layer, pinned when the
+  compute device is CUDA), optionally behind an *emulated link* that throttles each
+  transfer to latency + bytes / bandwidth (labelled as emulation in every stats dict);
+- `DiskTier`: experts read on demand from the aligned repack file (see repack.py) with
+  one `preadv` per expert, through `O_DIRECT` so the page cache is bypassed and the read
+  really hits the SSD. Where the filesystem refuses O_DIRECT it falls back, with a warning,
+  to buffered reads followed by `posix_fadvise(DONTNEED)`.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+import warnings
+
+import torch
+
+from specmoe.experts.memory import aligned_empty, check_fits, round_up
+from specmoe.experts.repack import Repacked
+from specmoe.weights.checkpoint import Checkpoint
+
+
+class EmulatedLink:
+    """Holds each transfer to `latency_us + nbytes / (gbps·1e9)` seconds (GB/s = 10^9 bytes/s).
+    Transfers are serialised, like one PCIe link."""
+
+    def __init__(self, gbps: float | None, latency_us: float | None):
+        self.gbps, self.latency_us = gbps, latency_us or 0.0
+        self.lock = threading.Lock()
+
+    def hold(self, nbytes: int, t0: float) -> None:
+        target = t0 + self.latency_us * 1e-6 + (nbytes / (self.gbps * 1e9) if self.gbps else 0.0)
+        rest = target - time.perf_counter()
+        if rest > 2e-3:
+            time.sleep(rest - 1e-3)  # sleep most of it, spin the last millisecond for precision
+        while time.perf_counter() < target:
+            pass
+
+
+class HostTier:
+    kind = "host"
+    direct_io = False
+
+    def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, *, pin: bool, link: EmulatedLink | None = None,
+                 budget: int | None = None, progress: bool = False):
+        from tqdm import tqdm
+        cfg = ckpt.config
+        self.dtype, self.link = dtype, link
+        self.numel = cfg.expert_numel
+        self.expert_bytes = self.numel * torch.empty((), dtype=dtype).element_size()
+        total = self.expert_bytes * cfg.num_experts * len(cfg.moe_layers)
+        check_fits("the host expert tier (all experts in host RAM)", total, torch.device("cpu"), budget=budget)
+        self.nbytes = total
+        self.layers: dict[int, torch.Tensor] = {}
+        bar = tqdm(total=len(cfg.moe_layers) * cfg.num_experts, desc="host experts", unit="exp",
+                   disable=not progress, leave=False)
+        for layer in cfg.moe_layers:
+            buf = torch.empty(cfg.num_experts, self.numel, dtype=dtype, pin_memory=pin)  # [E, 3·I·D]
+            for e in range(cfg.num_experts):
+                buf[e].copy_(ckpt.read_expert(layer, e, dtype))
+                bar.update()
+            self.layers[layer] = buf
+        bar.close()
+
+    def source(self, layer: int, e: int) -> torch.Tensor:
+        """The expert's host buffer (pinned on CUDA), for an async device copy."""
+        return self.layers[layer][e]
+
+    def read_into(self, layer: int, e: int, dst: torch.Tensor) -> None:
+        """Copy into `dst`, a uint8 row of at least expert_bytes (CPU)."""
+        t0 = time.perf_counter()
+        if self.link is not None:
+            with self.link.lock:
+                dst[: self.expert_bytes].view(self.dtype).copy_(self.layers[layer][e])
+                self.link.hold(self.expert_bytes, t0)
+        else:
+            dst[: self.expert_bytes].view(self.dtype).copy_(self.layers[layer][e])
+
+    def close(self) -> None:
+        pass
+
+
+class DiskTier:
+    kind = "disk"
+
+    def __init__(self, rp: Repacked):
+        self.rp = rp
+        self.dtype, self.numel = rp.dtype, rp.expert_numel
+        self.expert_bytes, self.stride = rp.expert_bytes, rp.stride
+        self.nbytes = 0
+        self.direct_io = False
+        self.fd = -1
+        if hasattr(os, "O_DIRECT"):
+            try:
+                fd = os.open(rp.file, os.O_RDONLY | os.O_DIRECT)
+                probe = aligned_empty(rp.stride)
+                os.preadv(fd, [probe.numpy()], 0)  # some filesystems accept the flag but refuse the read
+                self.fd, self.direct_io = fd, True
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+                    raise
+                if "fd" in locals():
+                    os.close(fd)
+        if not self.direct_io:
+            warnings.warn(f"the filesystem of {rp.file} refuses O_DIRECT; expert reads are buffered and "
+                          "followed by posix_fadvise(DONTNEED), so the page cache may still serve some of them",
+                          stacklevel=2)
+            self.fd = os.open(rp.file, os.O_RDONLY)
+
+    def read_into(self, layer: int, e: int, dst: torch.Tensor) -> None:
+        """One pread of the padded expert into `dst`: an ALIGN-aligned uint8 CPU row of `stride` bytes."""
+        assert dst.numel() >= self.stride and (not self.direct_io or dst.data_ptr() % 4096 == 0), \
+            "disk reads need an aligned destination of stride bytes"
+        off = self.rp.offset(layer, e)
+        n = os.preadv(self.fd, [dst[: self.stride].numpy()], off)
+        assert n == self.stride, f"short read of expert ({layer}, {e}): {n} of {self.stride} bytes"
+        if not self.direct_io:
+            os.posix_fadvise(self.fd, off, self.stride, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):
+        self.close()
+
+
+def slot_bytes(tier) -> int:
+    """Bytes of one device slot: the disk tier reads whole aligned strides into it."""
+    return getattr(tier, "stride", round_up(tier.expert_bytes, 64))
