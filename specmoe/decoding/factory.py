@@ -8,9 +8,26 @@ from specmoe.engine.options import SpecConfig
 
 def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, engine=None):
     """`engine` is the LLM (for checkpoint path, profiles, config) when a strategy needs it."""
-    return AutoregressiveDecoder(runner)
+    if cfg.decoding == "ar":
+        return AutoregressiveDecoder(runner)
+    assert engine is not None, f"decoding={cfg.decoding!r} needs the engine (checkpoint, context length)"
+    return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len)
+
+
+def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
+    from specmoe.decoding.affinity import load_or_compute_affinity
+    from specmoe.decoding.draft import DraftExperts, load_profile
+    from specmoe.decoding.specmoe import SpecMoEDecoder
+    mcfg = ckpt.config
+    drafter = DraftExperts(
+        mcfg, runner.provider, num_draft=cfg.draft_experts, policy=cfg.draft_policy,
+        substitution=cfg.substitution, seed=cfg.seed, device=runner.device,
+        affinity=load_or_compute_affinity(ckpt) if cfg.substitution == "affinity" else None,
+        profile=load_profile(ckpt.path, mcfg) if cfg.draft_policy == "hot-global" else None)
+    return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
+                          auto=cfg.decoding == "auto")
 
 
 def lookahead(cfg: SpecConfig) -> int:
     """KV positions a strategy may write past a sequence's committed length in one step."""
-    return 1
+    return 1 if cfg.decoding == "ar" else cfg.num_draft_tokens + 1

@@ -54,7 +54,29 @@ class OffloadConfig:
 @dataclass(frozen=True)
 class SpecConfig:
     """Decoding strategy and speculative-decoding knobs (see specmoe/decoding)."""
-    decoding: str = opt("ar", "decoding strategy", ("ar",))
+    decoding: str = opt("ar", "decoding strategy: plain autoregressive, SpecMoE self-assisted speculation, or "
+                        "auto (a cost model picks SpecMoE or AR per batch from measured timings)",
+                        ("ar", "specmoe", "auto"))
+    draft_experts: int = opt(4, "SpecMoE: resident draft experts N per MoE layer (the draft uses only these)")
+    num_draft_tokens: int = opt(4, "SpecMoE: tokens drafted per step (gamma)")
+    substitution: str = opt("affinity", "SpecMoE: how the draft replaces a routed non-draft expert: nearest draft "
+                            "expert by weight distance (affinity), top-k among draft experts by router score "
+                            "(mask), or a random draft expert (random, ablation)", ("affinity", "mask", "random"))
+    draft_policy: str = opt("hot-temporal", "SpecMoE: draft-set policy: top-N experts of the last verification "
+                            "(hot-temporal), static from a profile (hot-global), or random (ablation)",
+                            ("hot-temporal", "hot-global", "random"))
+    seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
+
+    def __post_init__(self):
+        from specmoe.errors import InputError
+        if self.draft_experts < 1:
+            raise InputError(f"draft_experts must be >= 1, got {self.draft_experts}")
+        if self.num_draft_tokens < 1:
+            raise InputError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise InputError(f"{f.name}={getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
 
 
 def split_options(kwargs: dict) -> tuple[OffloadConfig, SpecConfig]:

@@ -34,6 +34,8 @@ class ExpertProvider(Protocol):
 
 # (layer, router logits [N, E], weights [N, K] fp32, ids [N, K]) -> (weights, ids)
 RoutingHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# (layer, x [N, D], weights [N, K] fp32, ids [N, K]) -> routed-expert output [N, D]
+ExpertsOverride = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -45,6 +47,10 @@ class ForwardContext:
     observers: list = field(default_factory=list)
     # called at the start of each MoE layer with (layer, hidden [N, D]); used for prefetch
     layer_hooks: list = field(default_factory=list)
+    # optional replacement of the routed-expert computation (provider, observers and the per-layer
+    # host sync are skipped). SpecMoE's draft computes its few resident draft experts as one grouped
+    # op with it; None keeps the regular path.
+    experts_override: ExpertsOverride | None = None
 
 
 def expert_ffn(x: torch.Tensor, buf: torch.Tensor, D: int, I: int) -> torch.Tensor:
@@ -80,7 +86,10 @@ class MoEBlock(nn.Module):
         logits, weights, ids = self.route(x)
         if ctx.routing_hook is not None:
             weights, ids = ctx.routing_hook(self.layer, logits, weights, ids)
-        out = self.experts_forward(x, weights, ids, ctx)
+        if ctx.experts_override is not None:
+            out = ctx.experts_override(self.layer, x, weights, ids)
+        else:
+            out = self.experts_forward(x, weights, ids, ctx)
         if self.cfg.shared_expert_intermediate_size:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
         return out.view(shape)

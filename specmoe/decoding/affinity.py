@@ -1,0 +1,95 @@
+"""SpecMoE's expert affinity table: pairwise L2 distance between the flattened weights of
+every pair of experts in a MoE layer (arXiv 2604.10152, "affinity-based substitution").
+
+Computed once per model and cached on disk next to the checkpoint
+(`<ckpt>/.specmoe/affinity.pt`, or `~/.cache/specmoe/` when the checkpoint directory is
+read-only), keyed and validated by `Checkpoint.fingerprint()`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from specmoe.weights.checkpoint import Checkpoint
+from specmoe.weights.names import expert_keys
+
+# E=experts, P=parameters of one expert part (I·D)
+
+FORMAT = 1
+
+
+def cache_paths(ckpt: Checkpoint) -> list[Path]:
+    """Where the table may live, in order of preference."""
+    key = hashlib.sha1(str(ckpt.path.resolve()).encode()).hexdigest()[:16]
+    return [ckpt.path / ".specmoe" / "affinity.pt", Path.home() / ".cache" / "specmoe" / f"affinity-{key}.pt"]
+
+
+def compute_affinity(ckpt: Checkpoint) -> dict[int, torch.Tensor]:
+    """{layer: distances [E, E] fp32}. Accumulates the Gram matrix one expert part (gate, up,
+    down) at a time, in fp64, so only E·I·D values of a layer are in memory at once."""
+    cfg = ckpt.config
+    E = cfg.num_experts
+    out = {}
+    for layer in cfg.moe_layers:
+        gram = torch.zeros(E, E, dtype=torch.float64)
+        for part in ("gate", "up", "down"):
+            w = torch.stack([ckpt.get(expert_keys(cfg, layer, e)[part][0], torch.float64).reshape(-1)
+                             for e in range(E)])  # [E, P]
+            gram += w @ w.T
+        sq = gram.diagonal()
+        d2 = (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)  # [E, E]
+        d2.fill_diagonal_(0)
+        out[layer] = d2.sqrt().float()
+    return out
+
+
+def _load(path: Path, fingerprint: str, layers: tuple[int, ...]) -> dict[int, torch.Tensor] | None:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError):
+        return None
+    if (not isinstance(data, dict) or data.get("format") != FORMAT or data.get("fingerprint") != fingerprint
+            or tuple(data.get("layers", ())) != layers):
+        return None
+    return {layer: t for layer, t in zip(layers, data["tables"])}
+
+
+def _save(path: Path, fingerprint: str, table: dict[int, torch.Tensor]) -> bool:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".affinity-", suffix=".tmp")
+        os.close(fd)
+        torch.save({"format": FORMAT, "fingerprint": fingerprint, "layers": list(table),
+                    "tables": list(table.values())}, tmp)
+        os.replace(tmp, path)  # atomic: concurrent readers see the old file or the new one
+        return True
+    except OSError:
+        return False
+
+
+def load_or_compute_affinity(ckpt: Checkpoint) -> dict[int, torch.Tensor]:
+    """The affinity table of `ckpt`, from the disk cache when its fingerprint matches."""
+    fp, layers = ckpt.fingerprint(), tuple(ckpt.config.moe_layers)
+    paths = cache_paths(ckpt)
+    for p in paths:
+        if p.is_file():
+            table = _load(p, fp, layers)
+            if table is not None:
+                return table
+    table = compute_affinity(ckpt)
+    for p in paths:
+        if _save(p, fp, table):
+            break
+    return table
+
+
+def nearest_draft(dist: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
+    """dist [E, E], draft_ids [Nd] → [E]: for every expert, the draft expert nearest to it
+    (a draft expert maps to itself, its distance being 0)."""
+    out = draft_ids[dist.to(draft_ids.device)[:, draft_ids].argmin(dim=1)]
+    out[draft_ids] = draft_ids  # ties at distance 0 (duplicate experts) must not move a draft expert
+    return out

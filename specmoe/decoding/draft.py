@@ -1,0 +1,271 @@
+"""SpecMoE's draft model: the target's non-expert weights + `N` draft experts per MoE layer
+(arXiv 2604.10152). No extra weights, no training, no copy of the model.
+
+`DraftExperts` owns the draft set (N expert ids per MoE layer, plus a private copy of
+their packed weights stacked for one grouped op) and everything the draft forward
+needs as `ForwardContext` parts:
+
+- `routing_hook` substitutes a routed non-draft expert: `affinity` (nearest draft expert
+  by weight distance), `mask` (top-k among the draft experts by the router's own scores,
+  renormalised per the family's rule), `random` (ablation);
+- `experts_override` computes the N draft experts as two GEMMs (or a gather for a handful
+  of tokens), without the provider and without a host sync per layer;
+- the draft never calls the provider, so drafting moves zero bytes by construction.
+
+Draft-set policies: `hot-temporal` (top-N by activation count in the last verification
+forward: those experts streamed by in that forward, so the new set is copied from the
+fetch stream, no extra traffic), `hot-global` (static, `<ckpt>/expert_profile.json` or a
+profile of the prompts' prefill), `random` (static, seeded). The provider is asked to
+`pin` the draft set when it can, so a bounded expert cache keeps it resident.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specmoe.config import ModelConfig
+from specmoe.decoding.affinity import nearest_draft
+from specmoe.models.moe import ForwardContext
+
+# N=tokens, E=experts, K=top-k, Nd=draft experts per layer, D=hidden, I=expert hidden
+
+
+def load_profile(path: Path, cfg: ModelConfig) -> dict[int, list[int]] | None:
+    """`expert_profile.json`: {"counts": [[count per expert] per layer], ...} or a bare list, indexed by
+    decoder layer (num_layers rows) or by MoE layer (len(moe_layers) rows). None when absent or unusable."""
+    f = path / "expert_profile.json"
+    if not f.is_file():
+        return None
+    try:
+        raw = json.loads(f.read_text())
+    except (json.JSONDecodeError, OSError):
+        return None
+    rows = raw.get("counts") if isinstance(raw, dict) else raw
+    if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == cfg.num_experts for r in rows):
+        return None
+    if len(rows) == cfg.num_layers:
+        return {layer: rows[layer] for layer in cfg.moe_layers}
+    if len(rows) == len(cfg.moe_layers):
+        return dict(zip(cfg.moe_layers, rows))
+    return None
+
+
+def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset()) -> list[int]:
+    """The n most-used experts; ties go to `prefer` (the current set, already resident), then to lower ids."""
+    order = sorted(range(len(counts)), key=lambda e: (-counts[e], e not in prefer, e))
+    return sorted(order[:n])
+
+
+class _CapturingProvider:
+    """Wraps the provider during a target forward and copies the buffers of the experts the
+    next draft set needs as they stream by (HotTemporal refresh without extra fetches)."""
+
+    def __init__(self, inner, owner: "DraftExperts"):
+        self.inner, self.owner = inner, owner
+
+    def fetch(self, layer: int, ids: list[int]):
+        want = self.owner.wanted.get(layer, ())
+        for e, buf in self.inner.fetch(layer, ids):
+            if e in want:
+                self.owner.captured.setdefault(layer, {})[e] = buf.clone()
+            yield e, buf
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class DraftExperts:
+    """The draft set and the draft's forward context parts (see the module docstring)."""
+
+    def __init__(self, cfg: ModelConfig, provider, *, num_draft: int, policy: str, substitution: str, seed: int,
+                 device: torch.device, affinity: dict[int, torch.Tensor] | None = None,
+                 profile: dict[int, list[int]] | None = None):
+        assert substitution != "affinity" or affinity is not None, "affinity substitution needs the affinity table"
+        self.cfg, self.provider, self.device = cfg, provider, device
+        self.n = min(num_draft, cfg.num_experts)
+        self.policy, self.substitution = policy, substitution
+        self.affinity = {layer: t.to(device) for layer, t in (affinity or {}).items()}
+        self.profile = profile
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(seed)
+        self.set_gen = torch.Generator().manual_seed(seed)  # random draft sets (host side)
+        self.normalize = cfg.model_type == "mixtral" or cfg.norm_topk_prob
+        self.ids: dict[int, list[int]] = {}
+        self.ids_t: dict[int, torch.Tensor] = {}   # [Nd]
+        self.local: dict[int, torch.Tensor] = {}   # [E] → index in the draft set (Nd for non-draft experts)
+        self.sub: dict[int, torch.Tensor] = {}     # [E] → substitute draft expert (affinity)
+        self.w1: dict[int, torch.Tensor] = {}      # [Nd, 2I, D] gate and up of the draft experts
+        self.w2: dict[int, torch.Tensor] = {}      # [Nd, D, I] down
+        self.w2cat: dict[int, torch.Tensor] = {}   # [D, Nd·I] down, concatenated for one GEMM
+        self.last_counts: dict[int, list[int]] = {}
+        self.prefill_counts: dict[int, list[int]] = {}
+        self.verifying = False
+        self.wanted: dict[int, set[int]] = {}
+        self.next_ids: dict[int, list[int]] = {}
+        self.captured: dict[int, dict[int, torch.Tensor]] = {}
+        self.hits = self.assignments = 0
+        self.refreshes = 0
+        self.setup_bytes = self.refresh_bytes = 0
+
+    # ------------------------------------------------------------ draft set
+    @property
+    def ready(self) -> bool:
+        return len(self.ids) == len(self.cfg.moe_layers)
+
+    def _bytes(self) -> int:
+        st = getattr(self.provider, "stats", None)
+        return int(st().get("bytes_moved", 0)) if st is not None else 0
+
+    def _pin(self) -> None:
+        pin = getattr(self.provider, "pin", None)
+        if pin is not None:
+            for layer, ids in self.ids.items():
+                pin(layer, list(ids))
+
+    def initial_ids(self, layer: int) -> list[int]:
+        E = self.cfg.num_experts
+        if self.policy == "random":
+            return sorted(torch.randperm(E, generator=self.set_gen)[:self.n].tolist())
+        if self.policy == "hot-global":
+            counts = (self.profile or {}).get(layer) or self.prefill_counts.get(layer)
+        else:
+            counts = self.last_counts.get(layer)
+        return top_n(counts or [0] * E, self.n)
+
+    def setup(self) -> None:
+        """Choose the first draft set, make it resident (pin) and copy it into the draft's stacks. The
+        bytes this moves are setup cost, outside every draft phase (`draft_setup_bytes`)."""
+        b0 = self._bytes()
+        ids = {layer: self.initial_ids(layer) for layer in self.cfg.moe_layers}
+        self.ids = dict(ids)
+        self._pin()
+        for layer, lids in ids.items():
+            bufs = {e: buf.clone() for e, buf in self.provider.fetch(layer, lids)}
+            self._install(layer, lids, bufs)
+        self.setup_bytes += self._bytes() - b0
+
+    def _install(self, layer: int, ids: list[int], bufs: dict[int, torch.Tensor]) -> None:
+        cfg = self.cfg
+        D, I, E, Nd = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts, len(ids)
+        w = torch.stack([bufs[e].to(self.device) for e in ids])  # [Nd, 3·I·D]
+        self.ids[layer] = list(ids)
+        self.ids_t[layer] = torch.tensor(ids, device=self.device)
+        self.w1[layer] = w[:, :2 * I * D].reshape(Nd, 2 * I, D).contiguous()
+        self.w2[layer] = w[:, 2 * I * D:].reshape(Nd, D, I).contiguous()
+        self.w2cat[layer] = self.w2[layer].permute(1, 0, 2).reshape(D, Nd * I).contiguous()
+        local = torch.full((E,), Nd, dtype=torch.long, device=self.device)
+        local[self.ids_t[layer]] = torch.arange(Nd, device=self.device)
+        self.local[layer] = local
+        if self.substitution == "affinity":
+            self.sub[layer] = nearest_draft(self.affinity[layer], self.ids_t[layer])
+
+    def row(self, layer: int, e: int) -> torch.Tensor:
+        """Packed flat buffer of draft expert e, rebuilt from the stacks."""
+        i = self.ids[layer].index(e)
+        return torch.cat([self.w1[layer][i].reshape(-1), self.w2[layer][i].reshape(-1)])
+
+    # ------------------------------------------------------------ target forwards (counts, refresh)
+    def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
+        """ForwardContext observer, registered on the runner: sees every target forward (prefill,
+        verification, AR steps of `auto`). Draft forwards bypass it (they use `experts_override`)."""
+        self.last_counts[layer] = counts
+        if not self.verifying:
+            acc = self.prefill_counts.setdefault(layer, [0] * len(counts))
+            for e, c in enumerate(counts):
+                acc[e] += c
+            return
+        if layer in self.ids:
+            self.hits += sum(counts[e] for e in self.ids[layer])
+            self.assignments += sum(counts)
+        if self.policy == "hot-temporal" and layer in self.ids:
+            cur = set(self.ids[layer])
+            new = top_n(counts, self.n, cur)
+            if new != self.ids[layer]:
+                self.next_ids[layer] = new
+                self.wanted[layer] = set(new) - cur
+
+    def target_context(self, ctx: ForwardContext) -> ForwardContext:
+        """Turn the runner's context of a target forward into one that also captures the next draft set."""
+        if self.policy == "hot-temporal" and self.ready:
+            ctx.provider = _CapturingProvider(ctx.provider, self)
+        return ctx
+
+    def begin_target(self) -> None:
+        self.verifying = True
+        self.wanted, self.next_ids, self.captured = {}, {}, {}
+
+    def end_target(self) -> None:
+        """Install the refreshed draft set (HotTemporal) from the captured buffers and pin it."""
+        self.verifying = False
+        if not self.next_ids:
+            return
+        b0 = self._bytes()
+        for layer, new in self.next_ids.items():
+            got = self.captured.get(layer, {})
+            missing = [e for e in new if e not in got and e not in self.ids[layer]]
+            if missing:  # not expected: every wanted expert was routed, hence fetched, in this forward
+                got.update({e: buf.clone() for e, buf in self.provider.fetch(layer, missing)})
+            bufs = {e: got[e] if e in got else self.row(layer, e) for e in new}
+            self._install(layer, new, bufs)
+        self._pin()
+        self.refreshes += 1
+        self.refresh_bytes += self._bytes() - b0
+        self.wanted, self.next_ids, self.captured = {}, {}, {}
+
+    # ------------------------------------------------------------ draft forwards
+    def context(self, observers: list | None = None) -> ForwardContext:
+        """The draft's ForwardContext. Its provider refuses to be used: the draft computes only
+        from its own stacks."""
+        return ForwardContext(provider=_NoProvider(), routing_hook=self.routing_hook, observers=list(observers or []),
+                              layer_hooks=[], experts_override=self.experts_override)
+
+    def routing_hook(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+        """Map the router's top-k (weights [N, K] fp32, ids [N, K]) onto draft experts."""
+        if self.substitution == "affinity":
+            return weights, self.sub[layer][ids]
+        draft = self.ids_t[layer]
+        if self.substitution == "random":
+            member = self.local[layer][ids] < len(draft)  # [N, K]
+            pick = draft[torch.randint(len(draft), ids.shape, generator=self.gen, device=ids.device)]
+            return weights, torch.where(member, ids, pick)
+        # mask: re-route among draft experts with the router's own probabilities; with N < K only N
+        # distinct experts exist, so take min(K, N) of them (never the same expert twice)
+        probs = torch.softmax(logits.float(), dim=-1)[:, draft]  # [N, Nd]
+        w, j = torch.topk(probs, min(ids.shape[1], len(draft)), dim=-1)
+        if self.normalize:
+            w = w / w.sum(dim=-1, keepdim=True)
+        return w, draft[j]
+
+    def experts_override(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The draft's routed-expert output for x [N, D] with every id in the draft set → [N, D]."""
+        N, K = ids.shape
+        Nd = len(self.ids[layer])
+        loc = self.local[layer][ids]  # [N, K] in [0, Nd)
+        w = weights.to(x.dtype)
+        if N * K < Nd:  # a handful of tokens: gather just their experts' weights
+            w1, w2 = self.w1[layer][loc], self.w2[layer][loc]  # [N, K, 2I, D], [N, K, D, I]
+            g, u = torch.matmul(w1, x[:, None, :, None])[..., 0].chunk(2, dim=-1)  # [N, K, I] each
+            y = torch.matmul(w2, (F.silu(g) * u)[..., None])[..., 0]  # [N, K, D]
+            return (y * w[..., None]).sum(dim=1)
+        # dense over the Nd draft experts: two GEMMs; the weighted sum over experts happens in the second
+        dense = torch.zeros(N, Nd + 1, dtype=x.dtype, device=x.device).scatter_add_(1, loc, w)[:, :Nd]  # [N, Nd]
+        h = F.linear(x, self.w1[layer].view(-1, x.shape[1])).view(N, Nd, -1)  # [N, Nd, 2I]
+        g, u = h.chunk(2, dim=-1)
+        a = F.silu(g) * u * dense[..., None]  # [N, Nd, I]
+        return F.linear(a.reshape(N, -1), self.w2cat[layer])  # [N, D]
+
+    def stats(self) -> dict:
+        return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
+                "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
+                "draft_refresh_bytes": self.refresh_bytes,
+                "draft_set": {layer: list(ids) for layer, ids in self.ids.items()}}
+
+
+class _NoProvider:
+    """The draft's provider: the draft must never reach an expert tier."""
+
+    def fetch(self, layer: int, ids: list[int]):
+        raise AssertionError(f"the draft tried to fetch experts {ids} of layer {layer}")
