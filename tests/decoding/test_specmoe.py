@@ -1,0 +1,166 @@
+"""SpecMoE end to end: greedy output equals plain greedy decoding token for token, seeded sampled
+runs repeat, drafting moves zero bytes, and the step's bookkeeping (τ, acceptance, fallback)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specmoe import LLM, SamplingParams
+
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+# (family, N, γ, substitution, policy): every family, substitution and policy, N < k, N = k, N > k
+CONFIGS = [
+    ("mixtral", 4, 4, "affinity", "hot-temporal"),
+    ("mixtral", 1, 3, "mask", "hot-global"),
+    ("qwen2_moe", 2, 5, "mask", "hot-temporal"),
+    ("qwen2_moe", 3, 2, "random", "random"),
+    ("qwen3_moe", 1, 4, "affinity", "random"),
+    ("qwen3_moe", 6, 6, "random", "hot-temporal"),
+    ("olmoe", 2, 1, "affinity", "hot-global"),
+    ("olmoe", 8, 4, "mask", "hot-temporal"),
+]
+
+
+def prompts(n: int, seed: int, max_len: int = 14) -> list[list[int]]:
+    r = random.Random(seed)
+    return [[r.randrange(96) for _ in range(r.randint(1, max_len))] for _ in range(n)]
+
+
+BATCHES = {  # name: (prompts, params): batch 1, 7 ragged (prompts and max_tokens), 64 short
+    "b1": (prompts(1, 1), SamplingParams(max_tokens=24)),
+    "b7": (prompts(7, 7), [SamplingParams(max_tokens=m) for m in (1, 2, 5, 9, 13, 16, 20)]),
+    "b64": (prompts(64, 64), SamplingParams(max_tokens=6)),
+}
+
+_ref: dict = {}
+
+
+def reference(path, batch):
+    """Plain greedy (decoding='ar') outputs, computed once per (checkpoint, batch)."""
+    key = (str(path), batch)
+    if key not in _ref:
+        ps, sp = BATCHES[batch]
+        _ref[key] = [o.token_ids for o in LLM(path, decoding="ar").generate(ps, sp)]
+    return _ref[key]
+
+
+class CountingProvider:
+    """Stands in for an expert cache: pinned experts are resident, every other fetch counts its bytes."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.pinned: dict[int, set[int]] = {}
+        self.bytes_moved = self.fetches = self.pins = 0
+
+    def pin(self, layer: int, ids: list[int]) -> None:
+        self.pinned[layer] = set(ids)
+        self.pins += 1
+
+    def resident(self, layer: int) -> set[int]:
+        return set(self.pinned.get(layer, ()))
+
+    def fetch(self, layer, ids):
+        for e, buf in self.inner.fetch(layer, ids):
+            self.fetches += 1
+            if e not in self.pinned.get(layer, ()):
+                self.bytes_moved += buf.numel() * buf.element_size()
+            yield e, buf
+
+    def stats(self) -> dict:
+        return {"bytes_moved": self.bytes_moved, "hits": 0, "misses": 0}
+
+    def reset_stats(self) -> None:
+        self.bytes_moved = 0
+
+
+@pytest.mark.parametrize("family,N,gamma,substitution,policy", CONFIGS)
+def test_greedy_specmoe_equals_plain_greedy(tiny_ckpt, family, N, gamma, substitution, policy):
+    path = tiny_ckpt(family)
+    llm = LLM(path, decoding="specmoe", draft_experts=N, num_draft_tokens=gamma, substitution=substitution,
+              draft_policy=policy)
+    for batch in BATCHES:
+        ps, sp = BATCHES[batch]
+        got = [o.token_ids for o in llm.generate(ps, sp)]
+        assert got == reference(path, batch), f"{batch}: speculative greedy differs from plain greedy"
+    st = llm.stats
+    assert len(st["acceptance_per_position"]) == gamma
+    assert 1.0 <= st["tokens_per_step"] <= gamma + 1
+    assert st["steps"] > 0 and st["draft_time_s"] > 0 and st["verify_time_s"] > 0
+    assert 0.0 <= st["draft_set_hit_rate"] <= 1.0
+    assert st["draft_phase_bytes"] == 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_auto_and_continuous_batching_equal_plain_greedy(tiny_ckpt, family):
+    """`auto` switches between AR and speculative steps; max_batch < prompts admits requests mid-run."""
+    path = tiny_ckpt(family)
+    ps, sp = BATCHES["b7"]
+    ref = reference(path, "b7")
+    for kw in (dict(decoding="auto"), dict(decoding="specmoe", max_batch=3)):
+        llm = LLM(path, **kw)
+        assert [o.token_ids for o in llm.generate(ps, sp)] == ref, kw
+    st = LLM(path, decoding="auto")
+    st.generate(*BATCHES["b64"])
+    s = st.stats
+    assert s["fallback_choice"] in ("ar", "specmoe") and sum(s["fallback_steps"].values()) > 0
+    assert s["cost_model"], "the cost model reports its estimates"
+
+
+def test_sampled_specmoe_is_seeded_and_greedy_rows_stay_exact(tiny_ckpt):
+    path = tiny_ckpt("qwen3_moe")
+    ps = prompts(6, 3)
+    params = [SamplingParams(max_tokens=12, temperature=t, top_k=k, top_p=tp, seed=100 + i)
+              for i, (t, k, tp) in enumerate([(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8), (0.0, 0, 1.0),
+                                              (1.0, 5, 0.9), (0.0, 0, 1.0)])]
+    runs = [[o.token_ids for o in LLM(path, decoding="specmoe", num_draft_tokens=3).generate(ps, params)]
+            for _ in range(2)]
+    assert runs[0] == runs[1], "seeded sampled SpecMoE must repeat exactly"
+    ref = [o.token_ids for o in LLM(path, decoding="ar").generate(ps, params)]
+    assert runs[0][3] == ref[3] and runs[0][5] == ref[5], "greedy rows of a mixed batch equal plain greedy"
+    assert all(len(r) == 12 for r in runs[0])
+
+
+def test_sampled_specmoe_follows_target_distribution(tiny_ckpt):
+    """First sampled token's distribution over many seeds: SpecMoE vs plain sampling (both ~ target)."""
+    path = tiny_ckpt("mixtral")
+    prompt = [5, 17, 33]
+    n = 300
+    params = [SamplingParams(max_tokens=2, temperature=1.0, seed=s) for s in range(n)]
+    # second token: the first comes from prefill (plain sampling), the second from a speculative step
+    spec = LLM(path, decoding="specmoe", num_draft_tokens=2, draft_experts=2).generate([prompt] * n, params)
+    logits = LLM(path, decoding="ar").logits([prompt + [o.token_ids[0]] for o in spec])  # [n, T, V]
+    p = torch.softmax(logits[:, len(prompt)], -1)  # target distribution of each second token, given the first
+    # E[p(x)] under the right law equals E[Σ p²]; a wrong sampler drifts away from it
+    got = torch.tensor([p[i, o.token_ids[1]].item() for i, o in enumerate(spec)])
+    want = (p * p).sum(-1)
+    assert abs(got.mean() - want.mean()) < 4 * got.std() / n ** 0.5 + 1e-3
+
+
+def test_drafting_moves_zero_bytes_and_pins_the_draft_set(tiny_ckpt):
+    path = tiny_ckpt("olmoe")
+    for policy in ("hot-temporal", "hot-global"):
+        llm = LLM(path, decoding="specmoe", draft_experts=3, num_draft_tokens=4, draft_policy=policy)
+        llm.provider = counting = CountingProvider(llm.provider)
+        ps, sp = BATCHES["b7"]
+        assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
+        st = llm.stats
+        assert st["draft_phase_bytes"] == 0, "drafting must never touch the backing tier"
+        assert counting.bytes_moved > 0, "verification does fetch non-draft experts (the counter is live)"
+        assert counting.pins >= len(llm.config.moe_layers)
+        for layer, ids in st["draft_set"].items():
+            assert counting.resident(layer) == set(ids)
+        if policy == "hot-temporal":
+            assert st["draft_refresh_bytes"] == 0, "the refreshed set streamed by during verification"
+
+
+def test_gamma_never_runs_past_max_tokens_or_context(tiny_ckpt):
+    path = tiny_ckpt("mixtral")
+    ps = prompts(3, 11, max_len=5)
+    for kw in (dict(), dict(max_model_len=12)):
+        ref = [o.token_ids for o in LLM(path, decoding="ar", **kw).generate(ps, SamplingParams(max_tokens=9))]
+        got = [o.token_ids for o in LLM(path, decoding="specmoe", num_draft_tokens=6, **kw).generate(
+            ps, SamplingParams(max_tokens=9))]
+        assert got == ref
