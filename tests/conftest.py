@@ -15,24 +15,23 @@ def make_tiny_checkpoint(family: str, path, *, shard_size: str | None = None, se
     common = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=256,
                   initializer_range=0.2, eos_token_id=None, pad_token_id=None, bos_token_id=None)
-    if family == "mixtral":
-        cfg = tf.MixtralConfig(intermediate_size=24, num_local_experts=8, **{**common, **overrides})
-        cls = tf.MixtralForCausalLM
-    elif family == "qwen2_moe":
-        cfg = tf.Qwen2MoeConfig(intermediate_size=40, moe_intermediate_size=24, num_experts=8,
-                                shared_expert_intermediate_size=28, norm_topk_prob=False,
-                                decoder_sparse_step=1, mlp_only_layers=[1], **{**common, **overrides})
-        cls = tf.Qwen2MoeForCausalLM
-    elif family == "qwen3_moe":
-        cfg = tf.Qwen3MoeConfig(intermediate_size=40, moe_intermediate_size=24, num_experts=8, head_dim=16,
-                                norm_topk_prob=True, **{**common, **overrides})
-        cls = tf.Qwen3MoeForCausalLM
-    elif family == "olmoe":
-        cfg = tf.OlmoeConfig(intermediate_size=24, num_experts=8, clip_qkv=3.0, norm_topk_prob=False,
-                             **{**common, **overrides})
-        cls = tf.OlmoeForCausalLM
-    else:
+    family_kw = {
+        "mixtral": dict(intermediate_size=24, num_local_experts=8),
+        "qwen2_moe": dict(intermediate_size=40, moe_intermediate_size=24, num_experts=8,
+                          shared_expert_intermediate_size=28, norm_topk_prob=False, decoder_sparse_step=1,
+                          mlp_only_layers=[1]),
+        "qwen3_moe": dict(intermediate_size=40, moe_intermediate_size=24, num_experts=8, head_dim=16,
+                          norm_topk_prob=True),
+        "olmoe": dict(intermediate_size=24, num_experts=8, clip_qkv=3.0, norm_topk_prob=False),
+    }
+    classes = {"mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+               "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+               "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+               "olmoe": ("OlmoeConfig", "OlmoeForCausalLM")}
+    if family not in classes:
         raise ValueError(family)
+    cfg = getattr(tf, classes[family][0])(**{**common, **family_kw[family], **overrides})
+    cls = getattr(tf, classes[family][1])
     torch.manual_seed(seed)
     model = cls(cfg).to(dtype).eval()
     kw = {"max_shard_size": shard_size} if shard_size else {}

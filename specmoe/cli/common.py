@@ -15,6 +15,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="compute dtype (auto = the checkpoint's)")
     p.add_argument("--device", default="cpu", help="compute device: cpu or cuda")
     p.add_argument("--max-batch", type=int, default=256, help="KV-cache slots (max concurrent sequences)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for compute (default: torch's)")
 
 
 def add_option_args(p: argparse.ArgumentParser) -> None:
@@ -42,6 +43,7 @@ def option_kwargs(args) -> dict:
 def make_llm(args, progress: bool = True):
     from specmoe import LLM
     return LLM(args.model, dtype=args.dtype, device=args.device, max_batch=args.max_batch, progress=progress,
+               threads=args.threads,
                **option_kwargs(args))
 
 

@@ -42,10 +42,14 @@ class LLM:
 
     def __init__(self, model: str | Path | None = None, *, dtype: str | torch.dtype = "auto",
                  device: str = "cpu", max_batch: int = 256, max_model_len: int | None = None,
-                 progress: bool = False, **options):
+                 progress: bool = False, threads: int | None = None, **options):
         """`options` are the fields of OffloadConfig (offload=, cache_experts=, ...) and SpecConfig
         (decoding=, draft_experts=, ...)."""
         self.offload_cfg, self.spec_cfg = split_options(dict(options))
+        if threads is not None:  # like llama.cpp's -t: process-wide intra-op threads
+            if threads < 1:
+                raise InputError(f"threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
         self.path = Path(model) if model is not None else default_model_path()
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
