@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from specmoe.config import ModelConfig
 from specmoe.decoding.affinity import nearest_draft
+from specmoe.errors import InputError
 from specmoe.models.moe import ForwardContext
 
 # N=tokens, E=experts, K=top-k, Nd=draft experts per layer, D=hidden, I=expert hidden
@@ -109,6 +110,8 @@ class DraftExperts:
         self.hits = self.assignments = 0
         self.refreshes = 0
         self.setup_bytes = self.refresh_bytes = 0
+        self.pin_refused: set[int] = set()
+        self.pinned: dict[int, set[int]] = {}  # what the provider was last asked to pin
 
     # ------------------------------------------------------------ draft set
     @property
@@ -119,11 +122,23 @@ class DraftExperts:
         st = getattr(self.provider, "stats", None)
         return int(st().get("bytes_moved", 0)) if st is not None else 0
 
-    def _pin(self) -> None:
+    def _pin(self, layer: int, ids: list[int]) -> None:
+        """Ask the provider to keep the draft set resident. A cache too small for N pinned experts refuses
+        (InputError); the draft still works from its own copy, and `draft_pin_refused` says so."""
         pin = getattr(self.provider, "pin", None)
-        if pin is not None:
-            for layer, ids in self.ids.items():
-                pin(layer, list(ids))
+        if pin is None:
+            return
+        prev, new = self.pinned.get(layer, set()), set(ids)
+        try:
+            if prev - new:  # unpin the leaving experts first, so the cache may evict them for the arriving ones
+                pin(layer, sorted(prev & new))
+                self.pinned[layer] = prev & new
+            pin(layer, sorted(new))
+            self.pinned[layer] = new
+        except InputError:
+            self.pin_refused.add(layer)
+        else:
+            self.pin_refused.discard(layer)
 
     def initial_ids(self, layer: int) -> list[int]:
         E = self.cfg.num_experts
@@ -140,8 +155,8 @@ class DraftExperts:
         bytes this moves are setup cost, outside every draft phase (`draft_setup_bytes`)."""
         b0 = self._bytes()
         ids = {layer: self.initial_ids(layer) for layer in self.cfg.moe_layers}
-        self.ids = dict(ids)
-        self._pin()
+        for layer, lids in ids.items():
+            self._pin(layer, lids)
         for layer, lids in ids.items():
             bufs = {e: buf.clone() for e, buf in self.provider.fetch(layer, lids)}
             self._install(layer, lids, bufs)
@@ -186,6 +201,9 @@ class DraftExperts:
             if new != self.ids[layer]:
                 self.next_ids[layer] = new
                 self.wanted[layer] = set(new) - cur
+                # pin now, before this layer's fetch: the new draft experts were routed in this forward, so a
+                # cache loads them once (as hits of the fetch that follows) instead of fetching and re-pinning
+                self._pin(layer, new)
 
     def target_context(self, ctx: ForwardContext) -> ForwardContext:
         """Turn the runner's context of a target forward into one that also captures the next draft set."""
@@ -210,7 +228,6 @@ class DraftExperts:
                 got.update({e: buf.clone() for e, buf in self.provider.fetch(layer, missing)})
             bufs = {e: got[e] if e in got else self.row(layer, e) for e in new}
             self._install(layer, new, bufs)
-        self._pin()
         self.refreshes += 1
         self.refresh_bytes += self._bytes() - b0
         self.wanted, self.next_ids, self.captured = {}, {}, {}
@@ -260,7 +277,7 @@ class DraftExperts:
     def stats(self) -> dict:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
                 "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
-                "draft_refresh_bytes": self.refresh_bytes,
+                "draft_refresh_bytes": self.refresh_bytes, "draft_pin_refused": sorted(self.pin_refused),
                 "draft_set": {layer: list(ids) for layer, ids in self.ids.items()}}
 
 

@@ -164,3 +164,17 @@ def test_gamma_never_runs_past_max_tokens_or_context(tiny_ckpt):
         got = [o.token_ids for o in LLM(path, decoding="specmoe", num_draft_tokens=6, **kw).generate(
             ps, SamplingParams(max_tokens=9))]
         assert got == ref
+
+
+@pytest.mark.parametrize("policy", ["ondemand", "lru"])
+def test_offloaded_cache_draft_moves_zero_bytes(tiny_ckpt, policy):
+    """With the real expert cache (host tier): lossless, and bytes_moved never changes during a draft phase."""
+    path = tiny_ckpt("qwen3_moe")
+    llm = LLM(path, offload="host", cache_policy=policy, cache_experts=4, decoding="specmoe", draft_experts=3)
+    ps, sp = BATCHES["b7"]
+    assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
+    st = llm.stats
+    assert st["draft_phase_bytes"] == 0 and st["bytes_moved"] > 0
+    assert st["draft_pin_refused"] == []
+    for layer, ids in st["draft_set"].items():
+        assert set(ids) <= llm.provider.resident(layer), "the draft set is pinned in the cache"
