@@ -32,12 +32,19 @@ def add_option_args(p: argparse.ArgumentParser) -> None:
                 kw["action"] = argparse.BooleanOptionalAction
             else:
                 kw["type"] = typ
-            g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
+            flag = "--" + f.name.replace("_", "-")
+            if flag in p._option_string_actions:  # e.g. SpecConfig.seed vs generate's --seed
+                flag = f"--{PREFIX[cls]}-{f.name.replace('_', '-')}"
+            g.add_argument(flag, dest="opt__" + f.name, metavar=f.name.upper() if "choices" not in kw else None,
+                           **kw)
+
+
+PREFIX = {OffloadConfig: "offload", SpecConfig: "spec"}
 
 
 def option_kwargs(args) -> dict:
-    return {f.name: getattr(args, f.name) for cls in (OffloadConfig, SpecConfig) for f in fields(cls)
-            if hasattr(args, f.name)}
+    return {f.name: getattr(args, "opt__" + f.name) for cls in (OffloadConfig, SpecConfig) for f in fields(cls)
+            if hasattr(args, "opt__" + f.name)}
 
 
 def make_llm(args, progress: bool = True):
