@@ -155,7 +155,10 @@ class DraftExperts:
         bytes this moves are setup cost, outside every draft phase (`draft_setup_bytes`)."""
         b0 = self._bytes()
         ids = {layer: self.initial_ids(layer) for layer in self.cfg.moe_layers}
+        pin = getattr(self.provider, "pin", None)
         for layer, lids in ids.items():
+            if pin is not None:
+                pin(layer, [])  # drop a pinned set left by an earlier run: the cache may evict it for ours
             self._pin(layer, lids)
         for layer, lids in ids.items():
             bufs = {e: buf.clone() for e, buf in self.provider.fetch(layer, lids)}
