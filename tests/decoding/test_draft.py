@@ -1,0 +1,113 @@
+"""The draft's parts: affinity table and its disk cache, substitution hooks, the grouped draft-expert
+op, draft-set profiles, and the auto cost model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specmoe.decoding import affinity as aff
+from specmoe.decoding.draft import DraftExperts, load_profile, top_n
+from specmoe.decoding.specmoe import CostModel
+from specmoe.experts.resident import ResidentExperts
+from specmoe.models.moe import ForwardContext, MoEBlock
+from specmoe.weights.checkpoint import Checkpoint
+
+
+@pytest.fixture(scope="module")
+def mixtral(tiny_ckpt):
+    return Checkpoint(tiny_ckpt("mixtral"))
+
+
+def test_affinity_table_is_l2_distance_and_cached_by_fingerprint(tiny_ckpt, monkeypatch):
+    ck = Checkpoint(tiny_ckpt("olmoe", seed=3))
+    table = aff.load_or_compute_affinity(ck)
+    layer = ck.config.moe_layers[0]
+    W = torch.stack([ck.read_expert(layer, e, torch.float64) for e in range(ck.config.num_experts)])
+    assert torch.allclose(table[layer].double(), torch.cdist(W, W), atol=1e-4)
+    assert (ck.path / ".specmoe" / "affinity.pt").is_file()
+
+    def boom(_):
+        raise AssertionError("recomputed although the cache is valid")
+    monkeypatch.setattr(aff, "compute_affinity", boom)
+    assert torch.equal(aff.load_or_compute_affinity(ck)[layer], table[layer])
+    monkeypatch.setattr(Checkpoint, "fingerprint", lambda self: "other weights")
+    with pytest.raises(AssertionError, match="recomputed"):
+        aff.load_or_compute_affinity(ck)
+
+
+def _drafter(ck, substitution, n, ids=None):
+    cfg = ck.config
+    prov = ResidentExperts(ck, torch.float32)
+    d = DraftExperts(cfg, prov, num_draft=n, policy="random", substitution=substitution, seed=0,
+                     device=torch.device("cpu"),
+                     affinity=aff.compute_affinity(ck) if substitution == "affinity" else None)
+    d.setup()
+    if ids is not None:
+        for layer in cfg.moe_layers:
+            d._install(layer, ids, {e: prov.layers[layer][e] for e in ids})
+    return d, prov
+
+
+@pytest.mark.parametrize("substitution", ["affinity", "mask", "random"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_substitution_routes_only_to_draft_experts(mixtral, substitution, n):
+    d, _ = _drafter(mixtral, substitution, n)
+    layer = mixtral.config.moe_layers[0]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, mixtral.config.num_experts, generator=g)
+    probs = torch.softmax(logits, -1)
+    w, ids = torch.topk(probs, 2)
+    w = w / w.sum(-1, keepdim=True)
+    w2, ids2 = d.routing_hook(layer, logits, w, ids)
+    draft = set(d.ids[layer])
+    assert set(ids2.unique().tolist()) <= draft
+    keep = torch.tensor([[e in draft for e in row] for row in ids.tolist()])
+    if substitution != "mask":
+        assert torch.equal(ids2[keep], ids[keep]) and torch.equal(w2, w), "draft picks and weights are kept"
+    else:
+        assert ids2.shape[1] == min(2, n), "N < k: only N distinct experts"
+        assert all(len(set(r)) == len(r) for r in ids2.tolist())
+        assert torch.allclose(w2.sum(-1), torch.ones(50)), "Mixtral renormalises the re-routed top-k"
+
+
+@pytest.mark.parametrize("tokens", [1, 40])  # gathered path (few tokens) and dense two-GEMM path
+def test_grouped_draft_op_equals_sparse_path(mixtral, tokens):
+    cfg = mixtral.config
+    d, prov = _drafter(mixtral, "affinity", 4, ids=[0, 2, 5, 7])
+    layer = cfg.moe_layers[1]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(tokens, cfg.hidden_size, generator=g)
+    ids = torch.tensor([0, 2, 5, 7])[torch.randint(4, (tokens, 2), generator=g)]
+    w = torch.rand(tokens, 2, generator=g)
+    block = MoEBlock(cfg, layer)
+    ref = block.experts_forward(x, w, ids, ForwardContext(provider=prov))
+    assert torch.allclose(d.experts_override(layer, x, w, ids), ref, atol=1e-5)
+
+
+def test_profile_formats_and_top_n(tmp_path, mixtral):
+    cfg = mixtral.config
+    rows = [[e * (layer + 1) for e in range(cfg.num_experts)] for layer in range(cfg.num_layers)]
+    (tmp_path / "expert_profile.json").write_text(json.dumps({"counts": rows, "tokens": 10}))
+    prof = load_profile(tmp_path, cfg)
+    assert prof[cfg.moe_layers[0]] == rows[cfg.moe_layers[0]]
+    (tmp_path / "expert_profile.json").write_text(json.dumps(rows[: len(cfg.moe_layers)]))
+    assert load_profile(tmp_path, cfg)[cfg.moe_layers[-1]] == rows[len(cfg.moe_layers) - 1]
+    assert top_n([5, 1, 5, 0, 3], 2) == [0, 2]
+    assert top_n([5, 1, 5, 0, 0], 4, prefer={4}) == [0, 1, 2, 4], "ties go to the resident set"
+
+
+def test_cost_model_picks_the_cheaper_option_and_reexplores():
+    cm = CostModel(explore_every=4)
+    assert cm.choose(8) == "ar"
+    cm.update(8, "ar", 1.0)
+    assert cm.choose(8) == "specmoe"
+    cm.update(8, "specmoe", 1.5, tau=3.0)  # 0.5 s/token < 1.0
+    picks = [cm.choose(8) for _ in range(8)]
+    assert picks.count("specmoe") >= 6 and "ar" in picks, picks
+    cm.update(1, "ar", 0.1)
+    cm.choose(1)
+    cm.update(1, "specmoe", 0.5, tau=2.0)  # 0.25 s/token > 0.1
+    assert cm.choose(1) == "ar"
+    assert cm.stats()["cost_model"][1]["choice"] == "ar"
