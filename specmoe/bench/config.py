@@ -32,8 +32,10 @@ class BenchConfig:
     widened_batches: tuple[int, ...] = (1, 4, 16)
     widened_hidden: int | None = None   # default: 4x the model's hidden size
     widened_expert_mb: float = 6.0
-    cache_dir: str | None = None        # where built artefacts (widened model, GGUF) go
-    threads: int | None = None
+    cache_dir: str | None = None        # built artefacts (widened model, GGUF); default ~/.cache/specmoe
+    llama_cpp_src: str | None = None    # llama-cpp-python sdist (.tar.gz or dir) holding convert_hf_to_gguf.py
+    threads: int | None = 1            # torch threads; 1 by default: on a shared, oversubscribed machine
+                                        # 2 OpenMP threads spin-wait and run 30x slower (measured)
     time_budget_s: float | None = None  # no new measurement starts past this (they are marked skipped)
     progress: bool = True
     instrument: bool = True             # time fetch vs expert compute by wrapping the provider

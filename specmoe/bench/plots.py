@@ -102,8 +102,7 @@ def plot_breakdown(res, out: Path, model: str = "main"):
     rows = [r for r in rows if r["batch"] == batch]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(1.3 * len(rows) + 3, 4.5))
-    names, parts = [], {"fetch wait": [], "expert compute": [], "attention / other": []}
-    drafts = []
+    names, parts = [], {"fetch wait": [], "expert compute": [], "draft phase": [], "attention / other": []}
     for r in rows:
         b = r["breakdown"]
         n = max(1, r["generated_tokens"] - r["batch"])
@@ -111,16 +110,15 @@ def plot_breakdown(res, out: Path, model: str = "main"):
         names.append(r["system"])
         parts["fetch wait"].append(ms(b["fetch_wait_s"]))
         parts["expert compute"].append(ms(b["expert_compute_s"]))
-        parts["attention / other"].append(ms(max(0.0, b["decode_time_s"] - b["fetch_wait_s"] - b["expert_compute_s"])))
-        drafts.append(ms(b.get("draft_time_s", 0.0)))
+        draft = b.get("draft_time_s", 0.0) or 0.0
+        parts["draft phase"].append(ms(draft))
+        parts["attention / other"].append(ms(max(0.0, b["decode_time_s"] - b["fetch_wait_s"] - b["expert_compute_s"]
+                                                 - draft)))
     x = range(len(names))
     bottom = [0.0] * len(names)
     for label, vals in parts.items():
         ax.bar(x, vals, bottom=bottom, label=label, width=0.6)
         bottom = [a + v for a, v in zip(bottom, vals)]
-    if any(drafts):
-        ax.bar([i + 0.35 for i in x], drafts, width=0.15, color="none", edgecolor="k", hatch="//",
-               label="draft phase (included in the stack)")
     ax.set_xticks(list(x))
     ax.set_xticklabels(names, rotation=20, fontsize=8)
     ax.set_ylabel("ms per generated token (decode)")

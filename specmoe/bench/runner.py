@@ -140,14 +140,30 @@ class Bench:
             traceback.print_exc(file=sys.stderr)
             return rows
         base["effective_options"] = jsonable({**asdict(llm.offload_cfg), **asdict(llm.spec_cfg)})
+        oracle = opts.get("prefetch") == "oracle"
+        if oracle and not hasattr(llm.provider, "start_oracle_replay"):
+            mark("unavailable", "prefetch='oracle' needs provider.start_oracle_replay (not in this build)", batches)
+            return rows
+        if oracle:
+            base["note"] = "oracle prefetch: an identical run is recorded first, the replay is measured"
         try:
-            measure(llm, prompts[:2], 2, instrument=False)  # warm-up: first-touch allocations, lazy init
+            try:  # warm-up: first-touch allocations, lazy init
+                measure(llm, prompts[:2], 2, instrument=False)
+            except Exception as e:
+                mark("error", f"warm-up failed: {type(e).__name__}: {e}", batches)
+                traceback.print_exc(file=sys.stderr)
+                return rows
             for b in batches:
                 if self.out_of_time():
                     mark("skipped", "time budget of the preset exhausted", [b])
                     continue
                 ref = self.refs.get((tag, b))
                 try:
+                    if oracle:  # record this exact run, then measure its replay (cf. cache.start_oracle_replay)
+                        llm = self._fresh(llm, path, opts, max(batches))
+                        measure(llm, prompts[:b], cfg.max_tokens, instrument=False)
+                        llm.provider.start_oracle_replay()
+                    cold(llm)
                     row = measure(llm, prompts[:b], cfg.max_tokens, reference=ref, instrument=cfg.instrument)
                 except Exception as e:
                     mark("error", f"{type(e).__name__}: {e}", [b])
@@ -162,6 +178,12 @@ class Bench:
             del llm
             gc.collect()
         return rows
+
+    def _fresh(self, llm, path, opts, max_batch):
+        """A new LLM (oracle prefetch records per run: each batch size gets its own recording)."""
+        del llm
+        gc.collect()
+        return self.make_llm(path, opts, max_batch)
 
     # ---------------------------------------------------------------- sections
     def settings(self, minfo: dict) -> list[S.Setting]:
@@ -213,6 +235,13 @@ class Bench:
                 rows += [{**r, "value": v} for r in new]
             out[key] = {"option": opt, "tier": setting.tier, "batch": cfg.sweep_batch, "rows": rows}
         return out
+
+
+def cold(llm) -> None:
+    """Every measured run starts from the same cache state: unpinned, non-static experts evicted."""
+    evict = getattr(llm.provider, "evict_all", None)
+    if evict is not None:
+        evict()
 
 
 def count_points(cfg: BenchConfig, n_models: int) -> int:
@@ -271,8 +300,9 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
     if cfg.widened:
         from specmoe.bench.widen import widened_copy
         try:
-            wpath, winfo = widened_copy(path, cache_dir=cfg.cache_dir or out / "cache",
-                                        hidden=cfg.widened_hidden, expert_mb=cfg.widened_expert_mb)
+            wpath, winfo = widened_copy(path, cache_dir=cache_dir(cfg), hidden=cfg.widened_hidden,
+                                        expert_mb=cfg.widened_expert_mb, check_prompts=prompts[:4],
+                                        progress=cfg.progress)
             models.append(("widened", wpath, {**model_info(wpath), "widen": winfo}))
             res["models"]["widened"] = models[-1][2]
         except Exception as e:
@@ -300,6 +330,12 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
             res["plots"] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
         write(res, out)
     return res
+
+
+def cache_dir(cfg: BenchConfig) -> Path:
+    d = Path(cfg.cache_dir) if cfg.cache_dir else Path.home() / ".cache" / "specmoe"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def minfo_vocab(path: Path) -> int:
