@@ -21,7 +21,7 @@ def test_bench_end_to_end(tiny_ckpt, tmp_path):
     out = tmp_path / "res"
     cfg = preset("quick", model=str(tiny_ckpt("qwen3_moe")), out=str(out), systems=("resident", "ondemand", "specmoe"),
                  tiers=("disk",), batch_sizes=(1, 2), max_tokens=4, prompt_tokens=8, sweep_batch=2, gammas=(2,),
-                 draft_experts=(2,), policies=False, substitutions=False, peers=(), cache_dir=str(tmp_path / "c"),
+                 draft_experts=(), policies=False, substitutions=False, peers=(), cache_dir=str(tmp_path / "c"),
                  time_budget_s=None, progress=False)
     res = run_bench(cfg)
     data = json.loads((out / "results.json").read_text())
