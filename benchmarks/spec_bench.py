@@ -55,6 +55,11 @@ def load_prompts(llm: LLM, n: int, seed: int = 0) -> list:
 def run(llm: LLM, prompts: list, max_tokens: int, spec: SpecConfig) -> dict:
     """One greedy generation with the given strategy; the LLM's strategy is swapped in place."""
     llm.spec_cfg = spec
+    pin = getattr(llm.provider, "pin", None)
+    if pin is not None:  # every run starts from a cold cache without an earlier run's pinned draft set
+        for layer in llm.config.moe_layers:
+            pin(layer, [])
+        llm.provider.evict_all()
     llm.reset_stats()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
@@ -203,11 +208,12 @@ def throughput(args, prompts: list, base: SpecConfig) -> list[dict]:
             r.update(section="throughput", system=f"{dec}+{pol}")
             recs.append(r)
             rows.append([f"{dec}+{pol}", B, r["decode_tokens_per_s"], r.get("bytes_per_token", 0.0) / 2**20,
-                         r.get("hit_rate", 0.0), r.get("tokens_per_step", 1.0), r.get("fallback_choice", "-")])
+                         r.get("hit_rate", 0.0), r.get("tokens_per_step", 1.0), r.get("draft_phase_bytes", 0),
+                         r.get("fallback_choice", "-")])
     t = recs[0]
     table(f"throughput — experts on the {args.offload} tier ({t.get('cache_slots_per_layer')} cache slots/layer, "
           f"direct_io={t.get('direct_io')}), γ={args.gamma}, N={args.n}, {args.tp_max_tokens} tokens",
-          ["system", "batch", "decode tok/s", "MiB/token", "hit rate", "τ", "auto choice"], rows)
+          ["system", "batch", "decode tok/s", "MiB/token", "hit rate", "τ", "draft bytes", "auto choice"], rows)
     return recs
 
 
