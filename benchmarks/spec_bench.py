@@ -52,17 +52,19 @@ def load_prompts(llm: LLM, n: int, seed: int = 0) -> list:
     return out
 
 
-def run(llm: LLM, prompts: list, max_tokens: int, spec: SpecConfig) -> dict:
-    """One greedy generation with the given strategy; the LLM's strategy is swapped in place."""
+def run(llm: LLM, prompts: list, max_tokens: int, spec: SpecConfig, temperature: float = 0.0) -> dict:
+    """One generation (greedy unless temperature > 0) with the given strategy, swapped into the LLM in place."""
     llm.spec_cfg = spec
     pin = getattr(llm.provider, "pin", None)
     if pin is not None:  # every run starts from a cold cache without an earlier run's pinned draft set
         for layer in llm.config.moe_layers:
             pin(layer, [])
-        llm.provider.evict_all()
+        getattr(llm.provider, "evict_all", lambda: None)()
     llm.reset_stats()
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=i)
+              for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
     wall = time.perf_counter() - t0
     s = llm.stats
     keep = ("decoding", "tokens_per_step", "acceptance_per_position", "draft_set_hit_rate", "draft_time_s",
@@ -71,7 +73,8 @@ def run(llm: LLM, prompts: list, max_tokens: int, spec: SpecConfig) -> dict:
             "hit_rate", "fallback_choice", "fallback_steps", "cost_model", "draft_phase_bytes", "pin_bytes",
             "draft_pin_refused", "offload", "cache_policy", "cache_slots_per_layer", "direct_io")
     rec = {k: s[k] for k in keep if k in s}
-    rec.update(wall_s=wall, batch=len(prompts), max_tokens=max_tokens, draft_experts=spec.draft_experts,
+    rec.update(wall_s=wall, batch=len(prompts), max_tokens=max_tokens, temperature=temperature,
+               draft_experts=spec.draft_experts,
                num_draft_tokens=spec.num_draft_tokens, substitution=spec.substitution, draft_policy=spec.draft_policy)
     rec["token_ids_head"] = [o.token_ids[:8] for o in outs[:2]]
     return rec
@@ -100,8 +103,12 @@ def main():
     ap.add_argument("--out", default=None, help="write all records as JSON here")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: shared machines)")
     ap.add_argument("--sections", default="tau,policy,nsweep,subst,throughput")
-    ap.add_argument("--prompts", type=int, default=16, help="prompts (= batch) of the τ / policy / N / substitution runs")
+    ap.add_argument("--prompts", type=int, default=16,
+                    help="prompts (= batch) of the τ / policy / N / substitution runs")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature of the τ / policy / N / substitution runs (0 = greedy; >0 uses "
+                         "rejection sampling, seeded per prompt)")
     ap.add_argument("--gammas", default="2,4,6,8,10")
     ap.add_argument("--ns", default="2,4,8,16")
     ap.add_argument("--gamma", type=int, default=4, help="γ of the policy / N / substitution / throughput runs")
@@ -135,7 +142,8 @@ def main():
         for n in ns:
             row = [n]
             for g in gammas:
-                r = run(llm, prompts, args.max_tokens, replace(base, draft_experts=n, num_draft_tokens=g))
+                r = run(llm, prompts, args.max_tokens, replace(base, draft_experts=n, num_draft_tokens=g),
+                        args.temperature)
                 r["section"] = "tau"
                 recs.append(r)
                 row.append(r["tokens_per_step"])
@@ -147,7 +155,7 @@ def main():
     if "policy" in sections:
         recs, rows = [], []
         for pol in ("random", "hot-global", "hot-temporal"):
-            r = run(llm, prompts, args.max_tokens, replace(base, draft_policy=pol))
+            r = run(llm, prompts, args.max_tokens, replace(base, draft_policy=pol), args.temperature)
             r["section"] = "policy"
             recs.append(r)
             rows.append([pol, r["tokens_per_step"], r["draft_set_hit_rate"], r["acceptance_per_position"]])
@@ -158,7 +166,7 @@ def main():
     if "nsweep" in sections:
         recs, rows = [], []
         for n in sorted({1, K, *ns, E}):
-            r = run(llm, prompts, args.max_tokens, replace(base, draft_experts=n))
+            r = run(llm, prompts, args.max_tokens, replace(base, draft_experts=n), args.temperature)
             r["section"] = "nsweep"
             recs.append(r)
             share = r["draft_time_s"] / max(r["draft_time_s"] + r["verify_time_s"], 1e-9)
@@ -172,7 +180,8 @@ def main():
         for n in sorted({1, *[m for m in ns if m < E]}):
             row = [n]
             for sub in ("affinity", "mask", "random"):
-                r = run(llm, prompts, args.max_tokens, replace(base, draft_experts=n, substitution=sub))
+                r = run(llm, prompts, args.max_tokens, replace(base, draft_experts=n, substitution=sub),
+                        args.temperature)
                 r["section"] = "subst"
                 recs.append(r)
                 row.append(r["tokens_per_step"])
