@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from specmoe.bench import systems as S
 from specmoe.bench.config import BenchConfig
-from specmoe.bench.machine import machine_info
+from specmoe.bench.machine import _load, machine_info
 from specmoe.bench.measure import jsonable, measure
 from specmoe.errors import SpecMoEError
 
@@ -320,6 +320,7 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
     finally:
         bench.bar.close()
         res["elapsed_s"] = time.monotonic() - bench.t0
+        res["loadavg_at_end"] = _load()
         res["headline"] = headline(res["runs"])
         write(res, out)
     if cfg.plots:
@@ -329,6 +330,8 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         except Exception as e:
             res["plots"] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
         write(res, out)
+    from specmoe.bench.report import make_report
+    make_report(res, out)
     return res
 
 
