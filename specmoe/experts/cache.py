@@ -236,6 +236,9 @@ class ExpertCache:
         for f in jobs:
             self._wait(f)
         self._count_transfer(layer, len(jobs), kind)
+        if self.policy in ("ondemand", "static"):  # an expert no longer pinned is not kept either
+            for e in [e for e in L.slot_of if e not in L.protected and e not in L.prefetched]:
+                self._release(L, e)
 
     # ------------------------------------------------------------------ public API
     def attach_model(self, model) -> None:

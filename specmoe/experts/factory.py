@@ -78,8 +78,10 @@ def static_hot_set(ckpt: Checkpoint, cfg: OffloadConfig, cache, model, *, dtype,
     mc = ckpt.config
     shipped = ckpt.path / "expert_profile.json"
     cached = [d / "expert_profile.json" for d in candidate_dirs(ckpt, cfg.repack_dir)]
-    for p in [shipped] + cached:
-        if p.is_file():
+    if shipped.is_file():
+        return profiling.hot_experts(profiling.load_profile(shipped, mc), mc)
+    for p in cached:  # an auto profile counts only for the weights it was made from
+        if p.is_file() and profiling.profile_fingerprint(p) == ckpt.fingerprint():
             return profiling.hot_experts(profiling.load_profile(p, mc), mc)
     if model is None:
         raise InputError("cache_policy='static' needs an expert profile: add expert_profile.json to the checkpoint "

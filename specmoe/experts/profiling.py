@@ -55,6 +55,14 @@ def load_profile(path: Path, cfg: ModelConfig) -> list[list[int]]:
     return [[int(c) for c in r] for r in rows]
 
 
+def profile_fingerprint(path: Path) -> str | None:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return raw.get("fingerprint") if isinstance(raw, dict) else None
+
+
 def hot_experts(counts: list[list[int]], cfg: ModelConfig, share: float = HOT_SHARE) -> dict[int, list[int]]:
     """The hottest ceil(share·E) experts of each MoE layer, hottest first."""
     n = max(1, math.ceil(share * cfg.num_experts))

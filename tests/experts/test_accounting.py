@@ -1,0 +1,109 @@
+"""Transfer accounting: bytes moved match the routing exactly; pinning, hits, prefetch counters."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from specmoe import LLM, SamplingParams
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16]]
+
+
+def capture(llm: LLM) -> list[tuple[int, set[int], list[int]]]:
+    """Record (layer, union of routed ids, counts) of every MoE forward."""
+    seen = []
+    llm.provider.forward_observers.append(lambda layer, ids, counts: seen.append(
+        (layer, set(ids.reshape(-1).tolist()), list(counts))))
+    return seen
+
+
+@pytest.mark.parametrize("offload", ["host", "disk"])
+def test_ondemand_bytes_equal_union_sizes(tiny_ckpt, offload):
+    llm = LLM(tiny_ckpt("qwen2_moe"), offload=offload, cache_policy="ondemand", cache_experts=2)
+    seen = capture(llm)
+    llm.logits(PROMPTS)
+    llm.generate(PROMPTS, SamplingParams(max_tokens=4, ignore_eos=True))
+    s = llm.stats
+    bpe = s["bytes_per_expert"]
+    cfg = llm.config
+    assert bpe == 3 * cfg.hidden_size * cfg.expert_intermediate_size * 4  # fp32 tiny checkpoint
+    want = sum(len(u) for _, u, _ in seen)
+    assert s["hits"] == 0 and s["misses"] == want and s["fetches"] == want
+    assert s["bytes_moved"] == want * bpe
+    assert s["bytes_per_token"] == want * bpe / s["generated_tokens"]
+    for i, layer in enumerate(cfg.moe_layers):  # per layer too
+        assert s["misses_per_layer"][i] == sum(len(u) for lay, u, _ in seen if lay == layer)
+        assert s["expert_counts"][i] == [sum(c[e] for lay, _, c in seen if lay == layer)
+                                         for e in range(cfg.num_experts)]
+    assert s["scratch_fetches"] > 0  # 3-prompt prefill unions exceed 2 slots: spare buffers, no failure
+
+
+def test_lru_hits_plus_misses_and_reset(tiny_ckpt):
+    llm = LLM(tiny_ckpt("mixtral"), offload="host", cache_policy="lru", cache_experts=8)
+    seen = capture(llm)
+    llm.logits(PROMPTS)
+    first = llm.stats
+    assert first["misses"] == sum(len(u) for _, u, _ in seen)  # cold cache: every expert once
+    seen.clear()
+    llm.logits(PROMPTS)  # everything fits: all hits now
+    s = llm.stats
+    assert s["misses"] == first["misses"] and s["hits"] == sum(len(u) for _, u, _ in seen)
+    assert s["bytes_moved"] == s["misses"] * s["bytes_per_expert"]
+    llm.reset_stats()
+    s = llm.stats
+    assert s["bytes_moved"] == s["hits"] == s["misses"] == 0
+
+
+def test_pin_and_resident(tiny_ckpt):
+    llm = LLM(tiny_ckpt("olmoe"), offload="disk", cache_policy="ondemand", cache_experts=4)
+    p = llm.provider
+    layer = llm.config.moe_layers[0]
+    p.pin(layer, [1, 5])
+    assert p.resident(layer) == {1, 5}
+    s = llm.stats
+    assert s["pin_bytes"] == 2 * s["bytes_per_expert"] == s["bytes_moved"]
+    seen = capture(llm)
+    llm.logits(PROMPTS)
+    assert {1, 5} <= p.resident(layer)  # never evicted, even by ondemand
+    assert p.resident(layer) == {1, 5}  # ondemand keeps nothing else
+    s = llm.stats
+    u0 = [u for lay, u, _ in seen if lay == layer][0]
+    assert s["hits_per_layer"][0] == len(u0 & {1, 5})
+    assert s["bytes_moved"] == (2 + sum(len(u) for _, u, _ in seen) - len(u0 & {1, 5})) * s["bytes_per_expert"]
+    p.pin(layer, [5, 6])  # replaces the set: only expert 6 moves
+    assert s["pin_bytes"] + s["bytes_per_expert"] == llm.stats["pin_bytes"]
+    assert p.resident(layer) == {5, 6}
+    with pytest.raises(Exception, match="cannot pin"):
+        p.pin(layer, list(range(5)))
+
+
+def test_prefetch_counters(tiny_ckpt):
+    llm = LLM(tiny_ckpt("qwen3_moe"), offload="host", cache_policy="ondemand", cache_experts=4, prefetch="predicted")
+    llm.generate(PROMPTS, SamplingParams(max_tokens=4, ignore_eos=True))
+    s = llm.stats
+    assert s["prefetch_bytes"] > 0
+    assert s["prefetch_bytes"] == (s["prefetch_useful"] + s["prefetch_wasted"]) * s["bytes_per_expert"]
+    assert s["bytes_moved"] == s["prefetch_bytes"] + s["misses"] * s["bytes_per_expert"]
+
+
+def test_emulated_link_is_throttled_and_labelled(tiny_ckpt):
+    llm = LLM(tiny_ckpt("mixtral"), offload="host", cache_policy="ondemand", cache_experts=2,
+              link_gbps=0.001, link_latency_us=1000.0)  # 1 MB/s + 1 ms: ~10 ms per 9 KiB expert
+    t0 = time.perf_counter()
+    llm.logits(PROMPTS[:1])
+    dt = time.perf_counter() - t0
+    s = llm.stats
+    per = 1e-3 + s["bytes_per_expert"] / 1e6
+    assert dt >= s["fetches"] * per * 0.99
+    assert s["emulated_link"] is True and s["link_gbps"] == 0.001 and s["link_latency_us"] == 1000.0
+    assert s["fetch_wait_s"] > 0
+
+
+def test_resident_reports_counts(tiny_ckpt):
+    llm = LLM(tiny_ckpt("mixtral"))
+    llm.logits([[1, 2, 3, 4], [5, 6, 7, 8]])  # equal lengths: padded positions would be routed (and counted) too
+    s = llm.stats
+    assert s["offload"] == "none" and s["bytes_moved"] == 0
+    assert sum(map(sum, s["expert_counts"])) == len(llm.config.moe_layers) * 8 * llm.config.top_k

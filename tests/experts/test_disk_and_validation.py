@@ -1,0 +1,131 @@
+"""Disk tier (O_DIRECT, repack manifest) and clear errors on bad input."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specmoe import LLM
+from specmoe.errors import CheckpointError, InputError, MemoryBudgetError
+from tests.conftest import make_tiny_checkpoint
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9]]
+
+
+def test_disk_tier_uses_o_direct_and_aligned_repack(tiny_ckpt):
+    path = tiny_ckpt("mixtral")
+    llm = LLM(path, offload="disk", cache_experts=2)
+    tier = llm.provider.tier
+    assert tier.direct_io and llm.stats["direct_io"] is True
+    assert fcntl.fcntl(tier.fd, fcntl.F_GETFL) & os.O_DIRECT
+    rp = tier.rp
+    assert rp.file.parent == path / ".specmoe" and rp.stride % 4096 == 0
+    assert rp.file.stat().st_size == rp.stride * len(llm.config.moe_layers) * llm.config.num_experts
+    man = json.loads(rp.manifest.read_text())
+    assert man["fingerprint"] == llm.ckpt.fingerprint() and len(man["crc32"]) == 3 * 8
+    # one aligned read per expert gives exactly the checkpoint's packed expert
+    buf = llm.provider._alloc(1)[0]
+    tier.read_into(2, 5, buf)
+    assert torch.equal(buf[: rp.expert_bytes].view(torch.float32), llm.ckpt.read_expert(2, 5, torch.float32))
+
+
+def test_repack_dir_option_and_reuse(tiny_ckpt, tmp_path):
+    path = tiny_ckpt("olmoe")
+    LLM(path, offload="disk", repack_dir=tmp_path / "rp")
+    f = tmp_path / "rp" / "experts-float32.bin"
+    mtime = f.stat().st_mtime_ns
+    LLM(path, offload="disk", repack_dir=tmp_path / "rp")  # validated and reused, not rewritten
+    assert f.stat().st_mtime_ns == mtime
+
+
+def test_unwritable_repack_dir_names_it(tiny_ckpt, tmp_path):
+    (tmp_path / "file.txt").write_text("a regular file")  # a path under a file fails even for root
+    bad = tmp_path / "file.txt" / "sub"
+    with pytest.raises(InputError, match="file.txt/sub"):
+        LLM(tiny_ckpt("mixtral"), offload="disk", repack_dir=bad)
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_checkpoint_modified_after_repack(tmp_path, keep_mtime):
+    path = make_tiny_checkpoint("mixtral", tmp_path / "ck")
+    LLM(path, offload="disk")
+    rp = path / ".specmoe"
+    before = {p.name: p.read_bytes() for p in rp.iterdir()}
+    st = path / "model.safetensors"
+    old = os.stat(st)
+    tensors = load_file(st)
+    key = "model.layers.0.block_sparse_moe.experts.0.w1.weight"
+    tensors[key] = tensors[key] + 1.0  # same size, new content
+    save_file(tensors, st, metadata={"format": "pt"})
+    if keep_mtime:  # fingerprint (sizes + mtimes) unchanged: the sampled checksums must catch it
+        os.utime(st, ns=(old.st_atime_ns, old.st_mtime_ns))
+        assert os.stat(st).st_size == old.st_size
+    with pytest.raises(CheckpointError, match="changed after its experts were repacked"):
+        LLM(path, offload="disk")
+    assert {p.name: p.read_bytes() for p in rp.iterdir()} == before  # nothing rewritten or corrupted
+
+
+def test_cache_smaller_than_top_k(tiny_ckpt):
+    with pytest.raises(InputError, match="top-k"):
+        LLM(tiny_ckpt("mixtral"), offload="host", cache_experts=1)
+    with pytest.raises(InputError, match="top-k"):
+        LLM(tiny_ckpt("mixtral"), offload="disk", cache_bytes=4096)
+
+
+def test_budget_larger_than_machine(tiny_ckpt):
+    with pytest.raises(MemoryBudgetError, match="larger than"):
+        LLM(tiny_ckpt("mixtral"), offload="host", memory_budget="100TiB")
+    with pytest.raises(MemoryBudgetError, match="larger than"):
+        LLM(tiny_ckpt("mixtral"), offload="disk", cache_bytes=2**50)
+
+
+def test_budget_too_small_for_host_tier(tiny_ckpt):
+    with pytest.raises(MemoryBudgetError, match="memory_budget"):
+        LLM(tiny_ckpt("mixtral"), offload="host", cache_experts=2, memory_budget=200_000)
+
+
+def test_bad_options():
+    from specmoe.engine.options import OffloadConfig
+    with pytest.raises(InputError, match="need offload='host'"):
+        OffloadConfig(offload="disk", link_gbps=1.0)
+    with pytest.raises(InputError, match="byte size"):
+        OffloadConfig(cache_bytes="lots")
+    with pytest.raises(InputError, match="cache_policy"):
+        OffloadConfig(cache_policy="fifo")
+    assert OffloadConfig(memory_budget="1.5GiB").memory_budget == int(1.5 * 2**30)
+
+
+def test_cli_flags_and_profile_command(tiny_ckpt, tmp_path):
+    from specmoe.cli import build_parser
+    from specmoe.cli.common import option_kwargs
+    args = build_parser().parse_args(["generate", "--offload", "disk", "--cache-bytes", "2MiB", "--cache-experts",
+                                      "3", "--link-gbps", "1.5", "--prefetch", "predicted"])
+    kw = option_kwargs(args)
+    assert kw["cache_bytes"] == 2 * 2**20 and kw["cache_experts"] == 3 and kw["link_gbps"] == 1.5
+    out = tmp_path / "prof"
+    r = subprocess.run([sys.executable, "-m", "specmoe", "profile", "--model", str(tiny_ckpt("qwen2_moe")),
+                        "--out-dir", str(out), "--max-tokens", "2", "--offload", "host", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "tokenizer" in r.stderr  # tiny checkpoints carry no tokenizer
+
+
+def test_profile_helpers(tiny_ckpt, tmp_path):
+    from specmoe.experts import profiling
+    llm = LLM(tiny_ckpt("qwen2_moe"))
+    llm.logits([[1, 2, 3, 4]] * 4)
+    counts = llm.stats["expert_counts"]
+    prof = profiling.profile_dict(counts, llm.config)
+    assert len(prof["skewness"]) == len(llm.config.moe_layers) and all(0.25 <= x <= 1 for x in prof["skewness"])
+    profiling.save_profile(tmp_path / "expert_profile.json", prof)
+    assert profiling.load_profile(tmp_path / "expert_profile.json", llm.config) == counts
+    (tmp_path / "bare.json").write_text(json.dumps(counts))
+    assert profiling.load_profile(tmp_path / "bare.json", llm.config) == counts
+    assert profiling.heatmap(counts, llm.config, tmp_path / "h.png").stat().st_size > 0
+    hot = profiling.hot_experts(counts, llm.config)
+    assert all(len(v) == 1 for v in hot.values())  # ceil(10% of 8)
