@@ -38,6 +38,7 @@ class BenchConfig:
                                         # 2 OpenMP threads spin-wait and run 30x slower (measured)
     time_budget_s: float | None = None  # no new measurement starts past this (they are marked skipped)
     progress: bool = True
+    repeats: int = 1                    # measured runs per point; the fastest is reported, all walls kept
     instrument: bool = True             # time fetch vs expert compute by wrapping the provider
     plots: bool = True
     extra_options: dict = field(default_factory=dict)  # passed to every offloaded LLM
@@ -52,7 +53,7 @@ PRESETS = {
     "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=32, prompt_tokens=48,
                  sweep_batch=64, gammas=(1, 2, 3, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),
                  peers=("hf", "hf-offload", "llama.cpp"), peer_batches=(1, 16), peer_max_tokens=16,
-                 widened=True, widened_batches=(1, 4, 16, 64), time_budget_s=28 * 60),
+                 widened=True, widened_batches=(1, 4, 16, 64), repeats=2, time_budget_s=28 * 60),
 }
 
 

@@ -110,10 +110,11 @@ def find_convert_script(cache_dir: Path, src: str | None) -> Path:
     for c in cands:
         if c.is_file() and c.name.endswith(".tar.gz"):
             dest = cache_dir / c.name[: -len(".tar.gz")]
-            if not dest.exists():
+            if not (dest / "vendor" / "llama.cpp" / "conversion").exists():
                 with tarfile.open(c) as tf:
-                    members = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name and (
-                        m.name.endswith("convert_hf_to_gguf.py") or "/gguf-py/" in m.name)]
+                    py = ("/vendor/llama.cpp/convert_hf_to_gguf.py", "/vendor/llama.cpp/conversion/",
+                          "/vendor/llama.cpp/gguf-py/")
+                    members = [m for m in tf.getmembers() if any(k in m.name for k in py)]
                     tf.extractall(cache_dir, members=members, filter="data")
             c = dest
         script = c / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
@@ -128,22 +129,25 @@ def find_convert_script(cache_dir: Path, src: str | None) -> Path:
 # converter does not know; prompts go in as token ids, so the pre-tokenizer name is never used.
 _CONVERT_SHIM = r"""
 import runpy, sys
-sys.argv = [sys.argv[1]] + sys.argv[2:]
-sys.path.insert(0, str(__import__('pathlib').Path(sys.argv[0]).parent / 'gguf-py'))
-import importlib.util
-spec = importlib.util.spec_from_file_location('convert_hf_to_gguf', sys.argv[0])
-mod = importlib.util.module_from_spec(spec)
-sys.modules['convert_hf_to_gguf'] = mod
-spec.loader.exec_module(mod)
-orig = mod.TextModel.get_vocab_base_pre
-def pre(self, tokenizer):
-    try:
-        return orig(self, tokenizer)
-    except NotImplementedError:
-        print('specmoe-bench: unknown BPE pre-tokenizer, using "default" (prompts are passed as token ids)')
-        return 'default'
-mod.TextModel.get_vocab_base_pre = pre
-mod.main()
+from pathlib import Path
+script = sys.argv[1]
+sys.argv = [script] + sys.argv[2:]
+here = Path(script).parent
+sys.path[:0] = [str(here), str(here / 'gguf-py')]
+try:
+    from conversion.base import TextModel
+except ImportError:  # older layouts keep TextModel in the script itself
+    TextModel = None
+if TextModel is not None:
+    orig = TextModel.get_vocab_base_pre
+    def pre(self, tokenizer):
+        try:
+            return orig(self, tokenizer)
+        except NotImplementedError:
+            print('specmoe-bench: unknown BPE pre-tokenizer, using "default" (prompts are passed as token ids)')
+            return 'default'
+    TextModel.get_vocab_base_pre = pre
+runpy.run_path(script, run_name='__main__')
 """
 
 

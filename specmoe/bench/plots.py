@@ -25,7 +25,10 @@ def _tier_title(res, tier):
         return "resident"
     if t.get("emulated"):
         return f"host RAM, emulated link {t.get('link_gbps')} GB/s, {t.get('link_latency_us')} µs{EMU}"
-    return f"{tier} (real SSD reads)" if tier == "disk" else tier
+    if tier == "disk":
+        direct = any(r.get("stats", {}).get("direct_io") for r in res["runs"] if r.get("tier") == "disk")
+        return "disk (O_DIRECT reads, no page cache)" if direct else "disk (buffered reads)"
+    return tier
 
 
 def _by_system(rows):
