@@ -26,7 +26,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     from specmoe import LLM, SamplingParams
@@ -55,7 +58,8 @@ def main():
         rows.append({"batch": B, "specmoe_tok_s": B * args.tokens / ours_wall,
                      "specmoe_decode_tok_s": s["decode_tokens_per_s"], "hf_tok_s": B * args.tokens / hf_wall,
                      "speedup": hf_wall / ours_wall, "identical_sequences": f"{same}/{B}"})
-    print(f"model: {path}  dtype: {args.dtype}  new tokens: {args.tokens}  (end-to-end incl. prefill)")
+    print(f"model: {path}  dtype: {args.dtype}  new tokens: {args.tokens}  threads: {torch.get_num_threads()}  "
+          "(tok/s end-to-end incl. prefill)")
     print(f"{'batch':>5} {'specmoe tok/s':>14} {'(decode only)':>14} {'HF tok/s':>10} {'ratio':>7} {'identical':>10}")
     for r in rows:
         print(f"{r['batch']:>5} {r['specmoe_tok_s']:>14.1f} {r['specmoe_decode_tok_s']:>14.1f} "
