@@ -282,6 +282,11 @@ class ExpertCache:
         order = torch.argsort(counts, descending=True, stable=True)
         self._next = (nxt, [int(e) for e in order[: int((counts > 0).sum())].tolist()])
 
+    def start_oracle_recording(self) -> None:
+        """Oracle prefetch: forget any trace and record the runs from now on (warm-ups before this call
+        are not part of the trace). A new cache records from construction."""
+        self._oracle_trace, self._oracle_replay, self._oracle_pos = [], False, 0
+
     def start_oracle_replay(self) -> None:
         """Oracle prefetch: the runs so far were recorded; from now on replay them with the true next-layer
         union prefetched. The replayed run must be identical (same prompts, greedy): on a mismatch the
