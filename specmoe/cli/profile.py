@@ -33,15 +33,19 @@ def read_prompts(src: str | None, limit: int) -> tuple[list[str], str]:
     if src and not path.exists():
         raise InputError(f"prompts not found: {path}")
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else ([path] if path.is_file() else [])
-    prompts = []
+    per_file = []
     for f in files:
+        rows = []
         for i, line in enumerate(f.read_text().splitlines()):
             if not line.strip():
                 continue
             try:
-                prompts.append(json.loads(line)["prompt"])
+                rows.append(json.loads(line)["prompt"])
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise InputError(f"{f}:{i + 1}: expected a JSON object with a 'prompt' field") from None
+        per_file.append(rows)
+    # domains interleaved, so a small --max-prompts still covers every file
+    prompts = [rows[i] for i in range(max(map(len, per_file), default=0)) for rows in per_file if i < len(rows)]
     if not prompts:
         return list(BUILTIN_PROMPTS)[:limit], "built-in prompts"
     return prompts[:limit], ", ".join(str(f) for f in files)
@@ -51,6 +55,11 @@ def run(args) -> int:
     from specmoe import SamplingParams
     from specmoe.experts.profiling import heatmap, profile_dict, save_profile
     prompts, source = read_prompts(args.prompts, args.max_prompts)
+    out = Path(args.out_dir)
+    try:  # fail before running the model
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the output directory {out}: {e.strerror or e}") from None
     llm = make_llm(args, progress=not args.json)
     if llm.tokenizer is None:
         raise InputError(f"{llm.path} has no tokenizer.json; profiling needs text prompts")
@@ -60,8 +69,6 @@ def run(args) -> int:
     counts = s.get("expert_counts")
     if counts is None:
         raise InputError("this expert provider does not report expert_counts")
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     prof = profile_dict(counts, llm.config, model=str(llm.path), prompts=len(prompts), prompt_source=source,
                         max_tokens=args.max_tokens, generated_tokens=s["generated_tokens"],
                         fingerprint=llm.ckpt.fingerprint())

@@ -109,6 +109,7 @@ class ExpertCache:
             for L in self.layers.values():
                 L.done_event = torch.cuda.Event()
                 L.done_event.record(torch.cuda.current_stream(self.device))
+            self._last_done = L.done_event
         self.reset_stats()
         self.forward_observers = [self.observe]
         self.forward_layer_hooks = [self.layer_hook] if prefetch == "predicted" else []
@@ -142,12 +143,15 @@ class ExpertCache:
         return self._scratch.pop()
 
     # ------------------------------------------------------------------ transfers
-    def _submit(self, layer: int, e: int, dst: torch.Tensor) -> Future:
+    def _submit(self, layer: int, e: int, dst: torch.Tensor, *, scratch: bool = False) -> Future:
         if self.cuda:
-            return self.io.submit(self._cuda_load, layer, e, dst)
+            # a slot may be overwritten once the compute that last read this layer's slots is done;
+            # a scratch buffer may have been read by any layer: wait for the latest compute
+            after = self._last_done if scratch else self.layers[layer].done_event
+            return self.io.submit(self._cuda_load, layer, e, dst, after)
         return self.io.submit(self.tier.read_into, layer, e, dst)
 
-    def _cuda_load(self, layer: int, e: int, dst: torch.Tensor):
+    def _cuda_load(self, layer: int, e: int, dst: torch.Tensor, after):
         """Runs on the I/O thread: stage (disk) and copy on the dedicated stream; returns its event."""
         with torch.cuda.stream(self.copy_stream):
             if self.tier.kind == "host":
@@ -159,7 +163,7 @@ class ExpertCache:
                     stage[1].synchronize()  # the previous copy out of this staging buffer is done
                 self.tier.read_into(layer, e, stage[0])
                 src = stage[0]
-            self.copy_stream.wait_event(self.layers[layer].done_event)  # compute no longer reads old slots
+            self.copy_stream.wait_event(after)  # compute no longer reads what dst held
             dst[: self.expert_bytes].copy_(src[: self.expert_bytes], non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(self.copy_stream)
@@ -333,7 +337,7 @@ class ExpertCache:
             else:
                 self._place(L, e, slot)
                 buf = L.rows[slot]
-            jobs.append((e, buf, self._submit(layer, e, buf)))
+            jobs.append((e, buf, self._submit(layer, e, buf, scratch=slot is None)))
         for e in ids:
             L.freq[e] += 1
             if e in L.recency:
@@ -363,8 +367,10 @@ class ExpertCache:
                     if e in L.slot_of and L.rows[L.slot_of[e]].data_ptr() == buf.data_ptr():
                         self._release(L, e)
             self._scratch += scratch
-            if self.cuda:
+            if self.cuda:  # fresh events: loads already queued keep waiting on the ones they captured
+                L.done_event = torch.cuda.Event()
                 L.done_event.record(torch.cuda.current_stream(self.device))
+                self._last_done = L.done_event
             if self.policy in ("ondemand", "static"):
                 for e in [e for e in L.slot_of if e not in L.protected and e not in L.prefetched]:
                     self._release(L, e)
