@@ -129,3 +129,12 @@ def test_profile_helpers(tiny_ckpt, tmp_path):
     assert profiling.heatmap(counts, llm.config, tmp_path / "h.png").stat().st_size > 0
     hot = profiling.hot_experts(counts, llm.config)
     assert all(len(v) == 1 for v in hot.values())  # ceil(10% of 8)
+
+
+def test_repack_falls_back_to_user_cache_dir(tmp_path, monkeypatch):
+    path = make_tiny_checkpoint("qwen3_moe", tmp_path / "ck")
+    (path / ".specmoe").write_text("not a directory")  # <checkpoint>/.specmoe unusable, even for root
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    llm = LLM(path, offload="disk", cache_experts=2)
+    assert llm.provider.tier.rp.file.is_relative_to(tmp_path / "home" / ".cache" / "specmoe")
+    assert torch.equal(llm.logits(PROMPTS), LLM(path).logits(PROMPTS))
