@@ -69,6 +69,13 @@ def measure(llm: LLM, prompts, params) -> dict:
             "token_ids": [o.token_ids for o in outs]}
 
 
+def tier_options(args, repack_dir: Path) -> dict:
+    if args.tier == "disk":
+        return {"offload": "disk", "repack_dir": repack_dir}
+    link = {"link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us} if args.link_gbps else {}
+    return {"offload": "host", **link}
+
+
 def run_config(name: str, opts: dict, args, prompts_all, slots: int, repack_dir: Path, ref_tokens: dict) -> list:
     rows = []
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
@@ -76,7 +83,7 @@ def run_config(name: str, opts: dict, args, prompts_all, slots: int, repack_dir:
     for b in args.batches:
         prompts = prompts_all[:b]
         if llm is None or opts.get("prefetch") == "oracle":  # the oracle records per batch size
-            llm = LLM(args.model, offload="disk", cache_experts=slots, repack_dir=repack_dir, max_batch=max(args.batches),
+            llm = LLM(args.model, cache_experts=slots, max_batch=max(args.batches), **tier_options(args, repack_dir),
                       **opts)
         llm.generate(prompts[: min(b, 4)], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
         if opts.get("prefetch") == "oracle":
@@ -129,6 +136,9 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt length cap (tokens)")
     ap.add_argument("--cache-frac", type=float, default=0.25, help="device cache slots as a share of experts per layer")
     ap.add_argument("--systems", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
+    ap.add_argument("--tier", default="disk", choices=("disk", "host"), help="backing tier of the experts")
+    ap.add_argument("--link-gbps", type=float, default=None, help="host tier: emulated link bandwidth, GB/s")
+    ap.add_argument("--link-latency-us", type=float, default=None, help="host tier: emulated link latency, us")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--repack-dir", default=None, help="where the aligned expert repack goes (default: a temp dir)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
@@ -143,7 +153,9 @@ def main() -> int:
     prompts = load_prompts(ref, max(args.batches), args.prompt_tokens)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     print(f"model {args.model}: {cfg.model_type}, {len(cfg.moe_layers)} MoE layers x {cfg.num_experts} experts "
-          f"(top-{cfg.top_k}), cache {slots} experts/layer, disk tier, {args.threads} thread(s)", flush=True)
+          f"(top-{cfg.top_k}), cache {slots} experts/layer, {args.tier} tier"
+          f"{' behind an EMULATED link' if args.tier == 'host' and args.link_gbps else ''}, {args.threads} thread(s)",
+          flush=True)
     ref_tokens, rows = {}, []
     for b in args.batches:
         ref.generate(prompts[: min(b, 4)], SamplingParams(max_tokens=2, ignore_eos=True))
@@ -172,7 +184,9 @@ def main() -> int:
         meta = {"model": args.model, "model_type": cfg.model_type, "moe_layers": len(cfg.moe_layers),
                 "experts": cfg.num_experts, "top_k": cfg.top_k, "cache_experts": slots, "max_tokens": args.max_tokens,
                 "prompt_tokens": args.prompt_tokens, "threads": args.threads, "machine": platform.machine(),
-                "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "tier": "disk", "emulated_link": False,
+                "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "tier": args.tier,
+                "emulated_link": bool(args.tier == "host" and args.link_gbps), "link_gbps": args.link_gbps,
+                "link_latency_us": args.link_latency_us,
                 "direct_io": bool(tier.direct_io), "bytes_per_expert": tier.expert_bytes}
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "reads": reads}, indent=1))
         print(f"wrote {args.out}")

@@ -466,6 +466,8 @@ class ExpertCache:
                "emulated_link": self.link is not None, **(self.link or {}),
                **{k: (list(v) if isinstance(v, list) else v) for k, v in s.items()},
                "hit_rate": s["hits"] / req if req else 0.0,
+               "hit_rate_per_layer": [h / (h + m) if h + m else 0.0
+                                      for h, m in zip(s["hits_per_layer"], s["misses_per_layer"])],
                "scratch_buffers": self._scratch_allocated}
         out["expert_counts"] = [list(r) for r in s["expert_counts"]]
         if self.prefetch == "oracle":

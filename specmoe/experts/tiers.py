@@ -95,6 +95,7 @@ class DiskTier:
         self.direct_io = False
         self.fd = -1
         if hasattr(os, "O_DIRECT"):
+            fd = -1
             try:
                 fd = os.open(rp.file, os.O_RDONLY | os.O_DIRECT)
                 probe = aligned_empty(rp.stride)
@@ -103,7 +104,7 @@ class DiskTier:
             except OSError as e:
                 if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
                     raise
-                if "fd" in locals():
+                if fd >= 0:
                     os.close(fd)
         if not self.direct_io:
             warnings.warn(f"the filesystem of {rp.file} refuses O_DIRECT; expert reads are buffered and "

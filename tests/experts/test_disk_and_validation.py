@@ -138,3 +138,23 @@ def test_repack_falls_back_to_user_cache_dir(tmp_path, monkeypatch):
     llm = LLM(path, offload="disk", cache_experts=2)
     assert llm.provider.tier.rp.file.is_relative_to(tmp_path / "home" / ".cache" / "specmoe")
     assert torch.equal(llm.logits(PROMPTS), LLM(path).logits(PROMPTS))
+
+
+def test_filesystem_without_o_direct_falls_back_with_warning(tiny_ckpt, monkeypatch):
+    import errno
+
+    from specmoe.experts import tiers
+    real_open = os.open
+
+    def refuse_direct(path, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *a)
+    monkeypatch.setattr(tiers.os, "open", refuse_direct)
+    path = tiny_ckpt("mixtral")
+    with pytest.warns(UserWarning, match="refuses O_DIRECT"):
+        llm = LLM(path, offload="disk", cache_experts=2)
+    monkeypatch.undo()
+    assert llm.stats["direct_io"] is False
+    assert not fcntl.fcntl(llm.provider.tier.fd, fcntl.F_GETFL) & os.O_DIRECT
+    assert torch.equal(llm.logits(PROMPTS), LLM(path).logits(PROMPTS))
