@@ -296,7 +296,9 @@ def main():
     ap.add_argument("--eval-windows", type=int, default=48, help="held-out windows per domain during training")
     ap.add_argument("--ckpt-every", type=int, default=250)
     ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from <run-dir>/ckpt.pt; --steps may differ (the LR schedule is recomputed)")
+    ap.add_argument("--stop-after", type=int, default=0, help="checkpoint and stop after this step")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--bench-steps", type=int, default=4)
     ap.add_argument("--bench-impls", default="eager,batched_mm,grouped_mm")
@@ -341,6 +343,10 @@ def main():
         step0 = ck["step"]
         elapsed_before = ck["elapsed"]
         print(f"resumed at step {step0}", flush=True)
+        if os.path.exists(log_path):  # drop log records of steps after the checkpoint
+            keep = [l for l in open(log_path) if json.loads(l)["step"] <= step0]
+            with open(log_path, "w") as f:
+                f.writelines(keep)
     else:
         with open(log_path, "w"):
             pass
@@ -394,13 +400,16 @@ def main():
             last_eval = {"step": step + 1, **{f"heldout_{k}": round(v, 4) for k, v in ev.items()}}
             log({"eval": True, **last_eval, "wall_s": round(elapsed_before + time.time() - t_run, 1)})
             print("EVAL", json.dumps(last_eval), flush=True)
-        if (step + 1) % args.ckpt_every == 0 or last:
+        if (step + 1) % args.ckpt_every == 0 or last or (step + 1) == args.stop_after:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sampler": sampler.state(),
                         "torch_rng": torch.get_rng_state(), "step": step + 1,
                         "elapsed": elapsed_before + time.time() - t_run}, ckpt_path + ".tmp")
             os.replace(ckpt_path + ".tmp", ckpt_path)
             export_bf16(model, args.out, args.out, meta(step + 1, last_eval))
             print(f"checkpoint + bf16 export at step {step + 1}", flush=True)
+        if args.stop_after and step + 1 >= args.stop_after:
+            print(f"stopping after step {step + 1} (--stop-after)", flush=True)
+            break
     print(f"done: {args.steps} steps, train wall {elapsed_before + time.time() - t_run:.0f}s, "
           f"total incl. data {time.time() - t_start:.0f}s", flush=True)
 
