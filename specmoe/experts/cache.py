@@ -61,9 +61,14 @@ class _Layer:
 
 
 class ExpertCache:
-    """ExpertProvider over a backing tier. Public API: `fetch`, `pin`, `resident`, `stats`,
-    `reset_stats`, `observe` (a ForwardContext observer), `layer_hook` (a ForwardContext layer
-    hook, for predicted prefetch), `attach_model`, `start_oracle_replay`, `suspend_prefetch`."""
+    """ExpertProvider over a backing tier.
+
+    Public API: `fetch(layer, ids)` (the ExpertProvider contract), `pin(layer, ids)`,
+    `resident(layer)`, `stats()` / `reset_stats()`, `evict_all()` (cold cache), `set_static(hot)`,
+    `attach_model(model)`, `observe` (a ForwardContext observer) and `layer_hook` (a ForwardContext
+    layer hook, predicted prefetch) — the engine registers `forward_observers` / `forward_layer_hooks`
+    on its ModelRunner — and `start_oracle_recording()` / `start_oracle_replay()`, `suspend_prefetch()`.
+    Not thread-safe: one compute thread calls it; only the transfers run on the I/O thread."""
 
     def __init__(self, tier, cfg: ModelConfig, *, slots: int, policy: str = "lru", prefetch: str = "none",
                  device: torch.device | str = "cpu", memory_budget: int | None = None, link: dict | None = None):
