@@ -30,6 +30,9 @@ class BenchConfig:
     peer_max_tokens: int | None = None  # default: max_tokens
     widened: bool = False               # also run the main sweep on the widened copy of the model
     widened_batches: tuple[int, ...] = (1, 4, 16)
+    widened_systems: tuple[str, ...] | None = None  # None: the main sweep's systems
+    widened_tiers: tuple[str, ...] | None = None    # None: the main sweep's tiers
+    widened_max_tokens: int | None = None           # None: max_tokens
     widened_hidden: int | None = None   # default: 4x the model's hidden size
     widened_expert_mb: float = 6.0
     cache_dir: str | None = None        # built artefacts (widened model, GGUF); default ~/.cache/specmoe
@@ -39,6 +42,7 @@ class BenchConfig:
     time_budget_s: float | None = None  # no new measurement starts past this (they are marked skipped)
     progress: bool = True
     repeats: int = 1                    # measured runs per point; the fastest is reported, all walls kept
+    repeat_below_tokens: int = 1024     # repeat only points generating at most this many tokens
     instrument: bool = True             # time fetch vs expert compute by wrapping the provider
     plots: bool = True
     extra_options: dict = field(default_factory=dict)  # passed to every offloaded LLM
@@ -50,10 +54,12 @@ PRESETS = {
                   gammas=(2, 4), draft_experts=(2, 8), peers=("hf",), peer_batches=(1, 16), peer_max_tokens=8,
                   systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"), time_budget_s=170),
     # ≤30 min
-    "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=32, prompt_tokens=48,
+    "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=16, prompt_tokens=48,
                  sweep_batch=64, gammas=(1, 2, 3, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),
                  peers=("hf", "hf-offload", "llama.cpp"), peer_batches=(1, 16), peer_max_tokens=16,
-                 widened=True, widened_batches=(1, 4, 16, 64), repeats=2, time_budget_s=28 * 60),
+                 widened=True, widened_batches=(1, 4, 16, 64),
+                 widened_systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"),
+                 repeats=2, time_budget_s=28 * 60),
 }
 
 

@@ -171,47 +171,71 @@ def convert_gguf(path: Path, cache_dir: Path, src: str | None) -> tuple[Path, di
     return out, info
 
 
-def _llama_generate(llm, prompts, n):
-    """Batched greedy decode with the low-level API: one llama_batch, one sequence id per prompt."""
-    import ctypes
+class _LlamaCpp:
+    """A llama.cpp model + context through llama-cpp-python's low-level API, sized for `max_batch`
+    parallel sequences (the high-level `Llama` runs one sequence at a time)."""
 
-    import llama_cpp
-    import numpy as np
-    ctx = llm.ctx
-    mem = llama_cpp.llama_get_memory(ctx)
-    llama_cpp.llama_memory_clear(mem, True)
-    B = len(prompts)
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm.model))
-    cap = max(sum(len(p) for p in prompts), B)
-    batch = llama_cpp.llama_batch_init(cap, 0, 1)
-    out = [[] for _ in range(B)]
-    try:
-        def submit(items):  # items: [(token, pos, seq, want_logits)]
-            batch.n_tokens = len(items)
-            for i, (tok, pos, seq, lg) in enumerate(items):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
-                batch.seq_id[i][0], batch.logits[i] = seq, lg
-            rc = llama_cpp.llama_decode(ctx, batch)
-            assert rc == 0, f"llama_decode returned {rc}"
+    def __init__(self, gguf: Path, *, n_ctx_seq: int, max_batch: int, max_prompt_tokens: int, threads: int):
+        import llama_cpp
+        self.lib = llama_cpp
+        llama_cpp.llama_backend_init()
+        self.model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), llama_cpp.llama_model_default_params())
+        assert self.model, f"llama.cpp could not load {gguf}"
+        p = llama_cpp.llama_context_default_params()
+        p.n_seq_max = max_batch
+        p.n_ctx = n_ctx_seq * max_batch
+        p.n_batch = max(max_prompt_tokens, max_batch, 512)
+        p.n_ubatch = min(p.n_batch, 512)
+        p.n_threads = p.n_threads_batch = threads
+        if hasattr(p, "kv_unified"):
+            p.kv_unified = True
+        self.ctx = llama_cpp.llama_init_from_model(self.model, p)
+        assert self.ctx, "llama.cpp could not create a context"
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        self.cap = p.n_batch
 
-        t0 = time.perf_counter()
-        items = [(t, j, s, j == len(p) - 1) for s, p in enumerate(prompts) for j, t in enumerate(p)]
-        submit(items)
-        rows = [i for i, it in enumerate(items) if it[3]]
-        lens = [len(p) for p in prompts]
-        for step in range(n):
-            for s, i in enumerate(rows):
-                ptr = llama_cpp.llama_get_logits_ith(ctx, i)
-                logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
-                out[s].append(int(logits.argmax()))
-            if step == n - 1:
-                break
-            submit([(out[s][-1], lens[s] + step, s, True) for s in range(B)])
-            rows = list(range(B))
-        wall = time.perf_counter() - t0
-    finally:
-        llama_cpp.llama_batch_free(batch)
-    return wall, out
+    def close(self) -> None:
+        self.lib.llama_free(self.ctx)
+        self.lib.llama_model_free(self.model)
+
+    def generate(self, prompts: list[list[int]], n: int):
+        """Batched greedy decode: one llama_batch, one sequence id per prompt."""
+        import ctypes
+
+        import numpy as np
+        L, ctx = self.lib, self.ctx
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        B = len(prompts)
+        batch = L.llama_batch_init(self.cap, 0, 1)
+        out = [[] for _ in range(B)]
+        try:
+            def submit(items):  # [(token, pos, seq, want_logits)]
+                batch.n_tokens = len(items)
+                for i, (tok, pos, seq, lg) in enumerate(items):
+                    batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+                    batch.seq_id[i][0], batch.logits[i] = seq, lg
+                rc = L.llama_decode(ctx, batch)
+                assert rc == 0, f"llama_decode returned {rc}"
+
+            t0 = time.perf_counter()
+            items = [(t, j, s, j == len(p) - 1) for s, p in enumerate(prompts) for j, t in enumerate(p)]
+            assert len(items) <= self.cap, "prompts exceed the context's batch capacity"
+            submit(items)
+            rows = [i for i, it in enumerate(items) if it[3]]
+            lens = [len(p) for p in prompts]
+            for step in range(n):
+                for s, i in enumerate(rows):
+                    ptr = L.llama_get_logits_ith(ctx, i)
+                    logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+                    out[s].append(int(logits.argmax()))
+                if step == n - 1:
+                    break
+                submit([(out[s][-1], lens[s] + step, s, True) for s in range(B)])
+                rows = list(range(B))
+            wall = time.perf_counter() - t0
+        finally:
+            L.llama_batch_free(batch)
+        return wall, out
 
 
 def run_llama(path: Path, prompts, batches, n, refs, cache_dir: Path, src: str | None, threads: int) -> list[dict]:
@@ -220,30 +244,18 @@ def run_llama(path: Path, prompts, batches, n, refs, cache_dir: Path, src: str |
     except ImportError as e:
         raise ModuleNotFoundError(f"llama-cpp-python is not installed ({e})") from None
     gguf, info = convert_gguf(path, cache_dir, src)
-    n_ctx = max(len(p) for p in prompts) + n + 8
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx * max(batches), n_batch=4096, n_ubatch=512,
-                          n_threads=threads, n_seq_max=max(batches), logits_all=False, verbose=False,
-                          kv_unified=True) if _accepts_kv_unified(llama_cpp) else \
-        llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx * max(batches), n_batch=4096, n_threads=threads,
-                        n_seq_max=max(batches), verbose=False)
+    B = max(batches)
+    eng = _LlamaCpp(gguf, n_ctx_seq=max(len(p) for p in prompts) + n + 8, max_batch=B,
+                    max_prompt_tokens=sum(len(p) for p in prompts[:B]), threads=threads)
     try:
-        rows = _timed_rows("llama.cpp", lambda p, k: _llama_generate(llm, p, k), prompts, batches, n, refs)
+        rows = _timed_rows("llama.cpp", eng.generate, prompts, batches, n, refs)
         for r in rows:
             r["gguf"] = info
             r["version"] = getattr(llama_cpp, "__version__", "?")
+            r["note"] = "bf16 GGUF, CPU backend, low-level batched API (one sequence id per prompt), greedy argmax"
         return rows
     finally:
-        llm.close() if hasattr(llm, "close") else None
-        del llm
-        gc.collect()
-
-
-def _accepts_kv_unified(llama_cpp) -> bool:
-    import inspect
-    try:
-        return "kv_unified" in inspect.signature(llama_cpp.Llama.__init__).parameters
-    except (TypeError, ValueError):
-        return False
+        eng.close()
 
 
 def run_peers(cfg, path: Path, prompts, *, out: Path, refs: dict, minfo: dict, out_of_time) -> list[dict]:

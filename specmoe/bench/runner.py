@@ -15,7 +15,7 @@ import random
 import sys
 import time
 import traceback
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -82,12 +82,12 @@ def build_options() -> dict:
 
 # ---------------------------------------------------------------- the run
 class Bench:
-    def __init__(self, cfg: BenchConfig):
+    def __init__(self, cfg: BenchConfig, *, parent: "Bench | None" = None):
         self.cfg = cfg
-        self.t0 = time.monotonic()
-        self.deadline = self.t0 + cfg.time_budget_s if cfg.time_budget_s else None
-        self.bar = None
-        self.refs: dict[tuple, list] = {}  # (model tag, batch) -> reference token ids
+        self.t0 = parent.t0 if parent else time.monotonic()
+        self.deadline = parent.deadline if parent else (self.t0 + cfg.time_budget_s if cfg.time_budget_s else None)
+        self.bar = parent.bar if parent else None
+        self.refs: dict[tuple, list] = parent.refs if parent else {}  # (model tag, batch) -> reference token ids
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -163,7 +163,9 @@ class Bench:
                         llm = self._fresh(llm, path, opts, max(batches))
                         measure(llm, prompts[:b], cfg.max_tokens, instrument=False)
                     reps = []
-                    for _ in range(max(1, cfg.repeats)):
+                    # repeats where they are cheap; a large batch averages over many steps already
+                    n_rep = max(1, cfg.repeats) if b * cfg.max_tokens <= cfg.repeat_below_tokens else 1
+                    for _ in range(n_rep):
                         if oracle:
                             llm.provider.start_oracle_replay()
                         cold(llm)
@@ -255,7 +257,8 @@ def count_points(cfg: BenchConfig, n_models: int) -> int:
     n_sys = len(cfg.systems or S.SYSTEMS)
     main = n_sys * len(cfg.tiers) * len(cfg.batch_sizes)
     sweeps = len(cfg.gammas) + len(cfg.draft_experts) + 8
-    return main + sweeps + (n_sys * len(cfg.tiers) * len(cfg.widened_batches) if n_models > 1 else 0)
+    wide = len(cfg.widened_systems or cfg.systems or S.SYSTEMS) * len(cfg.widened_tiers or cfg.tiers)
+    return main + sweeps + (wide * len(cfg.widened_batches) if n_models > 1 else 0)
 
 
 def headline(runs: list[dict]) -> list[dict]:
@@ -323,7 +326,9 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
             res["peers"] = run_peers(cfg, path, prompts, out=out, refs=bench.refs, minfo=minfo,
                                      out_of_time=bench.out_of_time)
         for tag, wpath, winfo in models[1:]:
-            res["runs"] += bench.main_sweep(tag, wpath, winfo, cfg.widened_batches, prompts)
+            wide = replace(cfg, systems=cfg.widened_systems or cfg.systems, tiers=cfg.widened_tiers or cfg.tiers,
+                           max_tokens=cfg.widened_max_tokens or cfg.max_tokens)
+            res["runs"] += Bench(wide, parent=bench).main_sweep(tag, wpath, winfo, cfg.widened_batches, prompts)
     finally:
         bench.bar.close()
         res["elapsed_s"] = time.monotonic() - bench.t0
