@@ -8,8 +8,8 @@ needs as `ForwardContext` parts:
 - `routing_hook` substitutes a routed non-draft expert: `affinity` (nearest draft expert
   by weight distance), `mask` (top-k among the draft experts by the router's own scores,
   renormalised per the family's rule), `random` (ablation);
-- `experts_override` computes the N draft experts as two GEMMs (or a gather for a handful
-  of tokens), without the provider and without a host sync per layer;
+- `experts_override` computes the N draft experts as two GEMMs, without the provider and
+  without a host sync per layer;
 - the draft never calls the provider, so drafting moves zero bytes by construction.
 
 Draft-set policies: `hot-temporal` (top-N by activation count in the last verification
@@ -99,7 +99,6 @@ class DraftExperts:
         self.local: dict[int, torch.Tensor] = {}   # [E] → index in the draft set (Nd for non-draft experts)
         self.sub: dict[int, torch.Tensor] = {}     # [E] → substitute draft expert (affinity)
         self.w1: dict[int, torch.Tensor] = {}      # [Nd, 2I, D] gate and up of the draft experts
-        self.w2: dict[int, torch.Tensor] = {}      # [Nd, D, I] down
         self.w2cat: dict[int, torch.Tensor] = {}   # [D, Nd·I] down, concatenated for one GEMM
         self.last_counts: dict[int, list[int]] = {}
         self.prefill_counts: dict[int, list[int]] = {}
@@ -172,8 +171,7 @@ class DraftExperts:
         self.ids[layer] = list(ids)
         self.ids_t[layer] = torch.tensor(ids, device=self.device)
         self.w1[layer] = w[:, :2 * I * D].reshape(Nd, 2 * I, D).contiguous()
-        self.w2[layer] = w[:, 2 * I * D:].reshape(Nd, D, I).contiguous()
-        self.w2cat[layer] = self.w2[layer].permute(1, 0, 2).reshape(D, Nd * I).contiguous()
+        self.w2cat[layer] = w[:, 2 * I * D:].reshape(Nd, D, I).permute(1, 0, 2).reshape(D, Nd * I).contiguous()
         local = torch.full((E,), Nd, dtype=torch.long, device=self.device)
         local[self.ids_t[layer]] = torch.arange(Nd, device=self.device)
         self.local[layer] = local
@@ -182,8 +180,9 @@ class DraftExperts:
 
     def row(self, layer: int, e: int) -> torch.Tensor:
         """Packed flat buffer of draft expert e, rebuilt from the stacks."""
-        i = self.ids[layer].index(e)
-        return torch.cat([self.w1[layer][i].reshape(-1), self.w2[layer][i].reshape(-1)])
+        i, I = self.ids[layer].index(e), self.cfg.expert_intermediate_size
+        down = self.w2cat[layer][:, i * I:(i + 1) * I]  # [D, I]
+        return torch.cat([self.w1[layer][i].reshape(-1), down.reshape(-1)])
 
     # ------------------------------------------------------------ target forwards (counts, refresh)
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
@@ -260,18 +259,17 @@ class DraftExperts:
         return w, draft[j]
 
     def experts_override(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The draft's routed-expert output for x [N, D] with every id in the draft set → [N, D]."""
-        N, K = ids.shape
+        """The draft's routed-expert output for x [N, D] with every id in the draft set → [N, D].
+
+        Dense over the Nd draft experts as two GEMMs (the weighted sum over experts happens inside the
+        second): no host sync, no per-expert loop, no provider. It computes Nd/K times the FLOPs of the
+        sparse path, which pays off for the few draft experts (measured on CPU: 2–10× faster than a
+        gather of each token's K experts, from 1 token up)."""
+        N = ids.shape[0]
         Nd = len(self.ids[layer])
         loc = self.local[layer][ids]  # [N, K] in [0, Nd)
-        w = weights.to(x.dtype)
-        if N * K < Nd:  # a handful of tokens: gather just their experts' weights
-            w1, w2 = self.w1[layer][loc], self.w2[layer][loc]  # [N, K, 2I, D], [N, K, D, I]
-            g, u = torch.matmul(w1, x[:, None, :, None])[..., 0].chunk(2, dim=-1)  # [N, K, I] each
-            y = torch.matmul(w2, (F.silu(g) * u)[..., None])[..., 0]  # [N, K, D]
-            return (y * w[..., None]).sum(dim=1)
-        # dense over the Nd draft experts: two GEMMs; the weighted sum over experts happens in the second
-        dense = torch.zeros(N, Nd + 1, dtype=x.dtype, device=x.device).scatter_add_(1, loc, w)[:, :Nd]  # [N, Nd]
+        dense = torch.zeros(N, Nd + 1, dtype=x.dtype, device=x.device).scatter_add_(
+            1, loc, weights.to(x.dtype))[:, :Nd]  # [N, Nd] routing weight of each draft expert
         h = F.linear(x, self.w1[layer].view(-1, x.shape[1])).view(N, Nd, -1)  # [N, Nd, 2I]
         g, u = h.chunk(2, dim=-1)
         a = F.silu(g) * u * dense[..., None]  # [N, Nd, I]
