@@ -21,6 +21,7 @@ class BenchConfig:
     link_latency_us: float | None = 10.0
     sweep_batch: int = 16               # batch of the γ / N / policy / substitution sweeps
     sweep_tier: str = "disk"
+    sweep_max_tokens: int | None = None  # None: max_tokens (τ counts only tokens within max_tokens: keep it ≫ γ)
     gammas: tuple[int, ...] = (1, 2, 4, 8)
     draft_experts: tuple[int, ...] = (2, 4, 8)
     policies: bool = True
@@ -51,11 +52,12 @@ class BenchConfig:
 PRESETS = {
     # ≤3 min on a 2-core machine with the demo model
     "quick": dict(tiers=("disk", "host"), batch_sizes=(1, 16), max_tokens=12, prompt_tokens=32, sweep_batch=8,
+                  sweep_max_tokens=16,
                   gammas=(2, 4), draft_experts=(2, 8), peers=("hf",), peer_batches=(1, 16), peer_max_tokens=8,
                   systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"), time_budget_s=170),
     # ≤30 min
     "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=16, prompt_tokens=48,
-                 sweep_batch=64, gammas=(1, 2, 3, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),
+                 sweep_batch=64, sweep_max_tokens=32, gammas=(1, 2, 3, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),
                  peers=("hf", "hf-offload", "llama.cpp"), peer_batches=(1, 16), peer_max_tokens=16,
                  widened=True, widened_batches=(1, 4, 16, 64),
                  widened_systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"),

@@ -54,7 +54,7 @@ def _timed_rows(peer, gen_fn, prompts, batches, n, refs) -> list[dict]:
         row = {"peer": peer, "label": PEERS[peer], "batch": b, "status": "ok", "generated_tokens": b * n,
                "wall_s": wall, "tokens_per_s": b * n / wall, "prefill_wall_s": wall1,
                "decode_tokens_per_s": b * (n - 1) / (wall - wall1) if wall > wall1 and n > 1 else None}
-        ref = refs.get(("main", b))
+        ref = next((v for (tag, bb, T), v in sorted(refs.items()) if tag == "main" and bb == b and T >= n), None)
         if ref is not None:
             row["matches_reference"] = sum(t == r[:n] for t, r in zip(toks, ref)) / b
         rows.append(row)
@@ -279,7 +279,7 @@ def run_peers(cfg, path: Path, prompts, *, out: Path, refs: dict, minfo: dict, o
             if peer == "hf":
                 got = run_hf(path, prompts, cfg.peer_batches, n, refs, dtype)
             elif peer == "hf-offload":
-                got = run_hf_offload(path, prompts, cfg.peer_batches, n, refs, dtype, cache_dir / "hf-offload")
+                got = run_hf_offload(path, prompts, cfg.peer_batches, n, refs, dtype, cache_dir / f"hf-offload-{path.name}")
             else:
                 got = run_llama(path, prompts, cfg.peer_batches, n, refs, cache_dir, cfg.llama_cpp_src,
                                 cfg.threads or torch.get_num_threads())

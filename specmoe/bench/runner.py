@@ -87,7 +87,8 @@ class Bench:
         self.t0 = parent.t0 if parent else time.monotonic()
         self.deadline = parent.deadline if parent else (self.t0 + cfg.time_budget_s if cfg.time_budget_s else None)
         self.bar = parent.bar if parent else None
-        self.refs: dict[tuple, list] = parent.refs if parent else {}  # (model tag, batch) -> reference token ids
+        # (model tag, batch, max_tokens) -> reference token ids
+        self.refs: dict[tuple, list] = parent.refs if parent else {}
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -157,7 +158,7 @@ class Bench:
                 if self.out_of_time():
                     mark("skipped", "time budget of the preset exhausted", [b])
                     continue
-                ref = self.refs.get((tag, b))
+                ref = self.refs.get((tag, b, cfg.max_tokens))
                 try:
                     if oracle:  # record this exact run, then measure its replay (cf. cache.start_oracle_replay)
                         llm = self._fresh(llm, path, opts, max(batches))
@@ -179,8 +180,8 @@ class Bench:
                     traceback.print_exc(file=sys.stderr)
                     continue
                 ids = row.pop("_token_ids")
-                if sys_.kind == "reference" and (tag, b) not in self.refs:
-                    self.refs[(tag, b)] = ids
+                if sys_.kind == "reference" and (tag, b, cfg.max_tokens) not in self.refs:
+                    self.refs[(tag, b, cfg.max_tokens)] = ids
                 rows.append({**base, "status": "ok", **row})
                 self.tick(f"{tag} {setting.name} {sys_.name} b={b}")
         finally:
@@ -223,7 +224,7 @@ class Bench:
         setting = next((s for s in self.settings(minfo) if s.tier == cfg.sweep_tier), self.settings(minfo)[0])
         spec = S.system(S.HEADLINE)
         out = {}
-        if (tag, cfg.sweep_batch) not in self.refs and S.system("resident").name in (cfg.systems or ("resident",)):
+        if (tag, cfg.sweep_batch, cfg.max_tokens) not in self.refs and S.system("resident").name in (cfg.systems or ("resident",)):
             out["reference"] = {"rows": self.run_system(tag, path, minfo, setting, S.system("resident"),
                                                         [cfg.sweep_batch], prompts, sweep="reference")}
         plan = {"gamma": ("num_draft_tokens", cfg.gammas), "draft_experts": ("draft_experts", cfg.draft_experts)}
@@ -320,7 +321,8 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
     bench.bar = tqdm(total=count_points(cfg, len(models)), desc="bench", unit="pt", disable=not cfg.progress)
     try:
         res["runs"] += bench.main_sweep("main", path, minfo, cfg.batch_sizes, prompts)
-        res["sweeps"] = bench.spec_sweeps("main", path, minfo, prompts)
+        sweeps = Bench(replace(cfg, max_tokens=cfg.sweep_max_tokens or cfg.max_tokens), parent=bench)
+        res["sweeps"] = sweeps.spec_sweeps("main", path, minfo, prompts)
         if cfg.peers:
             from specmoe.bench.peers import run_peers
             res["peers"] = run_peers(cfg, path, prompts, out=out, refs=bench.refs, minfo=minfo,
