@@ -41,6 +41,7 @@ class BenchConfig:
     threads: int | None = 1            # torch threads; 1 by default: on a shared, oversubscribed machine
                                         # 2 OpenMP threads spin-wait and run 30x slower (measured)
     time_budget_s: float | None = None  # no new measurement starts past this (they are marked skipped)
+    peer_reserve_s: float = 150.0       # share of the budget kept for the peers, which run last
     progress: bool = True
     repeats: int = 1                    # measured runs per point; the fastest is reported, all walls kept
     repeat_below_tokens: int = 1024     # repeat only points generating at most this many tokens
@@ -54,7 +55,8 @@ PRESETS = {
     "quick": dict(tiers=("disk", "host"), batch_sizes=(1, 16), max_tokens=12, prompt_tokens=32, sweep_batch=8,
                   sweep_max_tokens=16,
                   gammas=(2, 4), draft_experts=(2, 8), peers=("hf",), peer_batches=(1, 16), peer_max_tokens=8,
-                  systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"), time_budget_s=170),
+                  systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"), time_budget_s=170,
+                  peer_reserve_s=25),
     # ≤30 min
     "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=16, prompt_tokens=48,
                  sweep_batch=64, sweep_max_tokens=32, gammas=(1, 2, 3, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),

@@ -90,8 +90,13 @@ class Bench:
         # (model tag, batch, max_tokens) -> reference token ids
         self.refs: dict[tuple, list] = parent.refs if parent else {}
 
-    def out_of_time(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
+    def out_of_time(self, reserve_s: float | None = None) -> bool:
+        """Past the budget; the sweeps stop `peer_reserve_s` early so the peers, run last, still fit."""
+        if self.deadline is None:
+            return False
+        if reserve_s is None:
+            reserve_s = self.cfg.peer_reserve_s if self.cfg.peers else 0.0
+        return time.monotonic() > self.deadline - reserve_s
 
     def tick(self, desc: str) -> None:
         if self.bar is not None:
@@ -323,14 +328,14 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         res["runs"] += bench.main_sweep("main", path, minfo, cfg.batch_sizes, prompts)
         sweeps = Bench(replace(cfg, max_tokens=cfg.sweep_max_tokens or cfg.max_tokens), parent=bench)
         res["sweeps"] = sweeps.spec_sweeps("main", path, minfo, prompts)
-        if cfg.peers:
-            from specmoe.bench.peers import run_peers
-            res["peers"] = run_peers(cfg, path, prompts, out=out, refs=bench.refs, minfo=minfo,
-                                     out_of_time=bench.out_of_time)
         for tag, wpath, winfo in models[1:]:
             wide = replace(cfg, systems=cfg.widened_systems or cfg.systems, tiers=cfg.widened_tiers or cfg.tiers,
                            max_tokens=cfg.widened_max_tokens or cfg.max_tokens)
             res["runs"] += Bench(wide, parent=bench).main_sweep(tag, wpath, winfo, cfg.widened_batches, prompts)
+        if cfg.peers:
+            from specmoe.bench.peers import run_peers
+            res["peers"] = run_peers(cfg, path, prompts, out=out, refs=bench.refs, minfo=minfo,
+                                     out_of_time=lambda: bench.out_of_time(0.0))
     finally:
         bench.bar.close()
         res["elapsed_s"] = time.monotonic() - bench.t0
