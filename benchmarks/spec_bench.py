@@ -131,7 +131,9 @@ def main():
                         "moe_layers": len(cfg.moe_layers), "hidden": cfg.hidden_size}
     print(f"model {llm.path} ({cfg.model_type}, E={E}, top-{K}, {len(cfg.moe_layers)} MoE layers), "
           f"threads={torch.get_num_threads()}")
-    prompts = load_prompts(llm, args.prompts)
+    batches = [int(b) for b in args.batches.split(",")]
+    all_prompts = load_prompts(llm, max(args.prompts, *batches))  # distinct prompts up to the largest batch
+    prompts = all_prompts[:args.prompts]
     base = SpecConfig(decoding="specmoe", draft_experts=args.n, num_draft_tokens=args.gamma)
     run(llm, prompts[:2], 4, base)  # warm-up (affinity table, allocations)
     ns = sorted({min(int(n), E) for n in args.ns.split(",")})
@@ -190,7 +192,7 @@ def main():
         table(f"substitution — τ, γ={args.gamma}, {base.draft_policy}", ["N", "affinity", "mask", "random"], rows)
 
     if "throughput" in sections:
-        results["throughput"] = throughput(args, prompts, base)
+        results["throughput"] = throughput(args, all_prompts, base)
 
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str))
