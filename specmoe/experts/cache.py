@@ -319,8 +319,9 @@ class ExpertCache:
 
     def start_oracle_replay(self) -> None:
         """Oracle prefetch: the runs so far were recorded; from now on replay them with the true next-layer
-        union prefetched. The replayed run must be identical (same prompts, greedy): on a mismatch the
-        oracle stops prefetching and counts `oracle_mismatches`."""
+        union prefetched. The replayed run must be identical (same prompts, greedy). A layer whose union
+        differs from the recording counts in `oracle_mismatches`; if the sequence of forwards itself
+        diverges, the oracle stops prefetching."""
         self._oracle_replay, self._oracle_pos = True, 0
 
     @contextmanager
@@ -440,10 +441,14 @@ class ExpertCache:
         tr, i = self._oracle_trace, self._oracle_pos
         if i < 0:
             return None
-        if i >= len(tr) or tr[i] != key:
+        if i >= len(tr) or tr[i][0] != layer:  # a different sequence of forwards: stop prefetching
             self._s["oracle_mismatches"] += 1
             self._oracle_pos = -1
             return None
+        if tr[i] != key:
+            # same forward, different union: only padding positions of a ragged batch can do this (they
+            # attend to stale KV entries); keep replaying, the difference shows as misses/wasted prefetch
+            self._s["oracle_mismatches"] += 1
         self._oracle_pos += 1
         if i + 1 < len(tr) and tr[i + 1][0] == self._next_layer(layer):
             return tr[i + 1][0], list(tr[i + 1][1])
