@@ -12,6 +12,7 @@ class BenchConfig:
     dtype: str = "auto"
     tiers: tuple[str, ...] = ("disk", "host")  # "disk" is the headline; "host" runs behind an emulated link
     systems: tuple[str, ...] | None = None     # None: every registered system
+    tier_systems: dict | None = None           # per-tier override of `systems`, e.g. {"host": ("ondemand", ...)}
     batch_sizes: tuple[int, ...] = (1, 4, 16)
     max_tokens: int = 16                # generated per sequence (EOS ignored)
     prompt_tokens: int = 48             # prompts truncated to this many tokens
@@ -58,10 +59,11 @@ PRESETS = {
                   systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"), time_budget_s=170,
                   peer_reserve_s=25),
     # ≤30 min
-    "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=16, prompt_tokens=48,
-                 sweep_batch=64, sweep_max_tokens=32, gammas=(1, 2, 3, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),
+    "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=16, prompt_tokens=32,
+                 tier_systems={"host": ("resident", "ondemand", "lru", "overlap", "specmoe")},
+                 sweep_batch=32, sweep_max_tokens=32, gammas=(1, 2, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),
                  peers=("hf", "hf-offload", "llama.cpp"), peer_batches=(1, 16), peer_max_tokens=16,
-                 widened=True, widened_batches=(1, 4, 16, 64),
+                 widened=True, widened_batches=(1, 4, 16, 64), widened_tiers=("disk",),
                  widened_systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"),
                  repeats=2, time_budget_s=28 * 60),
 }

@@ -213,14 +213,18 @@ class Bench:
 
     def main_sweep(self, tag, path, minfo, batches, prompts) -> list[dict]:
         rows = []
-        names = self.cfg.systems or tuple(s.name for s in S.SYSTEMS)
-        chosen = [S.system(n) for n in names]
-        # the reference first: its tokens check every other system (lossless output)
-        chosen.sort(key=lambda s: s.kind != "reference")
-        for i, setting in enumerate(self.settings(minfo)):
+        ran_reference = False
+        for setting in self.settings(minfo):
+            names = (self.cfg.tier_systems or {}).get(setting.tier) or self.cfg.systems or tuple(s.name for s in S.SYSTEMS)
+            # the reference first (its tokens check every other system: lossless output), then SpecMoE and
+            # MoE-OnDemand, so a time budget that runs out cuts the least important baselines
+            first = {"reference": 0, S.HEADLINE: 1, S.OFFLOADED_BASELINE: 2}
+            chosen = sorted((S.system(n) for n in names), key=lambda s: first.get(s.kind, first.get(s.name, 3)))
             for sys_ in chosen:
-                if sys_.kind == "reference" and i > 0:
-                    continue  # tier-independent: run once
+                if sys_.kind == "reference":
+                    if ran_reference:
+                        continue  # tier-independent: run once
+                    ran_reference = True
                 rows += self.run_system(tag, path, minfo, setting, sys_, batches, prompts)
         return rows
 
@@ -261,7 +265,8 @@ def cold(llm) -> None:
 
 def count_points(cfg: BenchConfig, n_models: int) -> int:
     n_sys = len(cfg.systems or S.SYSTEMS)
-    main = n_sys * len(cfg.tiers) * len(cfg.batch_sizes)
+    per_tier = [len((cfg.tier_systems or {}).get(t) or cfg.systems or S.SYSTEMS) for t in cfg.tiers]
+    main = (sum(per_tier) - (len(per_tier) - 1)) * len(cfg.batch_sizes)
     sweeps = len(cfg.gammas) + len(cfg.draft_experts) + 8
     wide = len(cfg.widened_systems or cfg.systems or S.SYSTEMS) * len(cfg.widened_tiers or cfg.tiers)
     return main + sweeps + (wide * len(cfg.widened_batches) if n_models > 1 else 0)
@@ -330,7 +335,7 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         res["sweeps"] = sweeps.spec_sweeps("main", path, minfo, prompts)
         for tag, wpath, winfo in models[1:]:
             wide = replace(cfg, systems=cfg.widened_systems or cfg.systems, tiers=cfg.widened_tiers or cfg.tiers,
-                           max_tokens=cfg.widened_max_tokens or cfg.max_tokens)
+                           max_tokens=cfg.widened_max_tokens or cfg.max_tokens, tier_systems=None)
             res["runs"] += Bench(wide, parent=bench).main_sweep(tag, wpath, winfo, cfg.widened_batches, prompts)
         if cfg.peers:
             from specmoe.bench.peers import run_peers

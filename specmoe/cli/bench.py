@@ -92,6 +92,8 @@ def run(args) -> int:
         ("peer_batches", "peer_batches"), ("widened", "widened"), ("widened_batches", "widened_batches"),
         ("cache_dir", "cache_dir"), ("llama_cpp_src", "llama_cpp_src"), ("threads", "threads"),
         ("time_budget_s", "time_budget"), ("plots", "plots"))}
+    if args.systems:
+        overrides["tier_systems"] = {}  # an explicit --systems applies to every tier
     cfg = preset(args.preset or "quick", **overrides)
     res = run_bench(cfg, command="specmoe " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if args.json:
