@@ -48,6 +48,16 @@ SOURCES = {
 }
 
 
+HISTORY = """**Training history (honest account).** (1) A first run with transformers' built-in aux loss
+(`router_aux_loss_coef` 0.002, pooled over layers) was abandoned after ~160 steps: at step 100 every layer
+routed >97% of its top-2 assignments to its 8 hottest experts, with 17-24 of 32 experts never selected,
+while the pooled aux loss still looked balanced (~2.2 vs 2.0 ideal). (2) The shipped run uses the
+per-layer balance loss (coef 0.01). It was started with `--steps 720`, checkpointed at step 120, then
+resumed from that checkpoint with `--steps 1000` (the cosine schedule was recomputed for 1000 steps; the LR
+jump at the switch was 2.90e-3 -> 2.95e-3). The exact two commands are in `scripts/README.md`. The
+EMA of the train loss restarts at the resume point (visible in the curve)."""
+
+
 @torch.no_grad()
 def run_windows(model, windows: torch.Tensor, n_layers: int, n_experts: int, top_k: int, bs: int = 8):
     """Returns (sum nll, n targets, per-target nll list, expert counts [L][E])."""
@@ -202,6 +212,7 @@ def main():
             ids = tok(p["prompt"], return_tensors="pt").input_ids
             with torch.no_grad():
                 out = model.generate(ids, do_sample=False, max_new_tokens=args.new_tokens,
+                                     min_new_tokens=args.new_tokens,
                                      pad_token_id=EOT_ID, eos_token_id=EOT_ID)
             cont = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
             samples[d].append({"id": p["id"], "prompt": p["prompt"], "continuation": cont})
@@ -307,8 +318,12 @@ def write_card(md, cfg, stats, manifest, meta, n_params):
           f"(~{meta.get('tokens_seen', 0) / n_params:.2f} tokens/parameter).")
         w(f"* AdamW (betas 0.9/0.95, wd {a.get('wd')}, no wd on norms), peak LR {a.get('lr')}, "
           f"{a.get('warmup')} warmup steps, cosine decay to 10%, grad clip {a.get('clip')}; seed {a.get('seed')}.")
-        w(f"* Load-balancing aux loss coefficient {a.get('aux_coef')} (light, so experts keep natural skew).")
-        w(f"* Precision: fp32 (`--no-bf16`); experts implementation `{a.get('impl')}`; "
+        w(f"* Load-balancing loss: Switch-style, computed per layer and averaged over layers "
+          f"(`per_layer_balance_loss` in the training script), coefficient {a.get('aux_coef')}. "
+          "(transformers' built-in `load_balancing_loss_func` pools the tokens of all layers and did not see "
+          "per-layer collapse, see history below.)")
+        prec = "fp32 (`--no-bf16`)" if a.get("no_bf16") else "bf16 autocast, fp32 master weights"
+        w(f"* Precision: {prec}; experts implementation `{a.get('impl')}`; "
           f"`torch.set_num_threads({a.get('threads')})`, `nice -n 10`.")
         w(f"* Wall time of the training loop: {tw / 60:.1f} min on {platform.machine()} CPU "
           f"(2 vCPU AMD EPYC, AVX2, no AVX-512/AMX, shared with other jobs: load average ~7 during the run); "
@@ -318,6 +333,7 @@ def write_card(md, cfg, stats, manifest, meta, n_params):
             w(f"* Final train loss (EMA of batch loss): {stats['final_train_lm_loss_ema']:.3f}; held-out loss at the "
               f"last in-training eval (step {ev.get('step')}, {a.get('eval_windows')} windows/domain): "
               + ", ".join(f"{d} {ev.get('heldout_' + d, float('nan')):.3f}" for d in DOMAINS) + ".")
+    w("\n" + HISTORY)
     w("\nThroughput measured before training (train step = fwd+bwd+AdamW, batch 16 x 256, 2 threads, random tokens; "
       "the machine was shared, so absolute numbers are noisy):\n")
     w("| experts impl | fp32 | bf16 autocast |\n|---|---|---|")
@@ -363,7 +379,8 @@ def write_card(md, cfg, stats, manifest, meta, n_params):
       "(used by specmoe's `static` cache policy and `hot-global` draft policy).\n")
 
     w("## Greedy samples\n")
-    w("Greedy continuations (48 new tokens, no BOS prepended) of held-out benchmark prompts "
+    w("Greedy continuations (48 new tokens, no BOS prepended, `<|endoftext|>` suppressed via `min_new_tokens` "
+      "so every sample shows 48 tokens) of held-out benchmark prompts "
       "(`benchmarks/prompts/<domain>.jsonl`). Prompt shown in the quote, continuation in the code block.\n")
     for d in DOMAINS:
         w(f"### {d}\n")
