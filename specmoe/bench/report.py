@@ -152,6 +152,8 @@ def make_report(res: dict, out: str | Path, *, preamble: str = "") -> Path:
                 w = mi["widen"]
                 lines.append(f"  - widened from {w['source']}: hidden {w['hidden']}, expert width {w['expert_intermediate']},"
                              f" eps {w['rms_norm_eps']}; greedy check: {w.get('greedy_check')}")
+    if res.get("notes"):
+        lines += ["", "## How the numbers are measured", ""] + [f"- {n}" for n in res["notes"]]
     lines += ["", "## Headline: SpecMoE vs each baseline", ""] + headline_tables(res)
     lines += ["## SpecMoE sweeps", ""] + sweep_tables(res)
     lines += ["## Peers (same model, prompts and token counts)", ""] + peer_table(res)

@@ -313,6 +313,18 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
                              "link_latency_us": s.link_latency_us if s.emulated else None,
                              "cache_experts_per_layer": s.cache_experts} for s in bench.settings(minfo)}
     res["link_emulated"] = any(s.emulated for s in bench.settings(minfo))
+    res["notes"] += [
+        "tokens_per_s = generated tokens / wall time of llm.generate (prefill included); decode_tokens_per_s = "
+        "tokens from decode steps / decode time (the first token of each sequence comes from the prefill)",
+        "greedy, EOS ignored: every system generates exactly batch x max_tokens tokens; matches_reference = share "
+        "of sequences whose tokens equal the all-resident autoregressive run",
+        "every measured run starts from an evicted cache (pinned / static experts stay); with repeats > 1 the "
+        "fastest run is reported and every wall time is kept in repeats_wall_s",
+        "host-tier rows run behind an EMULATED link (link_gbps / link_latency_us); disk-tier rows are real reads",
+        "breakdown: fetch wait and expert compute are timed around the expert provider during decode (prefill "
+        "excluded); draft phase = the strategy's draft_time_s (drafting computes on its own copies of the draft "
+        "experts); attention / other = the rest of the decode time",
+    ]
     tok = Tokenizer.load(path)
     nmax = max([*cfg.batch_sizes, cfg.sweep_batch, *cfg.peer_batches, *cfg.widened_batches])
     prompts, pinfo = load_prompts(cfg, tok, minfo_vocab(path), nmax)
