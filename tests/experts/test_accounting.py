@@ -107,3 +107,34 @@ def test_resident_reports_counts(tiny_ckpt):
     s = llm.stats
     assert s["offload"] == "none" and s["bytes_moved"] == 0
     assert sum(map(sum, s["expert_counts"])) == len(llm.config.moe_layers) * 8 * llm.config.top_k
+
+
+def test_static_policy_reads_shipped_profile(tmp_path):
+    from tests.conftest import make_tiny_checkpoint
+    path = make_tiny_checkpoint("mixtral", tmp_path / "ck")
+    counts = [[1] * 8 for _ in range(3)]
+    for layer, hot in enumerate((7, 0, 3)):
+        counts[layer][hot] = 100
+    (path / "expert_profile.json").write_text(__import__("json").dumps({"counts": counts}))
+    llm = LLM(path, offload="host", cache_policy="static", cache_experts=4)
+    assert llm.provider.static_experts == {0: [7], 1: [0], 2: [3]}  # ceil(10% of 8) = 1 per layer
+    assert llm.stats["static_bytes"] == 3 * llm.stats["bytes_per_expert"]
+    llm.logits(PROMPTS)
+    assert all({e} <= llm.provider.resident(layer) for layer, e in ((0, 7), (1, 0), (2, 3)))
+    llm.provider.evict_all()  # static experts survive a cold-cache reset
+    assert llm.provider.resident(0) == {7}
+
+
+def test_oracle_recording_restarts_the_trace(tiny_ckpt):
+    llm = LLM(tiny_ckpt("mixtral"), offload="host", cache_policy="ondemand", cache_experts=8, prefetch="oracle")
+    llm.logits([[9, 9, 9]])  # a warm-up that must not be part of the trace
+    llm.provider.start_oracle_recording()
+    llm.logits(PROMPTS)
+    llm.provider.start_oracle_replay()
+    llm.provider.evict_all()
+    llm.reset_stats()
+    llm.logits(PROMPTS)
+    s = llm.stats
+    assert s["oracle_mismatches"] == 0 and s["prefetch_wasted"] == 0 and s["prefetch_useful"] > 0
+    # 8 slots hold any union: every layer after the first is prefetched exactly, only layer 0 misses
+    assert s["misses_per_layer"][1:] == [0, 0] and s["hits_per_layer"][0] == 0
