@@ -22,11 +22,19 @@ class TimedProvider:
         self._inner = inner
         self.calls: list[tuple[float, float, int]] = []  # (fetch wait s, expert compute s, experts)
         self.used: dict[int, dict[int, int]] = {}  # layer -> expert -> forwards that needed it
+        self.boundary: int | None = None  # provider calls of the prefill; bytes_moved is sampled there
+        self.bytes_at_boundary: int | None = None
+
+    def _bytes(self) -> int | None:
+        st = getattr(self._inner, "stats", None)
+        return st().get("bytes_moved") if st is not None else None
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     def fetch(self, layer: int, ids):
+        if self.boundary is not None and len(self.calls) == self.boundary and self.bytes_at_boundary is None:
+            self.bytes_at_boundary = self._bytes()  # everything before this call belongs to the prefill
         gen = self._inner.fetch(layer, ids)
         used = self.used.setdefault(layer, {})
         for e in ids:
@@ -94,6 +102,7 @@ def measure(llm, prompt_ids: list[list[int]], max_tokens: int, *, reference: lis
     inner = llm.provider
     timed = TimedProvider(inner) if instrument else None
     if timed is not None:
+        timed.boundary = prefill_forwards([len(p) for p in prompt_ids]) * len(llm.config.moe_layers)
         llm.provider = timed
     try:
         t0 = time.perf_counter()
@@ -130,6 +139,10 @@ def measure(llm, prompt_ids: list[list[int]], max_tokens: int, *, reference: lis
             "prefill_fetch_wait_s": sum(c[0] for c in timed.calls[:skip]),
             "prefill_expert_compute_s": sum(c[1] for c in timed.calls[:skip]),
         }
+        if timed.bytes_at_boundary is not None and "bytes_moved" in st:
+            row["prefill_bytes"] = timed.bytes_at_boundary
+            row["decode_bytes"] = st["bytes_moved"] - timed.bytes_at_boundary
+            row["decode_bytes_per_token"] = row["decode_bytes"] / decode_tokens if decode_tokens else None
         E = llm.config.num_experts
         row["expert_forwards"] = {str(l): [c.get(e, 0) for e in range(E)] for l, c in sorted(timed.used.items())}
     if reference is not None:

@@ -129,9 +129,11 @@ def plot_breakdown(res, out: Path, model: str = "main"):
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(out / "time_breakdown.png", dpi=110)
+    fname = "time_breakdown.png" if model == "main" else f"time_breakdown_{model}.png"
+    ax.set_title(f"Decode time breakdown — {model} model, batch {batch}, {_tier_title(res, tier)}", fontsize=9)
+    fig.savefig(out / fname, dpi=110)
     plt.close(fig)
-    return "time_breakdown.png"
+    return fname
 
 
 def _matrix(counts):
@@ -212,10 +214,12 @@ def make_plots(res: dict, out: str | Path) -> dict:
         sfx = "" if model == "main" else "_widened"
         made[f"throughput{sfx}"] = _vs_batch(res, out, model, "tokens_per_s", "tokens/s (generated / wall, incl. prefill)",
                                              f"throughput_vs_batch{sfx}.png", "Throughput vs batch (cf. SpecMoE Fig. 11)")
-        made[f"bytes{sfx}"] = _vs_batch(res, out, model, "bytes_per_token", "expert bytes moved per generated token",
+        made[f"bytes{sfx}"] = _vs_batch(res, out, model, "decode_bytes_per_token",
+                                        "expert bytes moved per decoded token (prefill excluded)",
                                         f"bytes_vs_batch{sfx}.png", "Bytes moved vs batch (cf. Fig. 12)", logy=True)
     made["tau_vs_gamma"] = plot_tau_vs_gamma(res, out)
     made["time_breakdown"] = plot_breakdown(res, out)
+    made["time_breakdown_widened"] = plot_breakdown(res, out, "widened")
     made["expert_hotness"] = plot_hotness(res, out)
     made["peers"] = plot_peers(res, out)
     return {k: v for k, v in made.items() if v}

@@ -40,12 +40,12 @@ def headline_tables(res: dict) -> list[str]:
                 title += f" (EMULATED link: {t['link_gbps']} GB/s, {t['link_latency_us']} µs per transfer)"
             out += [f"#### {title}", "",
                     "SpecMoE tokens/s (generated / wall incl. prefill) and its speedup over each system at the same "
-                    "batch; bytes moved per generated token in brackets (SpecMoE vs the other).", ""]
-            head = ["batch", "SpecMoE tok/s", "SpecMoE bytes/tok"] + [f"vs {o}" for o in others] + ["vs resident"]
+                    "batch; expert bytes moved per decoded token (prefill excluded) in brackets (SpecMoE vs the other).", ""]
+            head = ["batch", "SpecMoE tok/s", "SpecMoE decode bytes/tok"] + [f"vs {o}" for o in others] + ["vs resident"]
             out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             for b in batches:
                 sp = get.get(("specmoe", b))
-                cells = [str(b), _f(sp and sp["tokens_per_s"]), _bytes(sp and sp.get("bytes_per_token"))]
+                cells = [str(b), _f(sp and sp["tokens_per_s"]), _bytes(sp and sp.get("decode_bytes_per_token"))]
                 for o in others + ["resident"]:
                     r = get.get((o, b)) if o != "resident" else ref.get(b)
                     if sp is None or r is None or not r.get("tokens_per_s"):
@@ -53,15 +53,17 @@ def headline_tables(res: dict) -> list[str]:
                         continue
                     c = f"{sp['tokens_per_s'] / r['tokens_per_s']:.2f}×"
                     if o != "resident":
-                        c += f" ({_bytes(sp.get('bytes_per_token'))} vs {_bytes(r.get('bytes_per_token'))})"
+                        c += f" ({_bytes(sp.get('decode_bytes_per_token'))} vs {_bytes(r.get('decode_bytes_per_token'))})"
                     cells.append(c)
                 out.append("| " + " | ".join(cells) + " |")
             out += ["", "All systems at this tier:", "",
-                    "| system | batch | tok/s | decode tok/s | bytes/tok | hit rate | τ | lossless vs resident |",
-                    "|---|---|---|---|---|---|---|---|"]
+                    "| system | batch | tok/s | decode tok/s | bytes/tok (incl. prefill) | decode bytes/tok | hit rate | τ "
+                    "| lossless vs resident |",
+                    "|---|---|---|---|---|---|---|---|---|"]
             for r in sorted(rows + list(ref.values()), key=lambda r: (r["system"] != "resident", r["system"], r["batch"])):
                 out.append(f"| {r['system']} | {r['batch']} | {_f(r['tokens_per_s'])} | {_f(r.get('decode_tokens_per_s'))}"
-                           f" | {_bytes(r.get('bytes_per_token'))} | {_f(r.get('hit_rate'), '{:.2f}')} | "
+                           f" | {_bytes(r.get('bytes_per_token'))} | {_bytes(r.get('decode_bytes_per_token'))}"
+                           f" | {_f(r.get('hit_rate'), '{:.2f}')} | "
                            f"{_f(r.get('tokens_per_step'), '{:.2f}')} | "
                            f"{_f(r.get('matches_reference'), '{:.0%}') if r['system'] != 'resident' else 'reference'} |")
             out.append("")
@@ -81,13 +83,14 @@ def sweep_tables(res: dict) -> list[str]:
             out += [f"Not available in this build: {sw['reason']}", ""]
             continue
         out += [f"SpecMoE, batch {sw.get('batch')}, tier {sw.get('tier')}.", "",
-                f"| {sw['option']} | τ | tok/s | bytes/tok | acceptance per position | status |", "|---|---|---|---|---|---|"]
+                f"| {sw['option']} | τ | tok/s | decode bytes/tok | acceptance per position | status |",
+                "|---|---|---|---|---|---|"]
         for r in sw["rows"]:
             acc = r.get("acceptance_per_position")
             acc = ", ".join(f"{a:.2f}" for a in acc) if acc else "–"
             st = "ok" if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}"
             out.append(f"| {r.get('value')} | {_f(r.get('tokens_per_step'), '{:.2f}')} | {_f(r.get('tokens_per_s'))} | "
-                       f"{_bytes(r.get('bytes_per_token'))} | {acc} | {st} |")
+                       f"{_bytes(r.get('decode_bytes_per_token'))} | {acc} | {st} |")
         out.append("")
     return out
 

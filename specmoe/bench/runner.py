@@ -288,7 +288,9 @@ def headline(runs: list[dict]) -> list[dict]:
                           "vs": o["system"], "vs_tier": o["tier"],
                           "tokens_per_s": r["tokens_per_s"], "vs_tokens_per_s": o["tokens_per_s"],
                           "speedup": r["tokens_per_s"] / o["tokens_per_s"] if o["tokens_per_s"] else None,
-                          "bytes_per_token": r.get("bytes_per_token"), "vs_bytes_per_token": o.get("bytes_per_token")})
+                          "bytes_per_token": r.get("bytes_per_token"), "vs_bytes_per_token": o.get("bytes_per_token"),
+                          "decode_bytes_per_token": r.get("decode_bytes_per_token"),
+                          "vs_decode_bytes_per_token": o.get("decode_bytes_per_token")})
     return table
 
 
@@ -321,6 +323,8 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         "every measured run starts from an evicted cache (pinned / static experts stay); with repeats > 1 the "
         "fastest run is reported and every wall time is kept in repeats_wall_s",
         "host-tier rows run behind an EMULATED link (link_gbps / link_latency_us); disk-tier rows are real reads",
+        "bytes_per_token = all expert bytes moved (prefill included) / generated tokens; decode_bytes_per_token "
+        "= bytes moved after the prefill / decode tokens (sampled at the first decode forward)",
         "breakdown: fetch wait and expert compute are timed around the expert provider during decode (prefill "
         "excluded); draft phase = the strategy's draft_time_s (drafting computes on its own copies of the draft "
         "experts); attention / other = the rest of the decode time",

@@ -36,6 +36,8 @@ def test_bench_end_to_end(tiny_ckpt, tmp_path):
             assert r["matches_reference"] == 1.0, f"{r['system']} is not lossless"
         if r.get("bytes_moved") is not None:
             assert r["bytes_per_token"] == pytest.approx(r["bytes_moved"] / r["generated_tokens"])
+            if r.get("decode_bytes") is not None:
+                assert r["prefill_bytes"] + r["decode_bytes"] == r["bytes_moved"]
     for h in data["headline"]:
         mine = next(r for r in ok if r["system"] == "specmoe" and r["batch"] == h["batch"] and r["tier"] == h["tier"])
         other = next(r for r in ok if r["system"] == h["vs"] and r["batch"] == h["batch"] and r["tier"] == h["vs_tier"])
