@@ -68,7 +68,7 @@ def main():
         "add_eos_token": False,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": 512,
+        "model_max_length": 1024,  # = max_position_embeddings of the demo model
         "padding_side": "left",
         "added_tokens_decoder": {
             "0": {"content": EOT, "lstrip": False, "normalized": False, "rstrip": False,
