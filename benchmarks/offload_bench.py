@@ -93,31 +93,34 @@ def tier_options(args, repack_dir: Path) -> dict:
     return {"offload": "host", **link}
 
 
-def run_config(name: str, opts: dict, args, prompts_all, slots: int, repack_dir: Path, ref_tokens: dict) -> list:
-    rows = []
+def run_batch(b: int, systems: dict, args, prompts_all, ref_tokens: dict) -> list:
+    """Every system at batch b, interleaved: `repeats` rounds over all systems, the fastest run of each
+    reported, so each system is measured in the same stretch of a shared machine's load."""
+    prompts = prompts_all[:b]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
-    llm = None
-    for b in args.batches:
-        prompts = prompts_all[:b]
-        if llm is None or opts.get("prefetch") == "oracle":  # the oracle records per batch size
-            llm = LLM(args.model, cache_experts=slots, max_batch=max(args.batches), **tier_options(args, repack_dir),
-                      **opts)
+    for name, llm in systems.items():
         llm.generate(prompts[: min(b, 4)], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-        if opts.get("prefetch") == "oracle":
+        if getattr(llm.provider, "prefetch", None) == "oracle":  # record this exact run, replay it below
             llm.provider.evict_all()
             llm.provider.start_oracle_recording()
-            llm.generate(prompts, params)  # the recording
-            llm.provider.start_oracle_replay()
-        reps = []
-        for _ in range(args.repeats):  # the fastest repeat: slower ones measure the neighbours on a shared machine
-            if opts.get("prefetch") == "oracle":
-                llm.provider.start_oracle_replay()
-            llm.provider.evict_all()
-            reps.append(measure(llm, prompts, params))
-        r = min(reps, key=lambda x: x["wall_s"])
-        r["repeats_tokens_per_s"] = [x["tokens_per_s"] for x in reps]
+            llm.generate(prompts, params)
+    reps = {name: [] for name in systems}
+    for _ in range(args.repeats):
+        for name, llm in systems.items():
+            if hasattr(llm.provider, "evict_all"):
+                if llm.provider.prefetch == "oracle":
+                    llm.provider.start_oracle_replay()
+                llm.provider.evict_all()
+            reps[name].append(measure(llm, prompts, params))
+    rows = []
+    for name, runs in reps.items():
+        r = min(runs, key=lambda x: x["wall_s"])
+        r["repeats_tokens_per_s"] = [x["tokens_per_s"] for x in runs]
         toks = r.pop("token_ids")
-        r.update(system=name, batch=b, cache_experts=slots, lossless=toks == ref_tokens.get(b, toks))
+        if name == "resident":
+            ref_tokens[b] = toks
+        r.update(system=name, batch=b, cache_experts=systems[name].provider.stats().get("cache_slots_per_layer"),
+                 lossless=toks == ref_tokens[b])
         rows.append(r)
         print(f"  {name:>18} B={b:<3} {r['tokens_per_s']:8.1f} tok/s  {r['bytes_per_token'] / 1e3:9.1f} KB/tok  "
               f"hit {r['hit_rate']:.3f}  wait {r['fetch_wait_s']:.2f}s", flush=True)
@@ -183,7 +186,6 @@ def main() -> int:
     cfg = ref.config
     slots = max(cfg.top_k, round(args.cache_frac * cfg.num_experts))
     prompts = load_prompts(ref, max(args.batches), args.prompt_tokens)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     print(f"model {args.model}: {cfg.model_type}, {len(cfg.moe_layers)} MoE layers x {cfg.num_experts} experts "
           f"(top-{cfg.top_k}), cache {slots} experts/layer, {args.tier} tier"
           f"{' behind an EMULATED link' if args.tier == 'host' and args.link_gbps else ''}, {args.threads} thread(s)",
@@ -193,15 +195,12 @@ def main() -> int:
     if prof:
         print(f"static-policy profile from {args.profile_prompts} held-out prompts; skewness per layer "
               f"{prof['skewness']}", flush=True)
-    for b in args.batches:
-        ref.generate(prompts[: min(b, 4)], SamplingParams(max_tokens=2, ignore_eos=True))
-        r = measure(ref, prompts[:b], params)
-        ref_tokens[b] = r.pop("token_ids")
-        r.update(system="resident (all experts in RAM)", batch=b, cache_experts=cfg.num_experts, lossless=True)
-        rows.append(r)
-        print(f"  {'resident':>18} B={b:<3} {r['tokens_per_s']:8.1f} tok/s", flush=True)
+    systems = {"resident": ref}
     for name in args.systems.split(","):
-        rows += run_config(name, CONFIGS[name], args, prompts, slots, repack_dir, ref_tokens)
+        systems[name] = LLM(args.model, cache_experts=slots, max_batch=max(args.batches),
+                            **tier_options(args, repack_dir), **CONFIGS[name])
+    for b in args.batches:
+        rows += run_batch(b, systems, args, prompts, ref_tokens)
 
     probe = LLM(args.model, offload="disk", cache_experts=slots, repack_dir=repack_dir)
     tier = probe.provider.tier
