@@ -174,7 +174,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--repeats", type=int, default=2, help="measured runs per point (the fastest is reported)")
     ap.add_argument("--profile-prompts", type=int, default=64, help="held-out prompts for the static policy's "
-                    "profile (0: let the policy profile itself on built-in prompts)")
+                    "profile when the checkpoint ships no expert_profile.json (0: the policy profiles itself on "
+                    "built-in prompts)")
     ap.add_argument("--repack-dir", default=None, help="where the aligned expert repack goes (default: a temp dir)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
@@ -191,10 +192,15 @@ def main() -> int:
           f"{' behind an EMULATED link' if args.tier == 'host' and args.link_gbps else ''}, {args.threads} thread(s)",
           flush=True)
     ref_tokens, rows = {}, []
-    prof = write_profile(ref, repack_dir, args) if args.profile_prompts else None
+    shipped = Path(args.model) / "expert_profile.json"
+    prof = None
+    if shipped.is_file():  # the static policy prefers the checkpoint's own profile
+        from specmoe.experts.profiling import load_profile, skewness
+        prof = {"source": str(shipped), "skewness": [round(skewness(r), 4) for r in load_profile(shipped, cfg)]}
+    elif args.profile_prompts:
+        prof = write_profile(ref, repack_dir, args)
     if prof:
-        print(f"static-policy profile from {args.profile_prompts} held-out prompts; skewness per layer "
-              f"{prof['skewness']}", flush=True)
+        print(f"static-policy profile: {prof['source']}; skewness per layer {prof['skewness']}", flush=True)
     systems = {"resident": ref}
     for name in args.systems.split(","):
         systems[name] = LLM(args.model, cache_experts=slots, max_batch=max(args.batches),
@@ -224,6 +230,7 @@ def main() -> int:
                 "emulated_link": bool(args.tier == "host" and args.link_gbps), "link_gbps": args.link_gbps,
                 "link_latency_us": args.link_latency_us,
                 "direct_io": bool(tier.direct_io), "bytes_per_expert": tier.expert_bytes}
+        meta["static_profile"] = prof["source"] if prof else "auto (built-in prompts)"
         meta["skewness_per_layer"] = prof["skewness"] if prof else None
         meta["repeats"] = args.repeats
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "reads": reads}, indent=1))
