@@ -113,3 +113,17 @@ def test_cost_model_picks_the_cheaper_option_and_reexplores():
     cm.update(1, "specmoe", 0.5, tau=2.0)  # 0.25 s/token > 0.1
     assert cm.choose(1) == "ar"
     assert cm.stats()["cost_model"][1]["choice"] == "ar"
+
+
+def test_counts_ignore_padding_rows(mixtral):
+    """Padding rows of a ragged target forward are routed too (on stale KV entries): they must not count."""
+    d, _ = _drafter(mixtral, "mask", 2)
+    layer = mixtral.config.moe_layers[0]
+    ids = torch.tensor([[0, 1], [0, 2], [7, 6], [3, 4], [7, 6], [7, 6]])  # rows of 2 sequences × T=3
+    counts = torch.bincount(ids.reshape(-1), minlength=8).tolist()
+    d.set_valid([3, 1])  # sequence 0: 3 real tokens; sequence 1: 1 real token + 2 padding rows
+    d.observe(layer, ids, counts)
+    assert d.last_counts[layer] == [2, 1, 1, 1, 1, 0, 1, 1]
+    d.set_valid([3, 3])  # no padding: the block's own counts are used as they are
+    d.observe(layer, ids, counts)
+    assert d.last_counts[layer] == counts

@@ -178,3 +178,4 @@ def test_offloaded_cache_draft_moves_zero_bytes(tiny_ckpt, policy):
     assert st["draft_pin_refused"] == []
     for layer, ids in st["draft_set"].items():
         assert set(ids) <= llm.provider.resident(layer), "the draft set is pinned in the cache"
+
