@@ -164,6 +164,7 @@ class Transformer(nn.Module):
         x = self.embed(tokens)  # [B, T, D]
         cos, sin = self.rope(bv.positions, x.dtype)
         mask = self.attention_mask(bv)
+        ctx.token_index = None if bv.valid is None else bv.valid.reshape(-1).nonzero().squeeze(1)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache, bv, ctx)
         if logits_at is not None:

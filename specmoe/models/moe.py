@@ -47,6 +47,9 @@ class ForwardContext:
     observers: list = field(default_factory=list)
     # called at the start of each MoE layer with (layer, hidden [N, D]); used for prefetch
     layer_hooks: list = field(default_factory=list)
+    # flat indices of real (non-padding) tokens of the current forward, None when all are real;
+    # set by Transformer.forward
+    token_index: torch.Tensor | None = None
     # optional replacement of the routed-expert computation (provider, observers and the per-layer
     # host sync are skipped). SpecMoE's draft computes its few resident draft experts as one grouped
     # op with it; None keeps the regular path.
@@ -81,6 +84,13 @@ class MoEBlock(nn.Module):
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         shape = h.shape
         x = h.reshape(-1, shape[-1])  # [N, D]
+        if ctx.token_index is not None:  # padding is neither routed nor counted, and fetches nothing
+            out = torch.zeros_like(x)
+            out[ctx.token_index] = self._forward_tokens(x[ctx.token_index], ctx)
+            return out.view(shape)
+        return self._forward_tokens(x, ctx).view(shape)
+
+    def _forward_tokens(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         for hook in ctx.layer_hooks:
             hook(self.layer, x)
         logits, weights, ids = self.route(x)
@@ -92,7 +102,7 @@ class MoEBlock(nn.Module):
             out = self.experts_forward(x, weights, ids, ctx)
         if self.cfg.shared_expert_intermediate_size:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
-        return out.view(shape)
+        return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
         N, K = ids.shape

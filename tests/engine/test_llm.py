@@ -81,3 +81,12 @@ def test_stats(llm):
     s = llm.stats
     assert s["generated_tokens"] == 10 and s["prompt_tokens"] == 4 and s["requests"] == 2
     assert s["decode_steps"] == 4 and s["tokens_per_s"] > 0 and s["decode_time_s"] > 0
+
+
+def test_padding_is_not_routed(llm):
+    """A ragged batch pads short sequences; padding must not be routed, counted or fetched."""
+    llm.reset_stats()
+    llm.logits([[1, 2, 3, 4, 5], [6]])  # 6 real tokens, 4 padding
+    counts = llm.stats["expert_counts"]
+    assert len(counts) == len(llm.config.moe_layers)
+    assert all(sum(row) == 6 * llm.config.top_k for row in counts)
