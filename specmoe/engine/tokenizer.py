@@ -28,7 +28,7 @@ class Tokenizer:
         return self.token_id(self.config.get("eos_token"))
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        return self.tok.encode(text, add_special_tokens=True).ids  # the tokenizer's own template (e.g. BOS)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

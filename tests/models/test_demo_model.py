@@ -28,7 +28,7 @@ def test_demo_model_matches_transformers():
     assert len(prompts) >= 4
     hf_tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
     ids = [llm.tokenizer.encode(p)[:64] for p in prompts]
-    assert ids[0] == hf_tok(prompts[0], add_special_tokens=False)["input_ids"][:64]
+    assert ids[0] == hf_tok(prompts[0])["input_ids"][:64] and ids[0][0] == 0  # BOS, as in training
     ours = llm.logits(ids)
     for b, t in enumerate(ids):
         with torch.no_grad():
