@@ -18,7 +18,8 @@ setup: $(BIN)/.installed
 
 demo: setup
 	$(BIN)/specmoe generate --prompt "def fibonacci(n):" --prompt "And God said," \
-		--prompt "The json module" --max-tokens 48
+		--prompt "The json module" --max-tokens 48 --threads 1 \
+		--offload disk --cache-experts 8 --decoding specmoe --draft-experts 4 --num-draft-tokens 4
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -60,7 +60,18 @@ def run(args) -> int:
         return 0
     for o in outs:
         sys.stdout.write(f"--- prompt: {o.prompt!r}\n{o.prompt}{o.text}\n")
-    s = llm.stats
-    sys.stderr.write(f"[{s['generated_tokens']} tokens, {s['decode_tokens_per_s']:.1f} tok/s decode, "
-                     f"prefill {s['prefill_time_s'] * 1e3:.0f} ms]\n")
+    sys.stderr.write(summary(llm.stats) + "\n")
     return 0
+
+
+def summary(s: dict) -> str:
+    parts = [f"{s['generated_tokens']} tokens", f"{s['decode_tokens_per_s']:.1f} tok/s decode",
+             f"prefill {s['prefill_time_s'] * 1e3:.0f} ms"]
+    if s.get("offload", "none") != "none":
+        parts.append(f"experts on {s['offload']}{' (emulated link)' if s.get('emulated_link') else ''}: "
+                     f"{s['bytes_moved'] / 2**20:.1f} MiB moved, {s.get('bytes_per_token', 0) / 2**10:.0f} KiB/token, "
+                     f"hit rate {s['hit_rate']:.2f}")
+    if s.get("decoding") in ("specmoe", "auto"):
+        parts.append(f"tokens/step {s['tokens_per_step']:.2f}")
+    return "[" + ", ".join(parts) + "]"
+
