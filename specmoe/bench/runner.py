@@ -114,6 +114,8 @@ class Bench:
         extra = dict(overrides or {})
         if sys_.kind != "reference":
             extra = {**cfg.extra_options, **extra}
+            if setting.tier == "disk" and S.has_option("repack_dir") and "repack_dir" not in extra:
+                extra["repack_dir"] = str(repack_dir(cfg, path))
         opts = S.system_options(sys_, setting, expert_bytes=minfo["expert_bytes"],
                                 num_moe_layers=minfo["moe_layers"], overrides=extra)
         base = {"model": tag, "tier": "none" if sys_.kind == "reference" else setting.tier,
@@ -379,6 +381,16 @@ def cache_dir(cfg: BenchConfig) -> Path:
     d = Path(cfg.cache_dir) if cfg.cache_dir else Path.home() / ".cache" / "specmoe"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def repack_dir(cfg: BenchConfig, path: Path) -> Path:
+    """The bench's own disk-tier repack, keyed by the checkpoint's fingerprint: a repack shared with other
+    processes can go stale under us when the checkpoint is re-exported."""
+    import hashlib
+
+    from specmoe.weights.checkpoint import Checkpoint
+    tag = hashlib.sha1(Checkpoint(path).fingerprint().encode()).hexdigest()[:10]
+    return cache_dir(cfg) / "repack" / f"{path.name}-{tag}"
 
 
 def minfo_vocab(path: Path) -> int:
