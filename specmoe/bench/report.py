@@ -96,17 +96,32 @@ def sweep_tables(res: dict) -> list[str]:
 
 
 def peer_table(res: dict) -> list[str]:
+    """Peers against specmoe rows of the same run (peers carry no `run`: they belong to run 1)."""
     peers = res.get("peers", [])
     if not peers:
         return []
-    runs = [r for r in _ok(res["runs"]) if "sweep" not in r and r["model"] == "main"]
-    out = ["| peer | batch | tok/s | decode tok/s | SpecMoE (disk) tok/s ÷ peer | status |", "|---|---|---|---|---|---|"]
+    runs = [r for r in _ok(res["runs"]) if "sweep" not in r and r["model"] == "main" and r.get("run", 1) == 1]
+
+    def pick(system, b):
+        for tier in ("disk", "host", "none"):
+            r = next((r for r in runs if r["system"] == system and r["tier"] == tier and r["batch"] == b), None)
+            if r is not None:
+                return r
+        return None
+
+    out = ["Ratios divide rows of the same run; > 1 means the specmoe engine is faster than the peer.", "",
+           "| peer | batch | tok/s | decode tok/s | SpecMoE ÷ peer | specmoe engine, all resident ÷ peer | status |",
+           "|---|---|---|---|---|---|---|"]
     for p in peers:
-        sp = next((r for r in runs if r["system"] == "specmoe" and r["tier"] == "disk" and r["batch"] == p.get("batch")), None)
-        ratio = (f"{sp['tokens_per_s'] / p['tokens_per_s']:.2f}×" if sp and p.get("tokens_per_s") else "–")
+        b = p.get("batch")
+        cells = []
+        for system in ("specmoe", "resident"):
+            r = pick(system, b)
+            cells.append(f"{r['tokens_per_s'] / p['tokens_per_s']:.2f}× ({r['tier']}{', EMULATED' if r.get('emulated') else ''})"
+                         if r and p.get("tokens_per_s") else "–")
         st = "ok" if p["status"] == "ok" else f"{p['status']}: {p.get('reason', '')}"
-        out.append(f"| {p['label']} | {p.get('batch', '–')} | {_f(p.get('tokens_per_s'))} | "
-                   f"{_f(p.get('decode_tokens_per_s'))} | {ratio} | {st} |")
+        out.append(f"| {p['label']} | {b if b is not None else '–'} | {_f(p.get('tokens_per_s'))} | "
+                   f"{_f(p.get('decode_tokens_per_s'))} | {cells[0]} | {cells[1]} | {st} |")
     return out + [""]
 
 
@@ -130,7 +145,8 @@ def make_report(res: dict, out: str | Path, *, preamble: str = "") -> Path:
     lines = ["# specmoe bench results", ""]
     if preamble:
         lines += [preamble, ""]
-    lines += ["## Command", "", "```", res.get("command") or "(library call: specmoe.bench.run_bench)", "```", "",
+    cmds = [m["command"] for m in res.get("merged_from", [])] or [res.get("command")]
+    lines += ["## Command", "", "```"] + [c or "(library call: specmoe.bench.run_bench)" for c in cmds] + ["```", "",
               f"Preset `{res['config']['preset']}`, {res['created_utc']}, {res.get('elapsed_s', 0):.0f} s. "
               f"Greedy, EOS ignored ({res['config']['max_tokens']} tokens per sequence), prompts truncated to "
               f"{res['config']['prompt_tokens']} tokens from `{res['prompts'].get('source')}`; expert cache "
