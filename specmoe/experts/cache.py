@@ -249,11 +249,11 @@ class ExpertCache:
     def _make_resident(self, L: _Layer, layer: int, ids: list[int], kind: str) -> None:
         """Load `ids` into slots synchronously and protect them as `kind` ('pin' or 'static')."""
         self._await_layer(L)
-        keep = set(ids) | L.protected
         if kind == "pin":
             L.pinned = set(ids)
         else:
             L.static = set(ids)
+        keep = L.protected  # the *new* pinned/static sets: experts leaving them may be evicted now
         jobs = []
         for e in ids:
             if e in L.slot_of:

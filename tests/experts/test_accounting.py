@@ -138,3 +138,15 @@ def test_oracle_recording_restarts_the_trace(tiny_ckpt):
     assert s["oracle_mismatches"] == 0 and s["prefetch_wasted"] == 0 and s["prefetch_useful"] > 0
     # 8 slots hold any union: every layer after the first is prefetched exactly, only layer 0 misses
     assert s["misses_per_layer"][1:] == [0, 0] and s["hits_per_layer"][0] == 0
+
+
+def test_pin_swaps_a_full_pinned_set(tiny_ckpt):
+    """Replacing a pinned set that fills every slot with a disjoint one must evict the old set."""
+    from specmoe import LLM
+    llm = LLM(tiny_ckpt("qwen3_moe"), dtype="float32", offload="host", cache_experts=4, cache_policy="lru")
+    cache = llm.provider
+    layer = llm.config.moe_layers[0]
+    cache.pin(layer, [0, 1, 2, 3])
+    assert cache.resident(layer) == {0, 1, 2, 3}
+    cache.pin(layer, [4, 5, 6, 7])
+    assert cache.resident(layer) == {4, 5, 6, 7}
