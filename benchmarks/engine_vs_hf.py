@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--out", default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
+    ap.add_argument("--hf-experts", default="eager", help="transformers experts_implementation (eager|grouped_mm)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -35,7 +36,7 @@ def main():
     from specmoe import LLM, SamplingParams
     path = args.model or tiny_model(tempfile.mkdtemp())
     dt = getattr(torch, args.dtype)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dt).eval()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dt, experts_implementation=args.hf_experts).eval()
     llm = LLM(path, dtype=args.dtype)
     rows = []
     g = torch.Generator().manual_seed(0)
@@ -58,7 +59,7 @@ def main():
         rows.append({"batch": B, "specmoe_tok_s": B * args.tokens / ours_wall,
                      "specmoe_decode_tok_s": s["decode_tokens_per_s"], "hf_tok_s": B * args.tokens / hf_wall,
                      "speedup": hf_wall / ours_wall, "identical_sequences": f"{same}/{B}"})
-    print(f"model: {path}  dtype: {args.dtype}  new tokens: {args.tokens}  threads: {torch.get_num_threads()}  "
+    print(f"model: {path}  dtype: {args.dtype}  HF experts: {args.hf_experts}  new tokens: {args.tokens}  threads: {torch.get_num_threads()}  "
           "(tok/s end-to-end incl. prefill)")
     print(f"{'batch':>5} {'specmoe tok/s':>14} {'(decode only)':>14} {'HF tok/s':>10} {'ratio':>7} {'identical':>10}")
     for r in rows:
