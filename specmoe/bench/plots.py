@@ -84,7 +84,9 @@ def plot_tau_vs_gamma(res, out: Path):
     ax2 = ax.twinx()
     ax2.plot(g, [r["tokens_per_s"] for r in rows], "s--", color="C3", label="tokens/s")
     ax2.set_ylabel("tokens/s", color="C3")
-    ax.legend(loc="upper left", fontsize=8)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax2.legend(h1 + h2, l1 + l2, loc="upper center", fontsize=8)  # on the top axes, so no line covers it
     ax.grid(alpha=0.3)
     ax.set_title(f"SpecMoE τ vs γ — batch {sw.get('batch')}, tier {sw.get('tier')}", fontsize=10)
     fig.tight_layout()
