@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from specmoe.cli.common import print_json
+from specmoe.experts.profiling import skewness
 
 
 def register(sub) -> None:
@@ -12,13 +13,6 @@ def register(sub) -> None:
     p.add_argument("path", nargs="?", default=None, help="checkpoint directory (default: the demo model)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=run)
-
-
-def skewness(counts: list[int]) -> float:
-    """Share of routed assignments covered by the hottest 25% of experts (SpecMoE Table I)."""
-    c = sorted(counts, reverse=True)
-    k = max(1, len(c) // 4)
-    return sum(c[:k]) / max(1, sum(c))
 
 
 def describe(path) -> dict:

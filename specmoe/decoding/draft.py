@@ -35,23 +35,13 @@ from specmoe.models.moe import ForwardContext
 
 
 def load_profile(path: Path, cfg: ModelConfig) -> dict[int, list[int]] | None:
-    """`expert_profile.json`: {"counts": [[count per expert] per layer], ...} or a bare list, indexed by
-    decoder layer (num_layers rows) or by MoE layer (len(moe_layers) rows). None when absent or unusable."""
+    """`<checkpoint>/expert_profile.json` as {MoE layer: counts}, None when the checkpoint ships none
+    (a malformed profile is an error, see `experts.profiling.load_profile`)."""
+    from specmoe.experts.profiling import load_profile as read_counts
     f = path / "expert_profile.json"
     if not f.is_file():
         return None
-    try:
-        raw = json.loads(f.read_text())
-    except (json.JSONDecodeError, OSError):
-        return None
-    rows = raw.get("counts") if isinstance(raw, dict) else raw
-    if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == cfg.num_experts for r in rows):
-        return None
-    if len(rows) == cfg.num_layers:
-        return {layer: rows[layer] for layer in cfg.moe_layers}
-    if len(rows) == len(cfg.moe_layers):
-        return dict(zip(cfg.moe_layers, rows))
-    return None
+    return dict(zip(cfg.moe_layers, read_counts(f, cfg)))
 
 
 def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset()) -> list[int]:
