@@ -24,7 +24,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import sys
 import time
 
@@ -296,7 +295,7 @@ def write_card(md, cfg, stats, manifest, meta, n_params):
     w(f"| parameters | {n_params / 1e6:.2f} M ({n_params:,}) |")
     per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
     w(f"| params per expert | {per_expert:,} ({per_expert * 2 / 1024:.0f} KiB in bf16) |")
-    w(f"| stored dtype | bfloat16 (`model.safetensors`) |")
+    w("| stored dtype | bfloat16 (`model.safetensors`) |")
     w(f"| size on disk (whole dir) | {total / 1e6:.2f} MB |\n")
     w("Every layer is an MoE layer (no dense MLP layers). Special token: `<|endoftext|>` (id 0) is "
       "bos/eos/pad; in training every document is preceded by it. The tokenizer is byte-level BPE "

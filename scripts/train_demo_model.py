@@ -27,7 +27,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 
 import numpy as np

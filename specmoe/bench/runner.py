@@ -266,7 +266,6 @@ def cold(llm) -> None:
 
 
 def count_points(cfg: BenchConfig, n_models: int) -> int:
-    n_sys = len(cfg.systems or S.SYSTEMS)
     per_tier = [len((cfg.tier_systems or {}).get(t) or cfg.systems or S.SYSTEMS) for t in cfg.tiers]
     main = (sum(per_tier) - (len(per_tier) - 1)) * len(cfg.batch_sizes)
     sweeps = len(cfg.gammas) + len(cfg.draft_experts) + 8

@@ -20,7 +20,6 @@ profile of the prompts' prefill), `random` (static, seeded). The provider is ask
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch

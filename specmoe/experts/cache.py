@@ -21,7 +21,6 @@ measures the best overlap possible on the same I/O channel with a perfect predic
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor

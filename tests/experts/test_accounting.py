@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from specmoe import LLM, SamplingParams
 
