@@ -92,7 +92,6 @@ class DraftExperts:
         self.last_counts: dict[int, list[int]] = {}
         self.prefill_counts: dict[int, list[int]] = {}
         self.verifying = False
-        self.valid: torch.Tensor | None = None  # [N] real (non-padding) rows of the running target forward
         self.wanted: dict[int, set[int]] = {}
         self.next_ids: dict[int, list[int]] = {}
         self.captured: dict[int, dict[int, torch.Tensor]] = {}
@@ -178,10 +177,7 @@ class DraftExperts:
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
         """ForwardContext observer, registered on the runner: sees every target forward (prefill,
         verification, AR steps of `auto`). Draft forwards bypass it (they use `experts_override`).
-        Padding rows of a ragged forward are routed too (their hidden states even depend on stale
-        cache entries), so their assignments are dropped from the counts when `valid` is known."""
-        if self.valid is not None and self.valid.numel() == ids.shape[0]:
-            counts = torch.bincount(ids[self.valid].reshape(-1), minlength=len(counts)).tolist()
+        Padding rows of ragged forwards never reach it: the MoE block routes real tokens only."""
         self.last_counts[layer] = counts
         if not self.verifying:
             acc = self.prefill_counts.setdefault(layer, [0] * len(counts))
@@ -227,15 +223,6 @@ class DraftExperts:
         self.refreshes += 1
         self.refresh_bytes += self._bytes() - b0
         self.wanted, self.next_ids, self.captured = {}, {}, {}
-
-    def set_valid(self, new_lens: list[int] | None) -> None:
-        """Lengths of the rows of the next target forward (None: no padding)."""
-        if new_lens is None or min(new_lens) == max(new_lens):
-            self.valid = None
-            return
-        T = max(new_lens)
-        lens = torch.tensor(new_lens, device=self.device)
-        self.valid = (torch.arange(T, device=self.device)[None, :] < lens[:, None]).reshape(-1)  # [B·T]
 
     # ------------------------------------------------------------ draft forwards
     def context(self, observers: list | None = None) -> ForwardContext:

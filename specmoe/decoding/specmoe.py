@@ -201,17 +201,6 @@ class SpecMoEDecoder:
         self.name = "auto" if auto else "specmoe"
         self.cost = CostModel() if auto else None
         runner.observers.append(drafter.observe)
-        # The draft-set observer must tell padding from real tokens in every target forward, the engine's
-        # prefill included: wrap this runner's forward (the runner lives as long as this strategy).
-        inner = runner.forward
-
-        def forward(seqs, new_tokens, **kw):
-            drafter.set_valid([len(t) for t in new_tokens])
-            try:
-                return inner(seqs, new_tokens, **kw)
-            finally:
-                drafter.set_valid(None)
-        runner.forward = forward
         self.steps = self.ar_steps = 0
         self.seq_steps = self.emitted = 0
         self.acc_pos = [0] * num_draft_tokens

@@ -116,14 +116,20 @@ def test_cost_model_picks_the_cheaper_option_and_reexplores():
 
 
 def test_counts_ignore_padding_rows(mixtral):
-    """Padding rows of a ragged target forward are routed too (on stale KV entries): they must not count."""
-    d, _ = _drafter(mixtral, "mask", 2)
-    layer = mixtral.config.moe_layers[0]
-    ids = torch.tensor([[0, 1], [0, 2], [7, 6], [3, 4], [7, 6], [7, 6]])  # rows of 2 sequences × T=3
-    counts = torch.bincount(ids.reshape(-1), minlength=8).tolist()
-    d.set_valid([3, 1])  # sequence 0: 3 real tokens; sequence 1: 1 real token + 2 padding rows
-    d.observe(layer, ids, counts)
-    assert d.last_counts[layer] == [2, 1, 1, 1, 1, 0, 1, 1]
-    d.set_valid([3, 3])  # no padding: the block's own counts are used as they are
-    d.observe(layer, ids, counts)
-    assert d.last_counts[layer] == counts
+    """A ragged target forward pads short sequences; the draft-set counts see real tokens only."""
+    from specmoe.decoding.runner import ModelRunner
+    from specmoe.decoding.sampling import SamplingParams
+    from specmoe.decoding.sequence import Sequence
+    from specmoe.models.kv_cache import KVCache
+    from specmoe.models.loader import load_model
+    cfg = mixtral.config
+    d, prov = _drafter(mixtral, "mask", 2)
+    cache = KVCache(num_layers=cfg.num_layers, max_batch=2, max_seq=16, num_kv_heads=cfg.num_kv_heads,
+                    head_dim=cfg.head_dim, dtype=torch.float32)
+    runner = ModelRunner(load_model(mixtral, dtype=torch.float32), prov, cache, torch.device("cpu"))
+    runner.observers.append(d.observe)
+    seqs = [Sequence(seq_id=i, prompt_ids=p, params=SamplingParams(), slot=i, generator=torch.Generator())
+            for i, p in enumerate([[1, 2, 3, 4, 5], [6]])]  # 6 real tokens, 4 padding rows
+    runner.forward(seqs, [s.prompt_ids for s in seqs])
+    for layer in cfg.moe_layers:
+        assert sum(d.last_counts[layer]) == 6 * cfg.top_k
