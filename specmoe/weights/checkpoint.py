@@ -39,6 +39,7 @@ class Checkpoint:
         self.path = Path(path)
         self.config = ModelConfig.from_dir(self.path)
         self._handles: dict[str, object] = {}
+        self._headers: dict[str, dict] = {}
         self.key_to_file = self._index()
         self.validate()
 
@@ -121,16 +122,11 @@ class Checkpoint:
     def _check_length(self, fname: str) -> None:
         """A truncated file has a valid header but fewer data bytes than it declares."""
         fpath = self.path / fname
-        with open(fpath, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            try:
-                header = json.loads(f.read(n))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise CheckpointError(f"cannot read {fpath}: corrupt safetensors header") from None
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-        if os.path.getsize(fpath) < 8 + n + end:
+        hdr = self._header(fname)
+        end = max((v["data_offsets"][1] for v in hdr["tensors"].values()), default=0)
+        if os.path.getsize(fpath) < hdr["base"] + end:
             raise CheckpointError(f"{fpath} is truncated: {os.path.getsize(fpath)} bytes, header declares "
-                                  f"{8 + n + end}")
+                                  f"{hdr['base'] + end}")
 
     def tensor_offsets(self, key: str) -> tuple[Path, int, int, str]:
         """(file, absolute byte offset, byte length, safetensors dtype) of one tensor, for direct reads."""
@@ -141,14 +137,18 @@ class Checkpoint:
         return self.path / fname, hdr["base"] + a, b - a, info["dtype"]
 
     def _header(self, fname: str) -> dict:
-        cache = self.__dict__.setdefault("_headers", {})
-        if fname not in cache:
-            with open(self.path / fname, "rb") as f:
+        """Parsed safetensors header of one file (read once): {"base": data offset, "tensors": {...}}."""
+        if fname not in self._headers:
+            fpath = self.path / fname
+            with open(fpath, "rb") as f:
                 n = int.from_bytes(f.read(8), "little")
-                h = json.loads(f.read(n))
+                try:
+                    h = json.loads(f.read(n))
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    raise CheckpointError(f"cannot read {fpath}: corrupt safetensors header") from None
             h.pop("__metadata__", None)
-            cache[fname] = {"base": 8 + n, "tensors": h}
-        return cache[fname]
+            self._headers[fname] = {"base": 8 + n, "tensors": h}
+        return self._headers[fname]
 
     def get(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         t = self._open(self.key_to_file[key]).get_tensor(key)
