@@ -10,9 +10,9 @@ from specmoe.decoding.sampling import SamplingParams
 
 @dataclass
 class Sequence:
-    """One request being decoded. Invariant: the KV cache slot `slot` holds keys/values for
-    `all_ids[:-1]`; the last token is the pending input of the next forward. (Right after
-    prefill the cache holds the whole prompt and `output_ids` holds the first sampled token.)"""
+    """One request being decoded. Invariant: the KV cache slot `slot` holds keys/values for every
+    token of `prompt_ids + output_ids` but the last, which is the pending input of the next forward.
+    (Right after prefill the cache holds the whole prompt and `output_ids` the first sampled token.)"""
     seq_id: int
     prompt_ids: list[int]
     params: SamplingParams
@@ -21,10 +21,6 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
-
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
 
     @property
     def num_tokens(self) -> int:

@@ -83,9 +83,6 @@ class Checkpoint:
             self._handles[fname] = h
         return h
 
-    def file_of(self, key: str) -> Path:
-        return self.path / self.key_to_file[key]
-
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._open(self.key_to_file[key]).get_slice(key).get_shape())
 
