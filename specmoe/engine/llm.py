@@ -184,9 +184,12 @@ class LLM:
         return outs
 
     def _append(self, s: Sequence, tokens: list[int]) -> None:
-        """Append tokens one by one, stopping at EOS, a stop string, max_tokens or the context end."""
-        for t in tokens:
+        """Append tokens one by one, stopping at EOS, a stop string, max_tokens or the context end. Tokens
+        after the stop are dropped and their K/V positions rolled back, so the cache keeps the invariant
+        of `Sequence` (a stop inside an accepted draft run truncates exactly there)."""
+        for i, t in enumerate(tokens):
             if s.finished:
+                self._cache.lengths[s.slot] -= len(tokens) - i
                 return
             s.output_ids.append(t)
             self._stats["generated_tokens"] += 1
