@@ -163,3 +163,16 @@ def test_offloaded_cache_draft_moves_zero_bytes(tiny_ckpt, policy):
     for layer, ids in st["draft_set"].items():
         assert set(ids) <= llm.provider.resident(layer), "the draft set is pinned in the cache"
 
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("offload", ["host", "disk"])
+def test_cuda_specmoe_greedy_equals_plain_greedy(tiny_ckpt, offload):
+    """On the device: SpecMoE over a bounded cache (pinned host RAM or SSD) equals plain greedy, and drafts."""
+    path = tiny_ckpt("qwen3_moe")
+    ps, sp = BATCHES["b7"]
+    ref = [o.token_ids for o in LLM(path, device="cuda").generate(ps, sp)]
+    llm = LLM(path, device="cuda", offload=offload, cache_experts=4, decoding="specmoe", draft_experts=3)
+    assert [o.token_ids for o in llm.generate(ps, sp)] == ref
+    st = llm.stats
+    assert st["drafted_tokens"] > 0 and st["draft_phase_bytes"] == 0 and st["bytes_moved"] > 0
