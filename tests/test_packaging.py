@@ -138,3 +138,21 @@ def test_missing_demo_model_is_a_one_line_error(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg and str(gone[0]) in msg and str(gone[1]) in msg and "--model" in msg
     assert bundled.demo_model_dir(check=False) == gone[1]
+
+
+def make_dry_run(tmp_path, *overrides) -> list[str]:
+    """The commands `make setup` would run for a .venv that does not exist yet."""
+    if shutil.which("make") is None:
+        pytest.fail("make is not installed (the README's set-up commands need it)")
+    out = sh(["make", "-n", "-C", REPO, "setup", f"VENV={tmp_path / 'venv'}", *overrides], cwd=tmp_path)
+    return [line for line in out.splitlines() if " install " in line]
+
+
+def test_make_setup_installs_torch_as_told(tmp_path):
+    torch_line, deps_line = [line for line in make_dry_run(tmp_path) if "--upgrade pip" not in line]
+    assert torch_line.endswith('install -q "torch==2.13.0"')  # the default: no index given
+    cuda = "https://download.pytorch.org/whl/cu128"
+    torch_line, deps_line = [line for line in make_dry_run(tmp_path, "TORCH=torch==2.13.0+cu128", f"TORCH_INDEX={cuda}")
+                             if "--upgrade pip" not in line]
+    assert '"torch==2.13.0+cu128"' in torch_line and f'--index-url "{cuda}"' in torch_line
+    assert "-e" in deps_line and "index-url" not in deps_line  # the other dependencies come from pip's index
