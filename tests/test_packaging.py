@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from specmoe import bundled
 from specmoe.errors import SpecMoEError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,6 +130,7 @@ def test_every_code_package_is_in_the_wheel_list():
 
 
 def test_missing_demo_model_is_a_one_line_error(tmp_path, monkeypatch):
+    from specmoe import bundled
     gone = (tmp_path / "a", tmp_path / "b")
     monkeypatch.setattr(bundled, "DEMO_MODEL_CANDIDATES", gone)
     with pytest.raises(SpecMoEError) as e:
