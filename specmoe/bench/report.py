@@ -330,7 +330,8 @@ def readme_block(res: dict) -> str:
     lines = [BEGIN,
              f"Measured with {' and '.join(f'`{c}`' for c in cmds if c)} ({res.get('created_utc', '')[:10]}) on "
              f"{m.get('cpu_model')} ({m.get('logical_cores')} logical cores, {', '.join(m.get('cpu_flags') or [])}, "
-             f"{m.get('ram_gib')} GiB RAM), torch {m.get('torch')}, {cfg.get('threads')} thread(s), dtype "
+             f"{m.get('ram_gib')} GiB RAM), torch {m.get('torch')}, {cfg.get('threads')} torch thread"
+             f"{'' if cfg.get('threads') == 1 else 's'}, dtype "
              f"{models.get('main', {}).get('dtype')}; the demo model ({_bytes(models.get('main', {}).get('expert_bytes'))}"
              " per expert)" + (f" and its widened copy ({_bytes(models['widened'].get('expert_bytes'))} per expert)"
                                if models.get("widened", {}).get("expert_bytes") else "") + ".", ""]
