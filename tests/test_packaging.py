@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 from pathlib import Path
 
@@ -58,7 +57,7 @@ def installed(tmp_path_factory):
                  "print(b.build_sdist(sys.argv[1]))", dist], cwd=src)
     name = built.stdout.strip().splitlines()[-1]
     with tarfile.open(dist / name) as tar:
-        tar.extractall(tmp / "sdist", filter="data")
+        tar.extractall(tmp / "sdist", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     (sdist,) = (tmp / "sdist").iterdir()
     sh([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
         "-w", dist, sdist], cwd=tmp)
@@ -69,10 +68,11 @@ def installed(tmp_path_factory):
     py = venv / "bin" / "python"
     sh([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel], cwd=tmp)
     # only now (pip would otherwise see this environment's specmoe as already installed): borrow
-    # torch & co. from the running interpreter's site-packages
+    # torch & co. from the running interpreter's import path, as a fresh process sees it, minus this checkout
     purelib = Path(sh([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).strip())
-    borrowed = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    (purelib / "_borrowed_deps.pth").write_text("".join(f"{p}\n" for p in sorted(borrowed)))
+    seen = sh([sys.executable, "-c", "import sys; print('\\n'.join(sys.path))"], cwd=tmp).splitlines()
+    borrowed = [p for p in seen if p and Path(p).is_dir() and not Path(p).resolve().is_relative_to(REPO)]
+    (purelib / "_borrowed_deps.pth").write_text("".join(f"{p}\n" for p in borrowed))
 
     work = tmp / "elsewhere"
     work.mkdir()
