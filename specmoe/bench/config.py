@@ -17,7 +17,7 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] = (1, 4, 16)
     max_tokens: int = 16                # generated per sequence (EOS ignored)
     prompt_tokens: int = 48             # prompts truncated to this many tokens
-    prompts_dir: str | None = None      # default: benchmarks/prompts next to the repo
+    prompts_dir: str | None = None      # default: the bundled prompts (specmoe/bundled.py)
     cache_fraction: float = 0.25        # expert cache per MoE layer, as a share of its experts
     link_gbps: float | None = 16.0      # emulated link of the host tier (None: the build's default)
     link_latency_us: float | None = 10.0

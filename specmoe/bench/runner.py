@@ -24,9 +24,9 @@ from specmoe.bench import systems as S
 from specmoe.bench.config import BenchConfig
 from specmoe.bench.machine import _load, machine_info
 from specmoe.bench.measure import jsonable, measure
+from specmoe.bundled import prompts_dir
 from specmoe.errors import SpecMoEError
 
-REPO = Path(__file__).resolve().parents[2]
 DOMAINS = ("code", "docs", "bible", "fortunes")
 FALLBACK_PROMPTS = ("def fibonacci(n):", "The quick brown fox", "In the beginning", "Usage: specmoe generate")
 
@@ -34,7 +34,7 @@ FALLBACK_PROMPTS = ("def fibonacci(n):", "The quick brown fox", "In the beginnin
 # ---------------------------------------------------------------- inputs
 def load_prompts(cfg: BenchConfig, tokenizer, vocab_size: int, n: int) -> tuple[list[list[int]], dict]:
     """`n` prompts as token ids, domains interleaved round-robin so every batch mixes them."""
-    pdir = Path(cfg.prompts_dir) if cfg.prompts_dir else REPO / "benchmarks" / "prompts"
+    pdir = Path(cfg.prompts_dir) if cfg.prompts_dir else prompts_dir()
     per_domain: dict[str, list[str]] = {}
     for d in DOMAINS:
         f = pdir / f"{d}.jsonl"
