@@ -50,17 +50,18 @@ def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset(
 
 
 class _CapturingProvider:
-    """Wraps the provider during a target forward and copies the buffers of the experts the
-    next draft set needs as they stream by (HotTemporal refresh without extra fetches)."""
+    """Wraps the provider during a target forward and copies each expert joining the next draft set
+    into the draft's stacks as it streams by (HotTemporal refresh without extra fetches)."""
 
     def __init__(self, inner, owner: "DraftExperts"):
         self.inner, self.owner = inner, owner
 
     def fetch(self, layer: int, ids: list[int]):
-        want = self.owner.wanted.get(layer, ())
+        want = self.owner.arriving.get(layer, {})
         for e, buf in self.inner.fetch(layer, ids):
             if e in want:
-                self.owner.captured.setdefault(layer, {})[e] = buf.clone()
+                self.owner.write_row(layer, want[e], buf)
+                self.owner.captured.add((layer, e))
             yield e, buf
 
     def __getattr__(self, name):
@@ -92,9 +93,8 @@ class DraftExperts:
         self.last_counts: dict[int, list[int]] = {}
         self.prefill_counts: dict[int, list[int]] = {}
         self.verifying = False
-        self.wanted: dict[int, set[int]] = {}
-        self.next_ids: dict[int, list[int]] = {}
-        self.captured: dict[int, dict[int, torch.Tensor]] = {}
+        self.arriving: dict[int, dict[int, int]] = {}  # layer → {expert joining the set: stack row it takes}
+        self.captured: set[tuple[int, int]] = set()     # (layer, expert) already copied into its row
         self.hits = self.assignments = 0
         self.refreshes = 0
         self.setup_bytes = self.refresh_bytes = 0
@@ -149,29 +149,40 @@ class DraftExperts:
                 pin(layer, [])  # drop a pinned set left by an earlier run: the cache may evict it for ours
             self._pin(layer, lids)
         for layer, lids in ids.items():
-            bufs = {e: buf.clone() for e, buf in self.provider.fetch(layer, lids)}
-            self._install(layer, lids, bufs)
+            self.assign(layer, lids)
         self.setup_bytes += self._bytes() - b0
 
-    def _install(self, layer: int, ids: list[int], bufs: dict[int, torch.Tensor]) -> None:
+    def assign(self, layer: int, ids: list[int]) -> None:
+        """Make `ids` (n distinct experts) the layer's draft set, expert ids[i] in stack row i, copying each
+        from the provider into the stacks (allocated on first use, in the dtype the provider computes in)."""
         cfg = self.cfg
-        D, I, E, Nd = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts, len(ids)
-        w = torch.stack([bufs[e].to(self.device) for e in ids])  # [Nd, 3·I·D]
+        D, I, Nd = cfg.hidden_size, cfg.expert_intermediate_size, self.n
+        assert len(ids) == Nd, f"a draft set holds {Nd} experts, got {len(ids)}"
+        row = {e: i for i, e in enumerate(ids)}
+        for e, buf in self.provider.fetch(layer, sorted(ids)):
+            if layer not in self.w1:
+                self.w1[layer] = torch.empty(Nd, 2 * I, D, dtype=buf.dtype, device=self.device)
+                self.w2cat[layer] = torch.empty(D, Nd * I, dtype=buf.dtype, device=self.device)
+            self.write_row(layer, row[e], buf)
+        self._index(layer, ids)
+
+    def write_row(self, layer: int, i: int, buf: torch.Tensor) -> None:
+        """Copy a packed expert buffer [gate; up; down] into row i of the draft's stacks (in place: the
+        stacks are allocated once, a refresh copies only the experts that join the set)."""
+        D, I = self.cfg.hidden_size, self.cfg.expert_intermediate_size
+        self.w1[layer][i].copy_(buf[:2 * I * D].view(2 * I, D))
+        self.w2cat[layer][:, i * I:(i + 1) * I].copy_(buf[2 * I * D:].view(D, I))
+
+    def _index(self, layer: int, ids: list[int]) -> None:
+        """Routing maps of a draft set whose expert ids[i] sits in stack row i."""
+        E, Nd = self.cfg.num_experts, len(ids)
         self.ids[layer] = list(ids)
         self.ids_t[layer] = torch.tensor(ids, device=self.device)
-        self.w1[layer] = w[:, :2 * I * D].reshape(Nd, 2 * I, D).contiguous()
-        self.w2cat[layer] = w[:, 2 * I * D:].reshape(Nd, D, I).permute(1, 0, 2).reshape(D, Nd * I).contiguous()
         local = torch.full((E,), Nd, dtype=torch.long, device=self.device)
         local[self.ids_t[layer]] = torch.arange(Nd, device=self.device)
         self.local[layer] = local
         if self.substitution == "affinity":
             self.sub[layer] = nearest_draft(self.affinity[layer], self.ids_t[layer])
-
-    def row(self, layer: int, e: int) -> torch.Tensor:
-        """Packed flat buffer of draft expert e, rebuilt from the stacks."""
-        i, I = self.ids[layer].index(e), self.cfg.expert_intermediate_size
-        down = self.w2cat[layer][:, i * I:(i + 1) * I]  # [D, I]
-        return torch.cat([self.w1[layer][i].reshape(-1), down.reshape(-1)])
 
     # ------------------------------------------------------------ target forwards (counts, refresh)
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
@@ -188,11 +199,14 @@ class DraftExperts:
             self.hits += sum(counts[e] for e in self.ids[layer])
             self.assignments += sum(counts)
         if self.policy == "hot-temporal" and layer in self.ids:
-            cur = set(self.ids[layer])
-            new = top_n(counts, self.n, cur)
-            if new != self.ids[layer]:
-                self.next_ids[layer] = new
-                self.wanted[layer] = set(new) - cur
+            cur = self.ids[layer]
+            new = top_n(counts, self.n, set(cur))
+            arriving = sorted(set(new) - set(cur))
+            if arriving:
+                # each arriving expert takes the stack row of a leaving one; it is copied there as this layer's
+                # fetch streams it by (`_CapturingProvider`)
+                rows = [i for i, e in enumerate(cur) if e not in new]
+                self.arriving[layer] = dict(zip(arriving, rows))
                 # pin now, before this layer's fetch: the new draft experts were routed in this forward, so a
                 # cache loads them once (as hits of the fetch that follows) instead of fetching and re-pinning
                 self._pin(layer, new)
@@ -205,24 +219,27 @@ class DraftExperts:
 
     def begin_target(self) -> None:
         self.verifying = True
-        self.wanted, self.next_ids, self.captured = {}, {}, {}
+        self.arriving, self.captured = {}, set()
 
     def end_target(self) -> None:
-        """Install the refreshed draft set (HotTemporal) from the captured buffers and pin it."""
+        """Finish the HotTemporal refresh: the arriving experts sit in their rows (copied from the fetch
+        stream), so only the small routing maps change."""
         self.verifying = False
-        if not self.next_ids:
+        if not self.arriving:
             return
         b0 = self._bytes()
-        for layer, new in self.next_ids.items():
-            got = self.captured.get(layer, {})
-            missing = [e for e in new if e not in got and e not in self.ids[layer]]
-            if missing:  # not expected: every wanted expert was routed, hence fetched, in this forward
-                got.update({e: buf.clone() for e, buf in self.provider.fetch(layer, missing)})
-            bufs = {e: got[e] if e in got else self.row(layer, e) for e in new}
-            self._install(layer, new, bufs)
+        for layer, rows in self.arriving.items():
+            missing = [e for e in rows if (layer, e) not in self.captured]
+            if missing:  # not expected: every arriving expert was routed, hence fetched, in this forward
+                for e, buf in self.provider.fetch(layer, missing):
+                    self.write_row(layer, rows[e], buf)
+            ids = list(self.ids[layer])
+            for e, i in rows.items():
+                ids[i] = e
+            self._index(layer, ids)
         self.refreshes += 1
         self.refresh_bytes += self._bytes() - b0
-        self.wanted, self.next_ids, self.captured = {}, {}, {}
+        self.arriving, self.captured = {}, set()
 
     # ------------------------------------------------------------ draft forwards
     def context(self, observers: list | None = None) -> ForwardContext:
@@ -269,7 +286,7 @@ class DraftExperts:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
                 "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
                 "draft_refresh_bytes": self.refresh_bytes, "draft_pin_refused": sorted(self.pin_refused),
-                "draft_set": {layer: list(ids) for layer, ids in self.ids.items()}}
+                "draft_set": {layer: sorted(ids) for layer, ids in self.ids.items()}}
 
 
 class _NoProvider:
