@@ -28,9 +28,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float()
+        if dtype != torch.float32:  # a cast to the same dtype is still a dispatched op: skip it
+            x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * (x if dtype == torch.float32 else x.to(dtype))
 
 
 class DenseMLP(nn.Module):
@@ -55,9 +56,10 @@ class Embedding(nn.Module):
         return F.embedding(tokens, self.weight)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin (HF's half-split layout) in three ops: rotate_half(x) = [-x2, x1] equals
+    roll(x, Dh/2) = [x2, x1] times the signs [-1, +1], which `sin_signed` = [-sin, sin] carries."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 @dataclass
@@ -101,8 +103,8 @@ class Attention(nn.Module):
         v = v.view(B, T, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm == "head":  # Qwen3: per-head norm
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin  # cos/sin: [B, T, 1, Dh]
-        k = k * cos + rotate_half(k) * sin
+        q = apply_rope(q, cos, sin)  # cos/sin: [B, T, 1, Dh], sin signed as in `Transformer.rope`
+        k = apply_rope(k, cos, sin)
         cache.write(layer, bv.slots, bv.positions, k, v, bv.valid)
         keys, values = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, S, Hkv, Dh]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
@@ -141,14 +143,16 @@ class Transformer(nn.Module):
         return self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
-        """cos, sin for [B, T] positions as [B, T, 1, Dh] (fp32 math, cast like transformers)."""
+        """cos and signed sin ([-sin, sin] over the two halves, see `apply_rope`) for [B, T] positions as
+        [B, T, 1, Dh] (fp32 math, cast like transformers)."""
         if self._inv_freq is None or self._inv_freq.device != positions.device:
             Dh = self.cfg.head_dim
             self._inv_freq = 1.0 / (self.cfg.rope_theta ** (
                 torch.arange(0, Dh, 2, dtype=torch.int64, device=positions.device).float() / Dh))
         freqs = positions[..., None].float() * self._inv_freq  # [B, T, Dh/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, T, 1, Dh]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = freqs.sin()[:, :, None, :]
+        return emb.cos().to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
     def attention_mask(self, bv: BatchView) -> torch.Tensor:
         """[B, 1, T, S] bool: key j visible to the query at position p iff j <= p (and inside the window)."""

@@ -112,19 +112,15 @@ class MoEBlock(nn.Module):
         counts = torch.bincount(flat, minlength=E).tolist()  # one host sync per layer: the union must be known
         for obs in ctx.observers:
             obs(self.layer, ids, counts)
-        starts, acc = [], 0
-        for c in counts:
-            starts.append(acc)
-            acc += c
         token_of = order // K  # [N·K] token of each sorted assignment
-        xs = x[token_of]  # [N·K, D]
-        ws = weights.reshape(-1)[order].to(x.dtype)[:, None]  # [N·K, 1]
-        ys = torch.empty_like(xs)
         needed = [e for e in range(E) if counts[e]]
-        # Results land in fixed slots of `ys`, so the sum below does not depend on the order
+        xs = x[token_of].split([counts[e] for e in needed])  # per needed expert: its tokens [n_e, D] (views)
+        ys: list = [None] * len(needed)
+        slot = {e: i for i, e in enumerate(needed)}
+        # Results land in fixed places of `ys`, so the sum below does not depend on the order
         # in which the provider hands experts out (offloaded == resident, bit for bit).
         for e, buf in ctx.provider.fetch(self.layer, needed):
-            s = slice(starts[e], starts[e] + counts[e])
-            ys[s] = expert_ffn(xs[s], buf, D, I) * ws[s]
-        out = torch.zeros_like(x)
-        return out.index_add_(0, token_of, ys)
+            ys[slot[e]] = expert_ffn(xs[slot[e]], buf, D, I)
+        ws = weights.reshape(-1)[order].to(x.dtype)[:, None]  # [N·K, 1] in sorted order
+        y = ys[0] if len(ys) == 1 else torch.cat(ys)
+        return torch.zeros_like(x).index_add_(0, token_of, y * ws)
