@@ -15,45 +15,10 @@ from torch import nn
 
 from specmoe.config import ModelConfig
 from specmoe.models.kv_cache import KVCache
+from specmoe.models.layers import DenseMLP, Embedding, RMSNorm
 from specmoe.models.moe import ForwardContext, MoEBlock
 
 # B=batch, T=tokens per sequence, S=key positions, D=hidden, Hq/Hkv=heads, Dh=head dim, V=vocab
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        if dtype != torch.float32:  # a cast to the same dtype is still a dispatched op: skip it
-            x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * (x if dtype == torch.float32 else x.to(dtype))
-
-
-class DenseMLP(nn.Module):
-    def __init__(self, dim: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, inter, bias=False)
-        self.up_proj = nn.Linear(dim, inter, bias=False)
-        self.down_proj = nn.Linear(inter, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Embedding(nn.Module):
-    """Token embedding without nn.Embedding's random init (which, on `meta`, pulls in torch._refs: seconds)."""
-
-    def __init__(self, vocab: int, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab, dim))
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.embedding(tokens, self.weight)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import ModelConfig
+from specmoe.models.layers import DenseMLP
 from specmoe.models.routers import route
 
 # N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden
@@ -70,7 +71,6 @@ class MoEBlock(nn.Module):
         self.cfg, self.layer = cfg, layer
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         if cfg.shared_expert_intermediate_size:
-            from specmoe.models.decoder import DenseMLP
             self.shared = DenseMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
             self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
