@@ -71,7 +71,11 @@ def installed(tmp_path_factory):
     # torch & co. from the running interpreter's import path, as a fresh process sees it, minus this checkout
     purelib = Path(sh([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).strip())
     seen = sh([sys.executable, "-c", "import sys; print('\\n'.join(sys.path))"], cwd=tmp).splitlines()
-    borrowed = [p for p in seen if p and Path(p).is_dir() and not Path(p).resolve().is_relative_to(REPO)]
+    prefix = Path(sys.prefix).resolve()  # a .venv inside the checkout (as `make test` makes) is borrowed
+
+    def checkout_source(p: Path) -> bool:
+        return p.is_relative_to(REPO) and not p.is_relative_to(prefix)
+    borrowed = [p for p in seen if p and Path(p).is_dir() and not checkout_source(Path(p).resolve())]
     (purelib / "_borrowed_deps.pth").write_text("".join(f"{p}\n" for p in borrowed))
 
     work = tmp / "elsewhere"
