@@ -23,7 +23,8 @@ from specmoe.engine.tokenizer import Tokenizer
 from specmoe.errors import InputError, SpecMoEError
 from specmoe.engine.options import split_options
 from specmoe.experts.factory import build_provider
-from specmoe.models.kv_cache import KVCache
+from specmoe.experts.memory import check_fits
+from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
 from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
 
@@ -73,16 +74,29 @@ class LLM:
         self._next_id = 0
 
     # ---------------------------------------------------------------- helpers
-    def _cache_for(self, max_seq: int) -> KVCache:
+    def _cache_for(self, slots: int, positions: int, cap: int) -> KVCache:
+        """A KV cache of at least `slots` slots × `positions` positions (rounded up to a block, at most `cap`,
+        the most positions the run can write). The previous cache is reused only if it covers that and is at
+        most twice its size, so KV memory follows the admitted requests, not max_batch × the context."""
+        want = round_positions(positions, cap)
         c = self._cache
-        if c is None or c.max_seq < max_seq:
+        if c is None or c.max_batch < slots or c.max_seq < want or c.nbytes > 2 * c.bytes_for(slots, want):
             cfg = self.config
             self._cache = None  # free the old one first
-            self._cache = KVCache(num_layers=cfg.num_layers, max_batch=self.max_batch, max_seq=max_seq,
+            self._cache = KVCache(num_layers=cfg.num_layers, max_batch=slots, max_seq=want,
                                   num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=self.dtype,
                                   device=self.device)
-        self._cache.lengths = [0] * self.max_batch
+        self._cache.lengths = [0] * self._cache.max_batch
         return self._cache
+
+    def _check_kv_fits(self, prompt_ids, plist, look: int) -> None:
+        """A request whose KV cache cannot fit even alone is refused before any work, with the numbers."""
+        cfg = self.config
+        i = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + plist[i].max_tokens)
+        n = min(self.max_model_len, len(prompt_ids[i]) + plist[i].max_tokens) + look
+        need = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, 1, n)
+        check_fits(f"the KV cache of request {i} ({len(prompt_ids[i])} prompt + {plist[i].max_tokens} max_tokens "
+                   f"+ {look} lookahead = {n} positions × {cfg.num_layers} layers)", need, self.device)
 
     def _wire(self, runner: ModelRunner) -> ModelRunner:
         """The expert provider observes routing (telemetry) and each MoE layer's input (prefetch)."""
@@ -131,12 +145,15 @@ class LLM:
         return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
 
     def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
-        max_seq = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist)))
-        cache = self._cache_for(max_seq + lookahead(self.spec_cfg))  # room for speculative positions
+        look = lookahead(self.spec_cfg)  # KV positions a step writes past the committed length
+        self._check_kv_fits(prompt_ids, plist, look)
+        cap = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist))) + look
+        n_slots = min(self.max_batch, len(prompt_ids))  # slots for the requests that can be active at once
+        cache = self._cache_for(n_slots, max(len(p) for p in prompt_ids[:n_slots]) + look, cap)
         runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
         strategy = make_strategy(runner, self.spec_cfg, engine=self)
         waiting = list(range(len(prompt_ids)))
-        free_slots = list(range(self.max_batch))
+        free_slots = list(range(n_slots))
         active: list[Sequence] = []
         done: dict[int, Sequence] = {}
         st = self._stats
@@ -152,11 +169,13 @@ class LLM:
                     cache.lengths[slot] = 0  # a freed slot's stale keys are masked until overwritten
                     new.append(Sequence(seq_id=i, prompt_ids=prompt_ids[i], params=sp, slot=slot,
                                         generator=make_generator(sp.seed, self.device)))
+                cache.reserve(n_slots, round_positions(max(len(s.prompt_ids) for s in new) + look, cap))
                 first = prefill(runner, sorted(new, key=lambda s: s.slot), st)
                 for s in new:
                     self._append(s, first[s.seq_id])
                 active += new
             else:
+                cache.reserve(n_slots, round_positions(max(cache.lengths[s.slot] for s in active) + look, cap))
                 t0 = time.perf_counter()
                 out = strategy.step(active)
                 st["decode_time_s"] += time.perf_counter() - t0
@@ -206,7 +225,7 @@ class LLM:
         if len(ids) > self.max_batch:
             return torch.cat([self.logits(ids[i:i + self.max_batch]) for i in range(0, len(ids), self.max_batch)])
         T = max(len(t) for t in ids)
-        cache = self._cache_for(T)
+        cache = self._cache_for(len(ids), T, T)
         runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
         seqs = [Sequence(seq_id=i, prompt_ids=t, params=SamplingParams(), slot=i, generator=torch.Generator())
                 for i, t in enumerate(ids)]
