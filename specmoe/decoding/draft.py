@@ -43,6 +43,10 @@ def load_profile(path: Path, cfg: ModelConfig) -> dict[int, list[int]] | None:
     return dict(zip(cfg.moe_layers, read_counts(f, cfg)))
 
 
+def _size(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset()) -> list[int]:
     """The n most-used experts; ties go to `prefer` (the current set, already resident), then to lower ids."""
     order = sorted(range(len(counts)), key=lambda e: (-counts[e], e not in prefer, e))
@@ -62,6 +66,7 @@ class _CapturingProvider:
             if e in want:
                 self.owner.captured.setdefault(layer, {})[e] = buf.clone()
             yield e, buf
+        self.owner.refresh_layer(layer)  # install now: one layer's captured experts alive at a time
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -100,6 +105,7 @@ class DraftExperts:
         self.setup_bytes = self.refresh_bytes = 0
         self.pin_refused: set[int] = set()
         self.pinned: dict[int, set[int]] = {}  # what the provider was last asked to pin
+        self.peak_bytes = 0  # most bytes the draft's copy + a refresh in progress held at once
 
     # ------------------------------------------------------------ draft set
     @property
@@ -153,14 +159,35 @@ class DraftExperts:
             self._install(layer, lids, bufs)
         self.setup_bytes += self._bytes() - b0
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the draft's private copy of its experts (the stacks)."""
+        return sum(_size(t) for d in (self.w1, self.w2cat) for t in d.values())
+
     def _install(self, layer: int, ids: list[int], bufs: dict[int, torch.Tensor]) -> None:
+        """Build `layer`'s stacks for `ids`: experts in `bufs` (packed flat buffers) from there, the others
+        copied from the current stacks, straight into the new stacks (no intermediate copy)."""
         cfg = self.cfg
         D, I, E, Nd = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts, len(ids)
-        w = torch.stack([bufs[e].to(self.device) for e in ids])  # [Nd, 3·I·D]
+        dtype = next(iter(bufs.values())).dtype if bufs else self.w1[layer].dtype
+        w1 = torch.empty(Nd, 2 * I, D, dtype=dtype, device=self.device)  # [Nd, 2I, D]
+        w2cat = torch.empty(D, Nd * I, dtype=dtype, device=self.device)  # [D, Nd·I]
+        old = self.ids.get(layer, [])
+        for i, e in enumerate(ids):
+            if e in bufs:
+                b = bufs[e]
+                w1[i].copy_(b[: 2 * I * D].view(2 * I, D))
+                w2cat[:, i * I:(i + 1) * I].copy_(b[2 * I * D:].view(D, I))
+            else:
+                j = old.index(e)
+                w1[i].copy_(self.w1[layer][j])
+                w2cat[:, i * I:(i + 1) * I].copy_(self.w2cat[layer][:, j * I:(j + 1) * I])
+        held = sum(_size(b) for lay, got in self.captured.items() if lay != layer for b in got.values())
+        self.peak_bytes = max(self.peak_bytes, self.nbytes + held + sum(map(_size, bufs.values()))
+                              + _size(w1) + _size(w2cat))
         self.ids[layer] = list(ids)
         self.ids_t[layer] = torch.tensor(ids, device=self.device)
-        self.w1[layer] = w[:, :2 * I * D].reshape(Nd, 2 * I, D).contiguous()
-        self.w2cat[layer] = w[:, 2 * I * D:].reshape(Nd, D, I).permute(1, 0, 2).reshape(D, Nd * I).contiguous()
+        self.w1[layer], self.w2cat[layer] = w1, w2cat
         local = torch.full((E,), Nd, dtype=torch.long, device=self.device)
         local[self.ids_t[layer]] = torch.arange(Nd, device=self.device)
         self.local[layer] = local
@@ -172,6 +199,19 @@ class DraftExperts:
         i, I = self.ids[layer].index(e), self.cfg.expert_intermediate_size
         down = self.w2cat[layer][:, i * I:(i + 1) * I]  # [D, I]
         return torch.cat([self.w1[layer][i].reshape(-1), down.reshape(-1)])
+
+    def refresh_layer(self, layer: int) -> None:
+        """Install `layer`'s refreshed draft set (HotTemporal) as soon as its new experts have streamed by,
+        so the clones of only one layer are alive at a time (the draft does not run during the target
+        forward). A layer whose new experts were not all captured is left to `end_target`."""
+        new = self.next_ids.get(layer)
+        got = self.captured.get(layer, {})
+        if new is None or any(e not in got and e not in self.ids[layer] for e in new):
+            return
+        self._install(layer, new, {e: got[e] for e in new if e in got})
+        del self.next_ids[layer]
+        self.captured.pop(layer, None)
+        self.installed = True
 
     # ------------------------------------------------------------ target forwards (counts, refresh)
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
@@ -206,20 +246,20 @@ class DraftExperts:
     def begin_target(self) -> None:
         self.verifying = True
         self.wanted, self.next_ids, self.captured = {}, {}, {}
+        self.installed = False  # a layer's refresh was installed during this target forward
 
     def end_target(self) -> None:
         """Install the refreshed draft set (HotTemporal) from the captured buffers and pin it."""
         self.verifying = False
-        if not self.next_ids:
+        if not self.next_ids and not self.installed:
             return
         b0 = self._bytes()
         for layer, new in self.next_ids.items():
-            got = self.captured.get(layer, {})
+            got = self.captured.pop(layer, {})
             missing = [e for e in new if e not in got and e not in self.ids[layer]]
             if missing:  # not expected: every wanted expert was routed, hence fetched, in this forward
                 got.update({e: buf.clone() for e, buf in self.provider.fetch(layer, missing)})
-            bufs = {e: got[e] if e in got else self.row(layer, e) for e in new}
-            self._install(layer, new, bufs)
+            self._install(layer, new, {e: got[e] for e in new if e in got})
         self.refreshes += 1
         self.refresh_bytes += self._bytes() - b0
         self.wanted, self.next_ids, self.captured = {}, {}, {}
@@ -269,6 +309,7 @@ class DraftExperts:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
                 "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
                 "draft_refresh_bytes": self.refresh_bytes, "draft_pin_refused": sorted(self.pin_refused),
+                "draft_copy_bytes": self.nbytes, "draft_peak_bytes": self.peak_bytes,
                 "draft_set": {layer: list(ids) for layer, ids in self.ids.items()}}
 
 

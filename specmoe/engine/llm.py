@@ -18,7 +18,7 @@ from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sampling import SamplingParams, make_generator
 from specmoe.decoding.sequence import Sequence
 from specmoe.engine.outputs import RequestOutput
-from specmoe.engine.stats import derived, new_stats
+from specmoe.engine.stats import derived, memory_stats, new_stats
 from specmoe.engine.tokenizer import Tokenizer
 from specmoe.errors import InputError, SpecMoEError
 from specmoe.engine.options import split_options
@@ -59,8 +59,10 @@ class LLM:
         self.config = self.ckpt.config
         self.dtype = resolve_dtype(dtype, default=self.config.dtype)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
-        self.provider = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype, device=self.device,
-                                       progress=progress, model=self.model)
+        draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
+        self.provider, self.expert_memory = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype,
+                                                           device=self.device, draft_experts=draft_experts,
+                                                           progress=progress, model=self.model)
         self.tokenizer = Tokenizer.load(self.path)
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
                                  self.config.max_position_embeddings)
@@ -243,6 +245,7 @@ class LLM:
             s.update(self.provider.stats())
         if s["generated_tokens"] and "bytes_moved" in s:
             s["bytes_per_token"] = s["bytes_moved"] / s["generated_tokens"]
+        s["memory"] = memory_stats(self.model, self.expert_memory, self._cache)
         return s
 
     def reset_stats(self) -> None:

@@ -16,6 +16,7 @@ import specmoe
 import specmoe.models.kv_cache as kv_cache
 from specmoe import LLM, SamplingParams
 from specmoe.errors import MemoryBudgetError
+from specmoe.weights.checkpoint import Checkpoint
 
 ROOT = Path(specmoe.__file__).resolve().parents[1]
 MiB = 2**20
@@ -142,3 +143,103 @@ def test_kv_request_that_cannot_fit_is_refused(ckpt, monkeypatch):
         llm.generate([[1, 2], [3] * 200], SamplingParams(max_tokens=50))
     monkeypatch.setattr(memory, "host_memory", lambda: (10 * one, 10 * one))
     assert len(llm.generate([[1, 2], [3] * 200], SamplingParams(max_tokens=50))) == 2
+
+
+# ------------------------------------------------------------------ expert budget
+def test_budget_too_small_for_top_k_draft_and_scratch_fails_at_construction(ckpt):
+    """fp32 tiny qwen3_moe on disk: slot 12 KiB, expert 9 KiB, 3 MoE layers, top-k 2, E 8. The budget holds
+    top-k slots + scratch without speculation, not with SpecMoE's 4 draft experts per layer (main ran it)."""
+    budget = 250_000
+    ar = LLM(ckpt, dtype="float32", offload="disk", memory_budget=budget)
+    assert ar.stats["memory"]["experts_total"] <= budget
+    with pytest.raises(MemoryBudgetError, match=r"memory_budget=0\.24 MiB is too small: 2 slots per layer \(top-k "
+                                                r"is 2\) need expert cache slots 0\.07 MiB \+ scratch 0\.02 MiB \+ "
+                                                r"draft copy 0\.11 MiB \+ draft refresh 0\.07 MiB = 0\.27 MiB"):
+        LLM(ckpt, dtype="float32", offload="disk", memory_budget=budget, decoding="specmoe", draft_experts=4)
+
+
+def test_cache_bytes_bounds_the_working_set(ckpt):
+    llm = LLM(ckpt, dtype="float32", offload="host", cache_bytes=300_000, decoding="specmoe", draft_experts=4)
+    m = llm.stats["memory"]
+    working = m["expert_cache_slots"] + m["scratch"] + m["staging"] + m["draft_copy"] + m["draft_refresh"]
+    assert working <= 300_000 < working + 3 * 12 * 1024  # and the slots take what is left
+    assert llm.provider.slots == 3
+
+
+@pytest.mark.parametrize("offload", ["none", "host", "disk"])
+def test_memory_stats_add_up_and_match_allocations(ckpt, offload):
+    """stats["memory"] parts equal what is really allocated; the draft's copy (and its peak while refreshing)
+    stays within its parts; scratch rows are a fixed pool however large the unions get."""
+    llm = LLM(ckpt, dtype="float32", offload=offload, decoding="specmoe", draft_experts=3, num_draft_tokens=3,
+              **({} if offload == "none" else {"cache_experts": 3, "memory_budget": 2**20}))
+    prompts = [[i % 90 + 1 for i in range(k, k + 40)] for k in range(4)]  # unions outgrow 3 slots
+    llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    s = llm.stats
+    m = s["memory"]
+    parts = ("non_expert_weights", "resident_experts", "expert_cache_slots", "scratch", "staging", "draft_copy",
+             "draft_refresh", "host_tier", "kv_cache")
+    assert m["total"] == sum(m[k] for k in parts)
+    assert m["experts_total"] == m["total"] - m["non_expert_weights"] - m["kv_cache"]
+    model = llm.model
+    assert m["non_expert_weights"] == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert m["kv_cache"] == llm._cache.k.nbytes + llm._cache.v.nbytes
+    cfg = llm.config
+    eb = cfg.expert_numel * 4
+    assert m["draft_copy"] == 3 * len(cfg.moe_layers) * eb == s["draft_copy_bytes"]  # the draft's real stacks
+    assert s["draft_set_refreshes"] > 0 and s["draft_peak_bytes"] <= m["draft_copy"] + m["draft_refresh"]
+    p = llm.provider
+    if offload == "none":
+        assert m["resident_experts"] == sum(t.nbytes for t in p.layers.values())
+        assert m["expert_cache_slots"] == m["scratch"] == m["host_tier"] == 0
+        return
+    assert m["memory_budget"] == 2**20 and m["experts_total"] <= 2**20
+    assert m["expert_cache_slots"] == sum(L.rows.nbytes for L in p.layers.values())
+    assert s["scratch_fetches"] > 0  # the unions did spill...
+    assert s["scratch_buffers"] == 2 and len(p._scratch) == 2  # ...through the two preallocated rows, all back
+    assert m["scratch"] == sum(r.nbytes for r in p._scratch)
+    assert m["host_tier"] == (sum(t.nbytes for t in p.tier.layers.values()) if offload == "host" else 0)
+    assert m["staging"] == 0  # CUDA + disk only
+
+
+RSS_RUN = """
+    from specmoe import LLM, SamplingParams
+    x = torch.randn(256, 256); (x @ x).sum()  # torch's own first-use allocations, before the baseline
+    r0 = rss()
+    llm = LLM(dtype="float32", offload="disk", repack_dir=REPACK, decoding="specmoe", **KW)
+    peak = [rss()]
+    llm.provider.forward_observers.append(lambda *a: peak.append(rss()))  # every MoE layer of target forwards
+    prompts = [[(7 * i + j) % 8000 + 1 for j in range(40)] for i in range(4)]
+    llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    peak.append(rss())
+    s = llm.stats
+    out.update(peak=max(peak) - r0, weights=sum(p.numel() * p.element_size() for p in llm.model.parameters()),
+               kv=llm._cache.nbytes, slots=llm.provider.slots, scratch_fetches=s["scratch_fetches"],
+               refreshes=s["draft_set_refreshes"])
+"""
+
+
+def test_rss_stays_within_memory_budget(tmp_path):
+    """Demo model in fp32 (expert 288 KiB, 6 MoE layers), disk tier, SpecMoE with 4 draft experts,
+    memory_budget=16 MiB. Anonymous RSS of a fresh process, sampled at every MoE layer of every target
+    forward, minus the non-expert weights and the KV cache, minus the overhead a control run measures
+    (activations, allocator, tokenizer: the same run with top-k slots and 1 draft expert, whose expert
+    parts are known), must stay within the budget + 4 MiB (measured: 16.1-17.1 MiB). Main measured
+    32.7 MiB here (2×; its draft copy, the draft's captured clones and its growing scratch rows were not
+    counted, and its control's unbounded scratch even inflated the subtracted overhead)."""
+    import torch
+    budget, N = 16 * MiB, 4
+    body = RSS_RUN.replace("REPACK", repr(str(tmp_path / "repack")))
+    LLM(dtype="float32", offload="disk", repack_dir=str(tmp_path / "repack"), cache_experts=2)  # repack once, here
+    control = run_measured(body.replace("**KW", "cache_experts=2, draft_experts=1"))
+    run = run_measured(body.replace("**KW", f"memory_budget={budget}, draft_experts={N}"))
+    assert run["scratch_fetches"] > 0 and run["refreshes"] > 0  # the run spilled and refreshed its draft set
+    cfg = Checkpoint(ROOT / "models" / "specmoe-tiny-moe").config
+    L, eb = len(cfg.moe_layers), cfg.expert_numel * torch.float32.itemsize
+    slot = -(-eb // 4096) * 4096
+    # the control's expert memory: 2 slots per layer + 2 scratch rows + 1 draft expert per layer + refresh
+    control_experts = 2 * L * slot + 2 * slot + 1 * L * eb + 2 * eb
+    overhead = control["peak"] - control["weights"] - control["kv"] - control_experts
+    used = run["peak"] - run["weights"] - run["kv"] - overhead
+    print(f"expert memory used {used / MiB:.1f} MiB of memory_budget {budget / MiB:.0f} MiB "
+          f"(overhead {overhead / MiB:.1f} MiB, weights {run['weights'] / MiB:.1f} MiB, KV {run['kv'] / MiB:.1f} MiB)")
+    assert used <= budget + 4 * MiB, (used / MiB, overhead / MiB, run, control)
