@@ -32,7 +32,8 @@ class BudgetTooSmallError(MemoryBudgetError, InputError):
 
 
 def mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB"
+    x = n / 2**20
+    return f"{x:.2f} MiB" if x >= 0.01 or x == 0 else f"{x:.2g} MiB"
 
 
 def draft_parts(mc: ModelConfig, draft_experts: int, expert_bytes: int) -> dict[str, int]:
@@ -53,9 +54,9 @@ class ExpertMemory:
     def total(self) -> int:
         return sum(self.parts.values())
 
-    def describe(self, keys=None) -> str:
-        keys = [k for k in (keys or self.parts) if self.parts.get(k)]
-        return " + ".join(f"{k.replace('_', ' ')} {mib(self.parts[k])}" for k in keys)
+    def describe(self) -> str:
+        """'expert cache slots 1.69 MiB + scratch 0.28 MiB + ...' (non-zero parts)."""
+        return " + ".join(f"{k.replace('_', ' ')} {mib(v)}" for k, v in self.parts.items() if v)
 
 
 def plan_resident(mc: ModelConfig, *, expert_bytes: int, draft_experts: int,
@@ -103,10 +104,10 @@ def plan_offload(mc: ModelConfig, *, offload: str, slot_bytes: int, expert_bytes
             slots = min(slots, max(0, left) // per_slot)
     slots = min(slots, E)
     plan = ExpertMemory(slots=slots, parts=parts_for(slots), memory_budget=memory_budget, cache_bytes=cache_bytes)
-    for name, limit, keys in limits:
+    for name, limit, keys in limits:  # a limit that squeezed the slots below top-k fails here too
         low = max(slots, K)
         need = {k: v for k, v in parts_for(low).items() if k in keys}
-        if slots < K or sum(need.values()) > limit:
+        if sum(need.values()) > limit:
             shown = ExpertMemory(low, need)
             raise BudgetTooSmallError(
                 f"{name}={mib(limit)} is too small: {low} slots per layer (top-k is {K}) need "

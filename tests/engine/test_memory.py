@@ -15,7 +15,7 @@ import pytest
 import specmoe
 import specmoe.models.kv_cache as kv_cache
 from specmoe import LLM, SamplingParams
-from specmoe.errors import MemoryBudgetError
+from specmoe.errors import InputError, MemoryBudgetError
 from specmoe.weights.checkpoint import Checkpoint
 
 ROOT = Path(specmoe.__file__).resolve().parents[1]
@@ -156,6 +156,9 @@ def test_budget_too_small_for_top_k_draft_and_scratch_fails_at_construction(ckpt
         LLM(ckpt, dtype="float32", offload="disk", memory_budget=budget, decoding="specmoe", draft_experts=4)
     ar = LLM(ckpt, dtype="float32", offload="disk", memory_budget=budget)
     assert ar.stats["memory"]["experts_total"] <= budget
+    with pytest.raises(InputError, match="fewer than the 2 \\(top-k\\)") as e:  # the slots, not the budget, are short
+        LLM(ckpt, dtype="float32", offload="disk", memory_budget="1MiB", cache_experts=1)
+    assert not isinstance(e.value, MemoryBudgetError)
 
 
 def test_cache_bytes_bounds_the_working_set(ckpt):
