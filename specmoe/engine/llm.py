@@ -23,7 +23,7 @@ from specmoe.engine.tokenizer import Tokenizer
 from specmoe.errors import InputError, SpecMoEError
 from specmoe.engine.options import split_options
 from specmoe.experts.factory import build_provider
-from specmoe.experts.memory import check_fits
+from specmoe.experts.memory import check_fits, device_memory
 from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
 from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
@@ -91,14 +91,18 @@ class LLM:
         self._cache.lengths = [0] * self._cache.max_batch
         return self._cache
 
-    def _check_kv_fits(self, prompt_ids, plist, look: int) -> None:
-        """A request whose KV cache cannot fit even alone is refused before any work, with the numbers."""
+    def _kv_slots(self, prompt_ids, plist, look: int) -> int:
+        """Slots for the requests that can be active at once: min(max_batch, requests, how many sequences of
+        the run's longest length the device's free memory holds), so the cache never outgrows memory mid-run
+        (requests beyond it wait). A request that cannot fit even alone is refused before any work."""
         cfg = self.config
         i = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + plist[i].max_tokens)
         n = min(self.max_model_len, len(prompt_ids[i]) + plist[i].max_tokens) + look
-        need = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, 1, n)
+        one = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, 1, n)
         check_fits(f"the KV cache of request {i} ({len(prompt_ids[i])} prompt + {plist[i].max_tokens} max_tokens "
-                   f"+ {look} lookahead = {n} positions × {cfg.num_layers} layers)", need, self.device)
+                   f"+ {look} lookahead = {n} positions × {cfg.num_layers} layers)", one, self.device)
+        room = device_memory(self.device)[1] + (self._cache.nbytes if self._cache is not None else 0)
+        return max(1, min(self.max_batch, len(prompt_ids), room // one))
 
     def _wire(self, runner: ModelRunner) -> ModelRunner:
         """The expert provider observes routing (telemetry) and each MoE layer's input (prefetch)."""
@@ -148,9 +152,8 @@ class LLM:
 
     def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
         look = lookahead(self.spec_cfg)  # KV positions a step writes past the committed length
-        self._check_kv_fits(prompt_ids, plist, look)
         cap = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist))) + look
-        n_slots = min(self.max_batch, len(prompt_ids))  # slots for the requests that can be active at once
+        n_slots = self._kv_slots(prompt_ids, plist, look)  # requests that can be active at once
         cache = self._cache_for(n_slots, max(len(p) for p in prompt_ids[:n_slots]) + look, cap)
         runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
         strategy = make_strategy(runner, self.spec_cfg, engine=self)

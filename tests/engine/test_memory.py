@@ -145,6 +145,23 @@ def test_kv_request_that_cannot_fit_is_refused(ckpt, monkeypatch):
     assert len(llm.generate([[1, 2], [3] * 200], SamplingParams(max_tokens=50))) == 2
 
 
+def test_kv_admits_only_what_memory_holds(ckpt, monkeypatch):
+    """With free memory for 2 sequences at the run's full length, 5 requests run 2 at a time (the others
+    wait for a free slot) instead of failing mid-run; outputs equal an unconstrained run."""
+    import specmoe.experts.memory as memory
+    prompts = [[i + 1, i + 2, i + 3] for i in range(5)]
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    llm = LLM(ckpt, dtype="float32")
+    free = [o.token_ids for o in llm.generate(prompts, sp)]
+    assert llm._cache.max_batch == 5
+    cfg = llm.config
+    one = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, llm.dtype, 1, 3 + 20 + 1)
+    llm._cache = None
+    monkeypatch.setattr(memory, "host_memory", lambda: (100 * one, 2 * one + one // 2))
+    assert [o.token_ids for o in llm.generate(prompts, sp)] == free
+    assert llm._cache.max_batch == 2
+
+
 # ------------------------------------------------------------------ expert budget
 def test_budget_too_small_for_top_k_draft_and_scratch_fails_at_construction(ckpt):
     """fp32 tiny qwen3_moe on disk: slot 12 KiB, expert 9 KiB, 3 MoE layers, top-k 2, E 8. The budget holds
