@@ -1,17 +1,24 @@
 # specmoe: `make demo` runs the bundled demo model, `make test` runs the test suite.
-# Both create a local .venv on first use. torch is pinned to the CPU build on this machine's disk:
-# an unpinned torch would pull a multi-GB CUDA build.
+# Both create a local .venv on first use. torch is installed first, on its own:
+#   TORCH        the requirement (default torch==2.13.0, which this project's machines serve as the CPU
+#                build from local disk; on a normal machine PyPI's Linux torch is the large CUDA build)
+#   TORCH_INDEX  an index to take torch from, e.g. https://download.pytorch.org/whl/cpu (CPU-only build)
+#                or https://download.pytorch.org/whl/cu128 (CUDA 12.8); default: pip's configured index
+# e.g. `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu`. The choice applies when .venv is
+# created: run `make clean` first to switch an existing .venv to another torch build.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
-TORCH := torch==2.13.0
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: setup demo test bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)" -e ".[dev]"
+	$(BIN)/pip install -q "$(TORCH)"$(if $(strip $(TORCH_INDEX)), --index-url "$(strip $(TORCH_INDEX))")
+	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
 setup: $(BIN)/.installed

@@ -1,5 +1,5 @@
 """Expert offloading on the disk tier: tokens/s, bytes moved per token and hit rate of the
-cache policies (DESIGN.md strategies 1-4) at several batch sizes, plus a page-cache vs
+cache policies (docs/ARCHITECTURE.md) at several batch sizes, plus a page-cache vs
 O_DIRECT read comparison showing the direct path really reads the SSD. Not a test.
 
     .venv/bin/python benchmarks/offload_bench.py [--model DIR] [--batches 1,16,64] [--max-tokens 32]

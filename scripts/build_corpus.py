@@ -3,9 +3,10 @@
 
 Domains (all read from the local machine; nothing is downloaded):
 
-* ``code``     Python 3.11 standard-library source (*.py, incl. subpackages, excluding
-               site-packages and test directories) from the local Python install.
-               License: PSF-2.0.
+* ``code``     Python standard-library source (*.py, incl. subpackages, excluding
+               site-packages and test directories) of the interpreter running this
+               script (``sysconfig.get_paths()["stdlib"]``) or of ``--python-src DIR``.
+               The shipped model used Python 3.11.7's. License: PSF-2.0.
 * ``docs``     The reStructuredText sources of the official Python 3.11 documentation
                shipped by Debian's ``python3.11-doc`` package
                (/usr/share/doc/python3.11/html/_sources/**/*.rst.txt). License: PSF-2.0
@@ -26,7 +27,7 @@ Each domain is split BY DOCUMENT into train / held-out with a seeded shuffle. Ou
 
 This script installs nothing; it tells you which apt packages are missing.
 
-Usage:  .venv/bin/python scripts/build_corpus.py [--out data/corpus] [--seed 1234]
+Usage:  .venv/bin/python scripts/build_corpus.py [--out data/corpus] [--seed 1234] [--python-src DIR]
 """
 from __future__ import annotations
 
@@ -40,8 +41,10 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
-PY_STDLIB = "/root/.pyenv/versions/3.11.7/lib/python3.11"
+from specmoe.errors import InputError, SpecMoEError
+
 DOCS_SRC = "/usr/share/doc/python3.11/html/_sources"
 FORTUNE_DIR = "/usr/share/games/fortunes"
 
@@ -57,6 +60,17 @@ LICENSES = {
     "bible": "Public domain (King James Version, Debian bible-kjv-text)",
     "fortunes": "Public domain / freely redistributable collections (Debian fortunes, fortunes-min; see /usr/share/doc/fortunes*/copyright)",
 }
+
+
+def find_stdlib(python_src: str | None) -> str:
+    """The standard-library source folder: `python_src` if given, else the running interpreter's.
+    It must hold the stdlib's .py files (os.py is the marker); InputError naming the folder if not."""
+    root = python_src or sysconfig.get_paths()["stdlib"]
+    how = "--python-src" if python_src else "the running interpreter's sysconfig stdlib path"
+    if not os.path.isfile(os.path.join(root, "os.py")):
+        raise InputError(f"Python standard-library sources not found at {root} (from {how}: no os.py there); "
+                         "pass --python-src DIR, the folder that holds os.py")
+    return root
 
 
 def collect_code(root: str) -> list[tuple[str, str]]:
@@ -189,7 +203,14 @@ def main():
     ap.add_argument("--heldout-frac", type=float, default=0.06)
     ap.add_argument("--docs-fallback", action="store_true",
                     help="use pydoc docstrings instead of the python3.11-doc package")
+    ap.add_argument("--python-src", default=None, metavar="DIR",
+                    help="Python standard-library source folder for the code domain (the one holding os.py; "
+                         "default: the running interpreter's, sysconfig.get_paths()['stdlib'])")
     args = ap.parse_args()
+    try:
+        py_stdlib = find_stdlib(args.python_src)
+    except SpecMoEError as e:
+        sys.exit(f"build_corpus.py: error: {e}")
 
     missing = []
     if not args.docs_fallback and not os.path.isdir(DOCS_SRC):
@@ -198,8 +219,6 @@ def main():
         missing.append(("bible", APT_HINT["bible"]))
     if not os.path.isdir(FORTUNE_DIR):
         missing.append(("fortunes", APT_HINT["fortunes"]))
-    if not os.path.isdir(PY_STDLIB):
-        sys.exit(f"Python stdlib not found at {PY_STDLIB}")
     if missing:
         pk = " ".join(p for _, p in missing)
         sys.exit(f"Missing sources for {[d for d, _ in missing]}. Install with:\n"
@@ -207,7 +226,7 @@ def main():
                  f"(or pass --docs-fallback to use pydoc text for the docs domain)")
 
     collectors = {
-        "code": (lambda: collect_code(PY_STDLIB), PY_STDLIB),
+        "code": (lambda: collect_code(py_stdlib), py_stdlib),
         "docs": ((collect_docs_fallback, "pydoc of stdlib modules") if args.docs_fallback
                  else (lambda: collect_docs(DOCS_SRC), DOCS_SRC)),
         "bible": (collect_bible, "bible -l10000 gen1:1-rev22:21 (/usr/lib/bible.data)"),

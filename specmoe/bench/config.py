@@ -10,17 +10,19 @@ class BenchConfig:
     out: str = "benchmarks/results"
     preset: str = "custom"
     dtype: str = "auto"
+    device: str = "cpu"                 # compute device of every specmoe system ("cuda" on a GPU machine)
     tiers: tuple[str, ...] = ("disk", "host")  # "disk" is the headline; "host" runs behind an emulated link
     systems: tuple[str, ...] | None = None     # None: every registered system
     tier_systems: dict | None = None           # per-tier override of `systems`, e.g. {"host": ("ondemand", ...)}
     batch_sizes: tuple[int, ...] = (1, 4, 16)
     max_tokens: int = 16                # generated per sequence (EOS ignored)
     prompt_tokens: int = 48             # prompts truncated to this many tokens
-    prompts_dir: str | None = None      # default: benchmarks/prompts next to the repo
+    prompts_dir: str | None = None      # default: the bundled prompts (specmoe/bundled.py)
     cache_fraction: float = 0.25        # expert cache per MoE layer, as a share of its experts
     link_gbps: float | None = 16.0      # emulated link of the host tier (None: the build's default)
     link_latency_us: float | None = 10.0
-    sweep_batch: int = 16               # batch of the γ / N / policy / substitution sweeps
+    sweep_batch: int | str = 16         # batch of the γ / N / policy / substitution sweeps; "best": the main
+                                        # sweep's batch where SpecMoE gains most over MoE-OnDemand
     sweep_tier: str = "disk"
     sweep_max_tokens: int | None = None  # None: max_tokens (τ counts only tokens within max_tokens: keep it ≫ γ)
     gammas: tuple[int, ...] = (1, 2, 4, 8)

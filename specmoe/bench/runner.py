@@ -24,9 +24,9 @@ from specmoe.bench import systems as S
 from specmoe.bench.config import BenchConfig
 from specmoe.bench.machine import _load, machine_info
 from specmoe.bench.measure import jsonable, measure
+from specmoe.bundled import prompts_dir
 from specmoe.errors import SpecMoEError
 
-REPO = Path(__file__).resolve().parents[2]
 DOMAINS = ("code", "docs", "bible", "fortunes")
 FALLBACK_PROMPTS = ("def fibonacci(n):", "The quick brown fox", "In the beginning", "Usage: specmoe generate")
 
@@ -34,7 +34,7 @@ FALLBACK_PROMPTS = ("def fibonacci(n):", "The quick brown fox", "In the beginnin
 # ---------------------------------------------------------------- inputs
 def load_prompts(cfg: BenchConfig, tokenizer, vocab_size: int, n: int) -> tuple[list[list[int]], dict]:
     """`n` prompts as token ids, domains interleaved round-robin so every batch mixes them."""
-    pdir = Path(cfg.prompts_dir) if cfg.prompts_dir else REPO / "benchmarks" / "prompts"
+    pdir = Path(cfg.prompts_dir) if cfg.prompts_dir else prompts_dir()
     per_domain: dict[str, list[str]] = {}
     for d in DOMAINS:
         f = pdir / f"{d}.jsonl"
@@ -105,7 +105,7 @@ class Bench:
 
     def make_llm(self, path: Path, opts: dict, max_batch: int):
         from specmoe import LLM
-        return LLM(path, dtype=self.cfg.dtype, max_batch=max_batch, **opts)
+        return LLM(path, dtype=self.cfg.dtype, device=self.cfg.device, max_batch=max_batch, **opts)
 
     def run_system(self, tag: str, path: Path, minfo: dict, setting: S.Setting, sys_: S.System,
                    batches, prompts, *, overrides: dict | None = None, sweep: str | None = None) -> list[dict]:
@@ -265,6 +265,12 @@ def cold(llm) -> None:
         evict()
 
 
+def best_batch(runs: list[dict], model: str = "main") -> int | None:
+    """The batch where SpecMoE's tokens/s over MoE-OnDemand's (same tier) is highest in these rows."""
+    rows = [r for r in headline(runs) if r["model"] == model and r["vs"] == S.OFFLOADED_BASELINE and r["speedup"]]
+    return max(rows, key=lambda r: r["speedup"])["batch"] if rows else None
+
+
 def count_points(cfg: BenchConfig, n_models: int) -> int:
     per_tier = [len((cfg.tier_systems or {}).get(t) or cfg.systems or S.SYSTEMS) for t in cfg.tiers]
     main = (sum(per_tier) - (len(per_tier) - 1)) * len(cfg.batch_sizes)
@@ -331,7 +337,8 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         "experts); attention / other = the rest of the decode time",
     ]
     tok = Tokenizer.load(path)
-    nmax = max([*cfg.batch_sizes, cfg.sweep_batch, *cfg.peer_batches, *cfg.widened_batches])
+    fixed_sweep = cfg.sweep_batch if isinstance(cfg.sweep_batch, int) else 0
+    nmax = max([*cfg.batch_sizes, fixed_sweep, *cfg.peer_batches, *cfg.widened_batches])
     prompts, pinfo = load_prompts(cfg, tok, minfo_vocab(path), nmax)
     res["prompts"] = pinfo
     models = [("main", path, minfo)]
@@ -340,7 +347,7 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         try:
             wpath, winfo = widened_copy(path, cache_dir=cache_dir(cfg), hidden=cfg.widened_hidden,
                                         expert_mb=cfg.widened_expert_mb, check_prompts=prompts[:4],
-                                        progress=cfg.progress)
+                                        progress=cfg.progress, device=cfg.device)
             models.append(("widened", wpath, {**model_info(wpath), "widen": winfo}))
             res["models"]["widened"] = models[-1][2]
         except Exception as e:
@@ -348,7 +355,13 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
     bench.bar = tqdm(total=count_points(cfg, len(models)), desc="bench", unit="pt", disable=not cfg.progress)
     try:
         res["runs"] += bench.main_sweep("main", path, minfo, cfg.batch_sizes, prompts)
-        sweeps = Bench(replace(cfg, max_tokens=cfg.sweep_max_tokens or cfg.max_tokens), parent=bench)
+        sweep_batch = cfg.sweep_batch
+        if sweep_batch == "best":
+            sweep_batch = best_batch(res["runs"]) or max(cfg.batch_sizes)
+            res["notes"].append(f"sweeps at batch {sweep_batch}: where SpecMoE gained most over "
+                                f"{S.OFFLOADED_BASELINE} in the main sweep")
+        sweeps = Bench(replace(cfg, max_tokens=cfg.sweep_max_tokens or cfg.max_tokens, sweep_batch=sweep_batch),
+                       parent=bench)
         res["sweeps"] = sweeps.spec_sweeps("main", path, minfo, prompts)
         for tag, wpath, winfo in models[1:]:
             wide = replace(cfg, systems=cfg.widened_systems or cfg.systems, tiers=cfg.widened_tiers or cfg.tiers,

@@ -94,17 +94,17 @@ class Setting:
     """The shared part of a sweep point: backing tier, cache size, emulated link."""
     tier: str                       # "none" | "disk" | "host"
     cache_experts: int | None = None  # per MoE layer
-    link_gbps: float | None = None    # host tier only: emulated link
+    link_gbps: float | None = None    # host tier only: emulated link (None: the real link, e.g. PCIe on CUDA)
     link_latency_us: float | None = None
     extra: dict = field(default_factory=dict)
 
     @property
     def emulated(self) -> bool:
-        return self.tier == "host"
+        return self.tier == "host" and (self.link_gbps is not None or self.link_latency_us is not None)
 
     @property
     def name(self) -> str:
-        return "host (emulated link)" if self.emulated else self.tier
+        return "host (emulated link)" if self.emulated else ("host RAM" if self.tier == "host" else self.tier)
 
 
 def tier_options(setting: Setting, *, expert_bytes: int, num_moe_layers: int) -> dict:

@@ -163,12 +163,13 @@ def default_size(src: str | Path, *, hidden: int | None = None, expert_mb: float
     return D2, I2
 
 
-def greedy_check(src: Path, dst: Path, *, dtype: str, prompts: list[list[int]], max_tokens: int) -> dict:
+def greedy_check(src: Path, dst: Path, *, dtype: str, prompts: list[list[int]], max_tokens: int,
+                 device: str = "cpu") -> dict:
     """Greedy tokens of the widened copy vs the source under specmoe, with all experts resident."""
     from specmoe import LLM, SamplingParams
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    a = [o.token_ids for o in LLM(src, dtype=dtype, max_batch=len(prompts)).generate(prompts, sp)]
-    b = [o.token_ids for o in LLM(dst, dtype=dtype, max_batch=len(prompts)).generate(prompts, sp)]
+    a = [o.token_ids for o in LLM(src, dtype=dtype, device=device, max_batch=len(prompts)).generate(prompts, sp)]
+    b = [o.token_ids for o in LLM(dst, dtype=dtype, device=device, max_batch=len(prompts)).generate(prompts, sp)]
     same = sum(x == y for x, y in zip(a, b))
     return {"dtype": dtype, "sequences": len(a), "identical_sequences": same,
             "identical_tokens": sum(sum(p == q for p, q in zip(x, y)) for x, y in zip(a, b)),
@@ -176,7 +177,8 @@ def greedy_check(src: Path, dst: Path, *, dtype: str, prompts: list[list[int]], 
 
 
 def widened_copy(src: str | Path, *, cache_dir: str | Path, hidden: int | None = None, expert_mb: float = 6.0,
-                 check_prompts: list[list[int]] | None = None, progress: bool = True) -> tuple[Path, dict]:
+                 check_prompts: list[list[int]] | None = None, progress: bool = True,
+                 device: str = "cpu") -> tuple[Path, dict]:
     """The widened copy of `src` under `cache_dir` (built once, reused while the source is unchanged),
     with a greedy equivalence check recorded on build."""
     from specmoe.weights.checkpoint import Checkpoint
@@ -194,7 +196,7 @@ def widened_copy(src: str | Path, *, cache_dir: str | Path, hidden: int | None =
     info["build_s"] = time.perf_counter() - t0
     info["expert_bytes"] = Checkpoint(dst).config.expert_numel * (2 if "16" in Checkpoint(dst).config.dtype else 4)
     prompts = check_prompts or [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12]]
-    info["greedy_check"] = [greedy_check(src, dst, dtype=d, prompts=prompts, max_tokens=16)
+    info["greedy_check"] = [greedy_check(src, dst, dtype=d, prompts=prompts, max_tokens=16, device=device)
                             for d in ("float32", "bfloat16")]
     marker.write_text(json.dumps(info, indent=1))
     return dst, info

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 from specmoe.cli.common import add_model_args, add_option_args, make_llm, print_json
+from specmoe.bundled import prompts_dir
 from specmoe.errors import InputError
 
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
+PROMPTS_DIR = prompts_dir()
 
 
 def register(sub) -> None:

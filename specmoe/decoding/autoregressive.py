@@ -24,7 +24,7 @@ def prefill(runner: ModelRunner, seqs: list[Sequence], stats: dict) -> dict[int,
         logits = runner.forward(group, [s.prompt_ids for s in group])  # [B, V]
         for s in group:
             runner.commit(s, len(s.prompt_ids))
-        toks = sample(logits, [s.params for s in group], [s.generator for s in group])
+        toks = sample(logits, [s.params for s in group], [s.generator for s in group], [0] * len(group))
         out.update({s.seq_id: [t] for s, t in zip(group, toks)})
     stats["prefill_time_s"] += time.perf_counter() - t0
     stats["prompt_tokens"] += sum(len(s.prompt_ids) for s in seqs)
@@ -45,5 +45,6 @@ class AutoregressiveDecoder:
         logits = self.runner.forward(seqs, [[s.output_ids[-1]] for s in seqs])  # [B, V]
         for s in seqs:
             self.runner.commit(s, 1)
-        toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                      [len(s.output_ids) for s in seqs])
         return {s.seq_id: [t] for s, t in zip(seqs, toks)}

@@ -43,10 +43,6 @@ def load_profile(path: Path, cfg: ModelConfig) -> dict[int, list[int]] | None:
     return dict(zip(cfg.moe_layers, read_counts(f, cfg)))
 
 
-def _size(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset()) -> list[int]:
     """The n most-used experts; ties go to `prefer` (the current set, already resident), then to lower ids."""
     order = sorted(range(len(counts)), key=lambda e: (-counts[e], e not in prefer, e))
@@ -54,19 +50,19 @@ def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset(
 
 
 class _CapturingProvider:
-    """Wraps the provider during a target forward and copies the buffers of the experts the
-    next draft set needs as they stream by (HotTemporal refresh without extra fetches)."""
+    """Wraps the provider during a target forward and copies each expert joining the next draft set
+    into the draft's stacks as it streams by (HotTemporal refresh without extra fetches)."""
 
     def __init__(self, inner, owner: "DraftExperts"):
         self.inner, self.owner = inner, owner
 
     def fetch(self, layer: int, ids: list[int]):
-        want = self.owner.wanted.get(layer, ())
+        want = self.owner.arriving.get(layer, {})
         for e, buf in self.inner.fetch(layer, ids):
             if e in want:
-                self.owner.captured.setdefault(layer, {})[e] = buf.clone()
+                self.owner.write_row(layer, want[e], buf)
+                self.owner.captured.add((layer, e))
             yield e, buf
-        self.owner.refresh_layer(layer)  # install now: one layer's captured experts alive at a time
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -97,15 +93,13 @@ class DraftExperts:
         self.last_counts: dict[int, list[int]] = {}
         self.prefill_counts: dict[int, list[int]] = {}
         self.verifying = False
-        self.wanted: dict[int, set[int]] = {}
-        self.next_ids: dict[int, list[int]] = {}
-        self.captured: dict[int, dict[int, torch.Tensor]] = {}
+        self.arriving: dict[int, dict[int, int]] = {}  # layer → {expert joining the set: stack row it takes}
+        self.captured: set[tuple[int, int]] = set()     # (layer, expert) already copied into its row
         self.hits = self.assignments = 0
         self.refreshes = 0
         self.setup_bytes = self.refresh_bytes = 0
         self.pin_refused: set[int] = set()
         self.pinned: dict[int, set[int]] = {}  # what the provider was last asked to pin
-        self.peak_bytes = 0  # most bytes the draft's copy + a refresh in progress held at once
 
     # ------------------------------------------------------------ draft set
     @property
@@ -155,63 +149,45 @@ class DraftExperts:
                 pin(layer, [])  # drop a pinned set left by an earlier run: the cache may evict it for ours
             self._pin(layer, lids)
         for layer, lids in ids.items():
-            bufs = {e: buf.clone() for e, buf in self.provider.fetch(layer, lids)}
-            self._install(layer, lids, bufs)
+            self.assign(layer, lids)
         self.setup_bytes += self._bytes() - b0
+
+    def assign(self, layer: int, ids: list[int]) -> None:
+        """Make `ids` (n distinct experts) the layer's draft set, expert ids[i] in stack row i, copying each
+        from the provider into the stacks (allocated on first use, in the dtype the provider computes in)."""
+        cfg = self.cfg
+        D, I, Nd = cfg.hidden_size, cfg.expert_intermediate_size, self.n
+        assert len(ids) == Nd, f"a draft set holds {Nd} experts, got {len(ids)}"
+        row = {e: i for i, e in enumerate(ids)}
+        for e, buf in self.provider.fetch(layer, sorted(ids)):
+            if layer not in self.w1:
+                self.w1[layer] = torch.empty(Nd, 2 * I, D, dtype=buf.dtype, device=self.device)
+                self.w2cat[layer] = torch.empty(D, Nd * I, dtype=buf.dtype, device=self.device)
+            self.write_row(layer, row[e], buf)
+        self._index(layer, ids)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the draft's private copy of its experts (the stacks)."""
-        return sum(_size(t) for d in (self.w1, self.w2cat) for t in d.values())
+        """Bytes of the draft's private copy of its experts (the stacks, allocated once per layer)."""
+        return sum(t.numel() * t.element_size() for d in (self.w1, self.w2cat) for t in d.values())
 
-    def _install(self, layer: int, ids: list[int], bufs: dict[int, torch.Tensor]) -> None:
-        """Build `layer`'s stacks for `ids`: experts in `bufs` (packed flat buffers) from there, the others
-        copied from the current stacks, straight into the new stacks (no intermediate copy)."""
-        cfg = self.cfg
-        D, I, E, Nd = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts, len(ids)
-        dtype = next(iter(bufs.values())).dtype if bufs else self.w1[layer].dtype
-        w1 = torch.empty(Nd, 2 * I, D, dtype=dtype, device=self.device)  # [Nd, 2I, D]
-        w2cat = torch.empty(D, Nd * I, dtype=dtype, device=self.device)  # [D, Nd·I]
-        old = self.ids.get(layer, [])
-        for i, e in enumerate(ids):
-            if e in bufs:
-                b = bufs[e]
-                w1[i].copy_(b[: 2 * I * D].view(2 * I, D))
-                w2cat[:, i * I:(i + 1) * I].copy_(b[2 * I * D:].view(D, I))
-            else:
-                j = old.index(e)
-                w1[i].copy_(self.w1[layer][j])
-                w2cat[:, i * I:(i + 1) * I].copy_(self.w2cat[layer][:, j * I:(j + 1) * I])
-        held = sum(_size(b) for lay, got in self.captured.items() if lay != layer for b in got.values())
-        self.peak_bytes = max(self.peak_bytes, self.nbytes + held + sum(map(_size, bufs.values()))
-                              + _size(w1) + _size(w2cat))
+    def write_row(self, layer: int, i: int, buf: torch.Tensor) -> None:
+        """Copy a packed expert buffer [gate; up; down] into row i of the draft's stacks (in place: the
+        stacks are allocated once, a refresh copies only the experts that join the set)."""
+        D, I = self.cfg.hidden_size, self.cfg.expert_intermediate_size
+        self.w1[layer][i].copy_(buf[:2 * I * D].view(2 * I, D))
+        self.w2cat[layer][:, i * I:(i + 1) * I].copy_(buf[2 * I * D:].view(D, I))
+
+    def _index(self, layer: int, ids: list[int]) -> None:
+        """Routing maps of a draft set whose expert ids[i] sits in stack row i."""
+        E, Nd = self.cfg.num_experts, len(ids)
         self.ids[layer] = list(ids)
         self.ids_t[layer] = torch.tensor(ids, device=self.device)
-        self.w1[layer], self.w2cat[layer] = w1, w2cat
         local = torch.full((E,), Nd, dtype=torch.long, device=self.device)
         local[self.ids_t[layer]] = torch.arange(Nd, device=self.device)
         self.local[layer] = local
         if self.substitution == "affinity":
             self.sub[layer] = nearest_draft(self.affinity[layer], self.ids_t[layer])
-
-    def row(self, layer: int, e: int) -> torch.Tensor:
-        """Packed flat buffer of draft expert e, rebuilt from the stacks."""
-        i, I = self.ids[layer].index(e), self.cfg.expert_intermediate_size
-        down = self.w2cat[layer][:, i * I:(i + 1) * I]  # [D, I]
-        return torch.cat([self.w1[layer][i].reshape(-1), down.reshape(-1)])
-
-    def refresh_layer(self, layer: int) -> None:
-        """Install `layer`'s refreshed draft set (HotTemporal) as soon as its new experts have streamed by,
-        so the clones of only one layer are alive at a time (the draft does not run during the target
-        forward). A layer whose new experts were not all captured is left to `end_target`."""
-        new = self.next_ids.get(layer)
-        got = self.captured.get(layer, {})
-        if new is None or any(e not in got and e not in self.ids[layer] for e in new):
-            return
-        self._install(layer, new, {e: got[e] for e in new if e in got})
-        del self.next_ids[layer]
-        self.captured.pop(layer, None)
-        self.installed = True
 
     # ------------------------------------------------------------ target forwards (counts, refresh)
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
@@ -228,11 +204,14 @@ class DraftExperts:
             self.hits += sum(counts[e] for e in self.ids[layer])
             self.assignments += sum(counts)
         if self.policy == "hot-temporal" and layer in self.ids:
-            cur = set(self.ids[layer])
-            new = top_n(counts, self.n, cur)
-            if new != self.ids[layer]:
-                self.next_ids[layer] = new
-                self.wanted[layer] = set(new) - cur
+            cur = self.ids[layer]
+            new = top_n(counts, self.n, set(cur))
+            arriving = sorted(set(new) - set(cur))
+            if arriving:
+                # each arriving expert takes the stack row of a leaving one; it is copied there as this layer's
+                # fetch streams it by (`_CapturingProvider`)
+                rows = [i for i, e in enumerate(cur) if e not in new]
+                self.arriving[layer] = dict(zip(arriving, rows))
                 # pin now, before this layer's fetch: the new draft experts were routed in this forward, so a
                 # cache loads them once (as hits of the fetch that follows) instead of fetching and re-pinning
                 self._pin(layer, new)
@@ -245,24 +224,27 @@ class DraftExperts:
 
     def begin_target(self) -> None:
         self.verifying = True
-        self.wanted, self.next_ids, self.captured = {}, {}, {}
-        self.installed = False  # a layer's refresh was installed during this target forward
+        self.arriving, self.captured = {}, set()
 
     def end_target(self) -> None:
-        """Install the refreshed draft set (HotTemporal) from the captured buffers and pin it."""
+        """Finish the HotTemporal refresh: the arriving experts sit in their rows (copied from the fetch
+        stream), so only the small routing maps change."""
         self.verifying = False
-        if not self.next_ids and not self.installed:
+        if not self.arriving:
             return
         b0 = self._bytes()
-        for layer, new in self.next_ids.items():
-            got = self.captured.pop(layer, {})
-            missing = [e for e in new if e not in got and e not in self.ids[layer]]
-            if missing:  # not expected: every wanted expert was routed, hence fetched, in this forward
-                got.update({e: buf.clone() for e, buf in self.provider.fetch(layer, missing)})
-            self._install(layer, new, {e: got[e] for e in new if e in got})
+        for layer, rows in self.arriving.items():
+            missing = [e for e in rows if (layer, e) not in self.captured]
+            if missing:  # not expected: every arriving expert was routed, hence fetched, in this forward
+                for e, buf in self.provider.fetch(layer, missing):
+                    self.write_row(layer, rows[e], buf)
+            ids = list(self.ids[layer])
+            for e, i in rows.items():
+                ids[i] = e
+            self._index(layer, ids)
         self.refreshes += 1
         self.refresh_bytes += self._bytes() - b0
-        self.wanted, self.next_ids, self.captured = {}, {}, {}
+        self.arriving, self.captured = {}, set()
 
     # ------------------------------------------------------------ draft forwards
     def context(self, observers: list | None = None) -> ForwardContext:
@@ -309,8 +291,8 @@ class DraftExperts:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
                 "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
                 "draft_refresh_bytes": self.refresh_bytes, "draft_pin_refused": sorted(self.pin_refused),
-                "draft_copy_bytes": self.nbytes, "draft_peak_bytes": self.peak_bytes,
-                "draft_set": {layer: list(ids) for layer, ids in self.ids.items()}}
+                "draft_copy_bytes": self.nbytes,
+                "draft_set": {layer: sorted(ids) for layer, ids in self.ids.items()}}
 
 
 class _NoProvider:

@@ -1,6 +1,17 @@
-"""Sampling: greedy, temperature, top-k, top-p, per-request seeded generators.
+"""Sampling: greedy, temperature, top-k, top-p, per-request seeds.
 
-`probs_from_logits` is shared with speculative decoding, whose rejection sampler must
+Three rules pick a token from a row of logits:
+- greedy (temperature 0): argmax;
+- seeded (a `seed` is set): the Gumbel-max trick with noise that is a pure function of
+  (seed, output position): token = argmax(log p + g(seed, i)). It is an exact sample from p,
+  and because the noise depends on nothing else, a seeded request's tokens depend only on
+  its own logits: not on its batch neighbours, on the decoding mode, or on a draft model
+  (SpecMoE drafts with the same noise and accepts a draft iff it equals the target's pick,
+  which makes speculative output equal plain sampled output token for token);
+- unseeded: a categorical draw from the request's own generator (speculative steps use
+  rejection sampling, which accepts more drafts than the coupled rule).
+
+`probs_from_logits` is shared with speculative decoding, whose acceptance rules must
 compare draft and target distributions after exactly the same filtering."""
 from __future__ import annotations
 
@@ -58,6 +69,34 @@ def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return probs
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(seed: int, index: int) -> int:
+    """splitmix64 of (seed, index): decorrelated generator seeds for neighbouring positions."""
+    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xD1B54A32D192ED03) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def coupled_noise(seed: int, start: int, n: int, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Gumbel noise [n, V] of output positions start .. start+n-1 of a request seeded with `seed`:
+    a pure function of (seed, position), whatever else runs."""
+    g = torch.Generator(device=device)
+    rows = []
+    for i in range(start, start + n):
+        g.manual_seed(_mix(seed, i))
+        rows.append(torch.rand(vocab, generator=g, device=device))
+    u = torch.stack(rows).clamp_(min=1e-20)
+    return -torch.log(-torch.log(u))
+
+
+def coupled_pick(logits: torch.Tensor, p: SamplingParams, noise: torch.Tensor) -> torch.Tensor:
+    """Seeded rule: argmax(log p + g) over logits [..., V] with Gumbel noise [..., V] → token ids [...]."""
+    return (torch.log(probs_from_logits(logits, p)) + noise).argmax(-1)
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     g = torch.Generator(device=device)
     if seed is None:
@@ -67,12 +106,18 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return g
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator]) -> list[int]:
-    """One token per row of logits [B, V]. Greedy rows take argmax; others draw with their own generator,
-    so a request's tokens do not depend on what else is in the batch."""
-    out = logits.argmax(-1).tolist()
+def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator],
+           positions: list[int]) -> list[int]:
+    """One token per row of logits [B, V]; `positions[b]` is the output index of row b's new token.
+    Greedy rows take argmax, seeded rows the coupled rule, unseeded rows draw with their own generator,
+    so a request's tokens never depend on what else is in the batch."""
+    out = logits.argmax(-1)
     for b, p in enumerate(params):
-        if not p.greedy:
-            probs = probs_from_logits(logits[b], p)
-            out[b] = int(torch.multinomial(probs, 1, generator=gens[b]).item())
-    return out
+        if p.greedy:
+            continue
+        if p.seed is not None:
+            out[b] = coupled_pick(logits[b], p, coupled_noise(p.seed, positions[b], 1, logits.shape[-1],
+                                                               logits.device)[0])
+        else:
+            out[b] = torch.multinomial(probs_from_logits(logits[b], p), 1, generator=gens[b])[0]
+    return out.tolist()

@@ -10,10 +10,14 @@ One **step** = one draft phase + one verification forward, batched over every ac
 2. verify (`verify`): ONE target forward over all B × (γ_b+1) positions (the pending token +
    the drafts), writing the target's K/V over the draft's; each MoE layer fetches the union of
    its experts once for the whole batch. Its routing counts refresh the HotTemporal draft set.
-3. accept (`accept`): per sequence, greedy (longest prefix equal to the target argmax +
-   correction/bonus) or rejection sampling (`rejection.rejection_sample`, with the sequence's
-   own generator). Commit accepted + 1 positions (the K/V of the pending token and of the
-   accepted drafts); the emitted correction/bonus token is the new pending token.
+3. accept (`accept`): greedy and seeded sampled sequences in one pass: the longest draft prefix
+   equal to the target's pick (argmax, or for seeded rows the Gumbel-max pick with the noise of
+   that output position, see `sampling`) + the target's pick after it (correction/bonus). The
+   seeded rule makes a seeded request's output independent of the draft and of its batch
+   neighbours (equal to plain sampled decoding with the same seed). Unseeded sampled sequences use
+   rejection sampling (`rejection.rejection_sample`, with the sequence's own generator), which
+   accepts more. Commit accepted + 1 positions (the K/V of the pending token and of the accepted
+   drafts); the emitted correction/bonus token is the new pending token.
 
 `decoding="auto"` wraps the same step in a small cost model (`CostModel`) fed by measured
 timings that picks speculation or a plain AR step per batch size.
@@ -28,7 +32,7 @@ import torch
 from specmoe.decoding.draft import DraftExperts
 from specmoe.decoding.rejection import greedy_accept, rejection_sample
 from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import probs_from_logits, sample
+from specmoe.decoding.sampling import coupled_noise, coupled_pick, probs_from_logits, sample
 from specmoe.decoding.sequence import Sequence
 
 # B=sequences, G=gamma (max drafted tokens this step), T=G+1 verified positions, V=vocab
@@ -41,11 +45,14 @@ def _now(device: torch.device) -> float:
 
 
 @torch.inference_mode()
-def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gammas: list[int]):
-    """Draft gammas[b] tokens for each sequence. Returns (draft ids [B, G] on the device, draft
-    probabilities q [B, G, V] of the sampled sequences or None when all are greedy). Cache lengths
-    are unchanged on return."""
+def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gammas: list[int],
+          noise: dict[int, torch.Tensor] | None = None):
+    """Draft gammas[b] tokens for each sequence: greedy rows take the argmax, seeded sampled rows b the
+    coupled pick with `noise[b]` [γ_b+1, V], unseeded sampled rows draw from q with their own generator.
+    Returns (draft ids [B, G] on the device, q [B, G, V] of the unseeded sampled rows or None when there
+    are none). Cache lengths are unchanged on return."""
     cache, dev = runner.cache, runner.device
+    noise = noise or {}
     B, G = len(seqs), max(gammas)
     out = torch.zeros(B, G, dtype=torch.long, device=dev)
     if G == 0:
@@ -64,11 +71,15 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
             nxt = logits.argmax(-1)  # [b]
             for i, b in enumerate(rows):
                 s = seqs[b]
-                if not s.params.greedy:
-                    if q is None:
-                        q = torch.zeros(B, G, logits.shape[-1], device=dev)
-                    q[b, j] = probs_from_logits(logits[i], s.params)
-                    nxt[i] = torch.multinomial(q[b, j], 1, generator=s.generator)[0]
+                if s.params.greedy:
+                    continue
+                if b in noise:
+                    nxt[i] = coupled_pick(logits[i], s.params, noise[b][j])
+                    continue
+                if q is None:
+                    q = torch.zeros(B, G, logits.shape[-1], device=dev)
+                q[b, j] = probs_from_logits(logits[i], s.params)
+                nxt[i] = torch.multinomial(q[b, j], 1, generator=s.generator)[0]
             if idx is None:
                 out[:, j] = nxt
                 tok = nxt[:, None]
@@ -84,6 +95,12 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
     return out, q
 
 
+def step_noise(seqs: list[Sequence], gammas: list[int], vocab: int, device) -> dict[int, torch.Tensor]:
+    """Gumbel noise [γ_b+1, V] of the output positions a step may emit, for each seeded sampled row b."""
+    return {b: coupled_noise(s.params.seed, len(s.output_ids), g + 1, vocab, device)
+            for b, (s, g) in enumerate(zip(seqs, gammas)) if not s.params.greedy and s.params.seed is not None}
+
+
 def verify(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], drafts: list[list[int]]):
     """One target forward over the pending token + drafts of every sequence → logits [B, T, V]."""
     ctx = drafter.target_context(runner.context())
@@ -96,22 +113,25 @@ def verify(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], dra
 
 
 def accept(seqs: list[Sequence], drafts: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
-           gammas: list[int]) -> list[list[int]]:
-    """Tokens to emit per sequence (accepted drafts + correction/bonus). Greedy sequences in one
-    vectorised pass; sampled ones by rejection sampling with their own generator."""
-    B = len(seqs)
-    dev = logits.device
+           gammas: list[int], noise: dict[int, torch.Tensor] | None = None) -> list[list[int]]:
+    """Tokens to emit per sequence (accepted drafts + correction/bonus). drafts [B, G], logits [B, T, V].
+    Greedy rows and seeded sampled rows (`noise[b]` [γ_b+1, V]) in one vectorised pass of exact-match
+    acceptance against the target's pick; unseeded sampled rows by rejection sampling against q [B, G, V]
+    with their own generator."""
+    noise = noise or {}
+    B, dev = len(seqs), logits.device
     out: list[list[int]] = [[] for _ in range(B)]
-    greedy = [b for b, s in enumerate(seqs) if s.params.greedy]
-    if greedy:
-        g = torch.tensor(greedy, device=dev)
-        tgt = logits[g].argmax(-1)  # [b, T]
-        n = greedy_accept(drafts[g], tgt, torch.tensor([gammas[b] for b in greedy], device=dev))
-        d_l, t_l, n_l = drafts[g].tolist(), tgt.tolist(), n.tolist()
-        for i, b in enumerate(greedy):
-            out[b] = d_l[i][:n_l[i]] + [t_l[i][n_l[i]]]
+    tgt = logits.argmax(-1)  # [B, T]
+    for b, n in noise.items():
+        tgt[b, :gammas[b] + 1] = coupled_pick(logits[b, :gammas[b] + 1], seqs[b].params, n)
+    exact = [b for b, s in enumerate(seqs) if s.params.greedy or b in noise]
+    if exact:
+        n_acc = greedy_accept(drafts, tgt[:, :drafts.shape[1] + 1], torch.tensor(gammas, device=dev))  # [B]
+        d_l, t_l, n_l = drafts.tolist(), tgt.tolist(), n_acc.tolist()  # the one host read of the exact rows
+        for b in exact:
+            out[b] = d_l[b][:n_l[b]] + [t_l[b][n_l[b]]]
     for b, s in enumerate(seqs):
-        if s.params.greedy:
+        if s.params.greedy or b in noise:
             continue
         G = gammas[b]
         p = probs_from_logits(logits[b, :G + 1], s.params)  # [G+1, V]
@@ -235,7 +255,8 @@ class SpecMoEDecoder:
             self.drafter.end_target()
         for s in seqs:
             self.runner.commit(s, 1)
-        toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                      [len(s.output_ids) for s in seqs])
         dt = _now(dev) - t0
         self.ar_steps += 1
         self.ar_time += dt
@@ -251,13 +272,14 @@ class SpecMoEDecoder:
         gammas = [self._gamma_for(s) for s in seqs]
         t0 = _now(dev)
         b0 = self._bytes()
-        drafts, q = draft(self.runner, self.drafter, seqs, gammas)
+        noise = step_noise(seqs, gammas, self.runner.model.cfg.vocab_size, dev)
+        drafts, q = draft(self.runner, self.drafter, seqs, gammas, noise)
         self.draft_phase_bytes += self._bytes() - b0
         d_list = drafts.tolist()
         t1 = _now(dev)
         logits = verify(self.runner, self.drafter, seqs, [d[:g] for d, g in zip(d_list, gammas)])  # [B, T, V]
         t2 = _now(dev)
-        out = accept(seqs, drafts, q, logits, gammas)
+        out = accept(seqs, drafts, q, logits, gammas, noise)
         for s, toks in zip(seqs, out):
             self.runner.commit(s, len(toks))  # K/V of the pending token + the accepted drafts
         t3 = _now(dev)
@@ -282,6 +304,7 @@ class SpecMoEDecoder:
               "substitution": self.drafter.substitution, "draft_policy": self.drafter.policy,
               "tokens_per_step": self.emitted / self.seq_steps if self.seq_steps else 0.0,
               "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(self.acc_pos, self.drafted_pos)],
+              "drafted_tokens": sum(self.drafted_pos), "accepted_tokens": sum(self.acc_pos),
               "draft_time_s": self.draft_time, "verify_time_s": self.verify_time, "accept_time_s": self.accept_time,
               "ar_time_s": self.ar_time, "draft_phase_bytes": self.draft_phase_bytes}
         st.update(self.drafter.stats())

@@ -20,6 +20,7 @@ from specmoe.decoding.sequence import Sequence
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.stats import derived, memory_stats, new_stats
 from specmoe.engine.tokenizer import Tokenizer
+from specmoe.bundled import demo_model_dir
 from specmoe.errors import InputError, SpecMoEError
 from specmoe.engine.options import split_options
 from specmoe.experts.factory import build_provider
@@ -28,14 +29,12 @@ from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
 from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
 
-DEMO_MODEL = Path(__file__).resolve().parents[2] / "models" / "specmoe-tiny-moe"
+# the installed copy (wheel) if there is one, else the repository's: see specmoe/bundled.py
+DEMO_MODEL = demo_model_dir(check=False)
 
 
 def default_model_path() -> Path:
-    if not (DEMO_MODEL / "config.json").is_file():
-        raise SpecMoEError(f"the bundled demo model is not at {DEMO_MODEL}; pass model=PATH "
-                           "(a Hugging Face checkpoint directory)")
-    return DEMO_MODEL
+    return demo_model_dir()
 
 
 class LLM:
@@ -208,9 +207,12 @@ class LLM:
         return outs
 
     def _append(self, s: Sequence, tokens: list[int]) -> None:
-        """Append tokens one by one, stopping at EOS, a stop string, max_tokens or the context end."""
-        for t in tokens:
+        """Append tokens one by one, stopping at EOS, a stop string, max_tokens or the context end. Tokens
+        after the stop are dropped and their K/V positions rolled back, so the cache keeps the invariant
+        of `Sequence` (a stop inside an accepted draft run truncates exactly there)."""
+        for i, t in enumerate(tokens):
             if s.finished:
+                self._cache.lengths[s.slot] -= len(tokens) - i
                 return
             s.output_ids.append(t)
             self._stats["generated_tokens"] += 1

@@ -4,8 +4,8 @@ before anything is allocated.
 Parts (bytes): `resident_experts` (offload none), `expert_cache_slots` (slots × slot bytes × MoE
 layers), `scratch` (the cache's spare buffers for a union larger than a layer's slots), `staging`
 (CUDA + disk: pinned host buffers a read lands in before its device copy), `draft_copy` (SpecMoE:
-the draft's private copy of its N experts per MoE layer), `draft_refresh` (its transient while a
-refreshed layer is installed: the captured new experts + the new stacks of one layer), `host_tier`
+the draft's private copy of its N experts per MoE layer: stacks allocated once, refreshed in place),
+`host_tier`
 (offload host: every expert in host RAM).
 
 `memory_budget` bounds the sum of all parts; `cache_bytes` bounds the device working set (slots,
@@ -22,9 +22,9 @@ from specmoe.errors import InputError, MemoryBudgetError
 SCRATCH_BUFFERS = 2  # double buffering: one spare expert computes while the next loads
 STAGING_BUFFERS = 4  # CUDA + disk tier
 
-PARTS = ("resident_experts", "expert_cache_slots", "scratch", "staging", "draft_copy", "draft_refresh", "host_tier")
+PARTS = ("resident_experts", "expert_cache_slots", "scratch", "staging", "draft_copy", "host_tier")
 # parts that `cache_bytes` bounds (the device working set of the offloader and the draft)
-WORKING_SET = ("expert_cache_slots", "scratch", "staging", "draft_copy", "draft_refresh")
+WORKING_SET = ("expert_cache_slots", "scratch", "staging", "draft_copy")
 
 
 class BudgetTooSmallError(MemoryBudgetError, InputError):
@@ -37,9 +37,9 @@ def mib(n: int) -> str:
 
 
 def draft_parts(mc: ModelConfig, draft_experts: int, expert_bytes: int) -> dict[str, int]:
-    """The SpecMoE draft's copy of its experts and its refresh transient (0 without speculation)."""
+    """The SpecMoE draft's copy of its experts (0 without speculation)."""
     n = min(draft_experts, mc.num_experts)
-    return {"draft_copy": n * len(mc.moe_layers) * expert_bytes, "draft_refresh": 2 * n * expert_bytes}
+    return {"draft_copy": n * len(mc.moe_layers) * expert_bytes}
 
 
 @dataclass

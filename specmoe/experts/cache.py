@@ -6,7 +6,7 @@ copy (or one aligned read straight into the slot). `fetch(layer, ids)` hands out
 experts first while misses load on a background I/O thread (mixtral-offloading's
 generator), so compute on resident experts overlaps the transfers.
 
-Policies (DESIGN.md strategies 1–4):
+Policies (docs/ARCHITECTURE.md, "cache policies"):
 - `ondemand` (MoE-OnDemand): nothing outlives the layer's forward except pinned experts;
 - `static` (MoE-Caching): the hottest ~10% experts of each layer, from a profile, never
   leave; the other slots behave on demand;

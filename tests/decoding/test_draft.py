@@ -46,7 +46,7 @@ def _drafter(ck, substitution, n, ids=None):
     d.setup()
     if ids is not None:
         for layer in cfg.moe_layers:
-            d._install(layer, ids, {e: prov.layers[layer][e] for e in ids})
+            d.assign(layer, ids)
     return d, prov
 
 
@@ -84,8 +84,43 @@ def test_grouped_draft_op_equals_sparse_path(mixtral, tokens):
     block = MoEBlock(cfg, layer)
     ref = block.experts_forward(x, w, ids, ForwardContext(provider=prov))
     assert torch.allclose(d.experts_override(layer, x, w, ids), ref, atol=1e-5)
-    for e in (0, 5, 7):  # the stacks give back each expert's packed buffer (used when the set is refreshed)
-        assert torch.equal(d.row(layer, e), prov.layers[layer][e])
+    _assert_stacks_hold(d, prov, layer)
+
+
+def _assert_stacks_hold(d, prov, layer):
+    """Row i of the draft's stacks is expert d.ids[layer][i], bit for bit."""
+    cfg = d.cfg
+    D, I = cfg.hidden_size, cfg.expert_intermediate_size
+    for i, e in enumerate(d.ids[layer]):
+        buf = prov.layers[layer][e]
+        assert torch.equal(d.w1[layer][i], buf[:2 * I * D].view(2 * I, D))
+        assert torch.equal(d.w2cat[layer][:, i * I:(i + 1) * I], buf[2 * I * D:].view(D, I))
+
+
+def test_hot_temporal_refresh_copies_arriving_experts_in_place(tiny_ckpt, monkeypatch):
+    """A verification that routes to other experts refreshes the set: the arriving experts are copied into
+    the rows of the leaving ones as the fetch streams them by; the stacks are never re-allocated."""
+    from specmoe import LLM, SamplingParams
+    seen = {"refreshed": 0}
+    orig = DraftExperts.end_target
+
+    def checked(self):
+        before = {layer: list(ids) for layer, ids in self.ids.items()}
+        ptrs = {layer: (self.w1[layer].data_ptr(), self.w2cat[layer].data_ptr()) for layer in self.ids}
+        orig(self)
+        for layer in self.ids:
+            assert (self.w1[layer].data_ptr(), self.w2cat[layer].data_ptr()) == ptrs[layer], "re-allocated"
+            _assert_stacks_hold(self, resident, layer)
+            seen["refreshed"] += set(self.ids[layer]) != set(before[layer])
+    monkeypatch.setattr(DraftExperts, "end_target", checked)
+    resident = ResidentExperts(Checkpoint(tiny_ckpt("olmoe")), torch.float32)
+    llm = LLM(tiny_ckpt("olmoe"), decoding="specmoe", draft_experts=3, num_draft_tokens=3, offload="host",
+              cache_experts=6)
+    llm.generate([[90, 91, 92, 93, 94, 95], [40, 41, 42, 43], [1, 2, 3]],
+                 SamplingParams(max_tokens=12, ignore_eos=True))
+    assert seen["refreshed"] > 0, "some verification changed a draft set"
+    st = llm.stats
+    assert st["draft_set_refreshes"] > 0 and st["draft_refresh_bytes"] == 0
 
 
 def test_profile_formats_and_top_n(tmp_path, mixtral):

@@ -1,0 +1,40 @@
+"""Where the bundled demo model and the held-out benchmark prompts are.
+
+In a repository checkout (and an editable install) they are `models/specmoe-tiny-moe/` and
+`benchmarks/prompts/` at the repository root. A built wheel carries copies of both inside the
+package (`specmoe/demo_model/`, `specmoe/demo_prompts/`: pyproject.toml maps those package
+directories onto the repository folders), so an installed `specmoe` needs no checkout.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from specmoe.errors import SpecMoEError
+
+PACKAGE = Path(__file__).resolve().parent
+REPO = PACKAGE.parent
+DEMO_MODEL_CANDIDATES = (PACKAGE / "demo_model", REPO / "models" / "specmoe-tiny-moe")
+PROMPTS_CANDIDATES = (PACKAGE / "demo_prompts", REPO / "benchmarks" / "prompts")
+
+
+def demo_model_dir(check: bool = True) -> Path:
+    """The bundled demo checkpoint: the installed copy if there is one, else the repository's.
+    When neither holds a config.json: SpecMoEError naming both places (`check=False`: the
+    repository's path)."""
+    for d in DEMO_MODEL_CANDIDATES:
+        if (d / "config.json").is_file():
+            return d
+    if not check:
+        return DEMO_MODEL_CANDIDATES[-1]
+    raise SpecMoEError("the bundled demo model is missing (looked in "
+                       f"{' and '.join(str(d) for d in DEMO_MODEL_CANDIDATES)}); "
+                       "pass model=PATH (--model PATH), a Hugging Face checkpoint directory")
+
+
+def prompts_dir() -> Path:
+    """The held-out prompts folder (`<domain>.jsonl`): the installed copy if there is one, else the
+    repository's; the repository's path when neither exists (callers fall back to built-in prompts)."""
+    for d in PROMPTS_CANDIDATES:
+        if any(d.glob("*.jsonl")):
+            return d
+    return PROMPTS_CANDIDATES[-1]
