@@ -166,6 +166,11 @@ class DraftExperts:
             self.write_row(layer, row[e], buf)
         self._index(layer, ids)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the draft's private copy of its experts (the stacks, allocated once per layer)."""
+        return sum(t.numel() * t.element_size() for d in (self.w1, self.w2cat) for t in d.values())
+
     def write_row(self, layer: int, i: int, buf: torch.Tensor) -> None:
         """Copy a packed expert buffer [gate; up; down] into row i of the draft's stacks (in place: the
         stacks are allocated once, a refresh copies only the experts that join the set)."""
@@ -286,6 +291,7 @@ class DraftExperts:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
                 "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
                 "draft_refresh_bytes": self.refresh_bytes, "draft_pin_refused": sorted(self.pin_refused),
+                "draft_copy_bytes": self.nbytes,
                 "draft_set": {layer: sorted(ids) for layer, ids in self.ids.items()}}
 
 

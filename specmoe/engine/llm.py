@@ -18,13 +18,14 @@ from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sampling import SamplingParams, make_generator
 from specmoe.decoding.sequence import Sequence
 from specmoe.engine.outputs import RequestOutput
-from specmoe.engine.stats import derived, new_stats
+from specmoe.engine.stats import derived, memory_stats, new_stats
 from specmoe.engine.tokenizer import Tokenizer
 from specmoe.bundled import demo_model_dir
 from specmoe.errors import InputError, SpecMoEError
 from specmoe.engine.options import split_options
 from specmoe.experts.factory import build_provider
-from specmoe.models.kv_cache import KVCache
+from specmoe.experts.memory import check_fits, device_memory
+from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
 from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
 
@@ -57,8 +58,10 @@ class LLM:
         self.config = self.ckpt.config
         self.dtype = resolve_dtype(dtype, default=self.config.dtype)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
-        self.provider = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype, device=self.device,
-                                       progress=progress, model=self.model)
+        draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
+        self.provider, self.expert_memory = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype,
+                                                           device=self.device, draft_experts=draft_experts,
+                                                           progress=progress, model=self.model)
         self.tokenizer = Tokenizer.load(self.path)
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
                                  self.config.max_position_embeddings)
@@ -72,16 +75,33 @@ class LLM:
         self._next_id = 0
 
     # ---------------------------------------------------------------- helpers
-    def _cache_for(self, max_seq: int) -> KVCache:
+    def _cache_for(self, slots: int, positions: int, cap: int) -> KVCache:
+        """A KV cache of at least `slots` slots × `positions` positions (rounded up to a block, at most `cap`,
+        the most positions the run can write). The previous cache is reused only if it covers that and is at
+        most twice its size, so KV memory follows the admitted requests, not max_batch × the context."""
+        want = round_positions(positions, cap)
         c = self._cache
-        if c is None or c.max_seq < max_seq:
+        if c is None or c.max_batch < slots or c.max_seq < want or c.nbytes > 2 * c.bytes_for(slots, want):
             cfg = self.config
             self._cache = None  # free the old one first
-            self._cache = KVCache(num_layers=cfg.num_layers, max_batch=self.max_batch, max_seq=max_seq,
+            self._cache = KVCache(num_layers=cfg.num_layers, max_batch=slots, max_seq=want,
                                   num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=self.dtype,
                                   device=self.device)
-        self._cache.lengths = [0] * self.max_batch
+        self._cache.lengths = [0] * self._cache.max_batch
         return self._cache
+
+    def _kv_slots(self, prompt_ids, plist, look: int) -> int:
+        """Slots for the requests that can be active at once: min(max_batch, requests, how many sequences of
+        the run's longest length the device's free memory holds), so the cache never outgrows memory mid-run
+        (requests beyond it wait). A request that cannot fit even alone is refused before any work."""
+        cfg = self.config
+        i = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + plist[i].max_tokens)
+        n = min(self.max_model_len, len(prompt_ids[i]) + plist[i].max_tokens) + look
+        one = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, 1, n)
+        check_fits(f"the KV cache of request {i} ({len(prompt_ids[i])} prompt + {plist[i].max_tokens} max_tokens "
+                   f"+ {look} lookahead = {n} positions × {cfg.num_layers} layers)", one, self.device)
+        room = device_memory(self.device)[1] + (self._cache.nbytes if self._cache is not None else 0)
+        return max(1, min(self.max_batch, len(prompt_ids), room // one))
 
     def _wire(self, runner: ModelRunner) -> ModelRunner:
         """The expert provider observes routing (telemetry) and each MoE layer's input (prefetch)."""
@@ -130,12 +150,14 @@ class LLM:
         return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
 
     def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
-        max_seq = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist)))
-        cache = self._cache_for(max_seq + lookahead(self.spec_cfg))  # room for speculative positions
+        look = lookahead(self.spec_cfg)  # KV positions a step writes past the committed length
+        cap = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist))) + look
+        n_slots = self._kv_slots(prompt_ids, plist, look)  # requests that can be active at once
+        cache = self._cache_for(n_slots, max(len(p) for p in prompt_ids[:n_slots]) + look, cap)
         runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
         strategy = make_strategy(runner, self.spec_cfg, engine=self)
         waiting = list(range(len(prompt_ids)))
-        free_slots = list(range(self.max_batch))
+        free_slots = list(range(n_slots))
         active: list[Sequence] = []
         done: dict[int, Sequence] = {}
         st = self._stats
@@ -151,11 +173,13 @@ class LLM:
                     cache.lengths[slot] = 0  # a freed slot's stale keys are masked until overwritten
                     new.append(Sequence(seq_id=i, prompt_ids=prompt_ids[i], params=sp, slot=slot,
                                         generator=make_generator(sp.seed, self.device)))
+                cache.reserve(n_slots, round_positions(max(len(s.prompt_ids) for s in new) + look, cap))
                 first = prefill(runner, sorted(new, key=lambda s: s.slot), st)
                 for s in new:
                     self._append(s, first[s.seq_id])
                 active += new
             else:
+                cache.reserve(n_slots, round_positions(max(cache.lengths[s.slot] for s in active) + look, cap))
                 t0 = time.perf_counter()
                 out = strategy.step(active)
                 st["decode_time_s"] += time.perf_counter() - t0
@@ -208,7 +232,7 @@ class LLM:
         if len(ids) > self.max_batch:
             return torch.cat([self.logits(ids[i:i + self.max_batch]) for i in range(0, len(ids), self.max_batch)])
         T = max(len(t) for t in ids)
-        cache = self._cache_for(T)
+        cache = self._cache_for(len(ids), T, T)
         runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
         seqs = [Sequence(seq_id=i, prompt_ids=t, params=SamplingParams(), slot=i, generator=torch.Generator())
                 for i, t in enumerate(ids)]
@@ -226,6 +250,7 @@ class LLM:
             s.update(self.provider.stats())
         if s["generated_tokens"] and "bytes_moved" in s:
             s["bytes_per_token"] = s["bytes_moved"] / s["generated_tokens"]
+        s["memory"] = memory_stats(self.model, self.expert_memory, self._cache)
         return s
 
     def reset_stats(self) -> None:

@@ -19,8 +19,9 @@ class OffloadConfig:
                        "direct reads of a one-time aligned repack)", ("none", "host", "disk"))
     cache_experts: int | None = opt(None, "device cache slots per MoE layer (default: a quarter of the experts, "
                                     "at least top-k)", type=int)
-    cache_bytes: int | None = opt(None, "device cache size in bytes over all MoE layers, e.g. 2GiB (sets the "
-                                  "slots per layer; instead of cache_experts)", type=parse_size)
+    cache_bytes: int | None = opt(None, "upper bound on the device expert working set over all MoE layers, e.g. "
+                                  "2GiB: cache slots + scratch rows + staging + SpecMoE's draft copy (sets the "
+                                  "slots per layer from what is left; instead of cache_experts)", type=parse_size)
     cache_policy: str = opt("lru", "expert cache policy: ondemand (nothing kept past a layer), static (hottest "
                             "~10%% per layer from a profile stay), lru, lfu", ("ondemand", "static", "lru", "lfu"))
     prefetch: str = opt("none", "fetch layer l+1's experts while layer l computes: predicted (next router on the "
@@ -30,8 +31,10 @@ class OffloadConfig:
                                   "(10^9 bytes/s); outputs are labelled emulated_link", type=float)
     link_latency_us: float | None = opt(None, "host tier only: emulated per-transfer latency in microseconds",
                                         type=float)
-    memory_budget: int | None = opt(None, "upper bound on expert memory (device cache + host tier), e.g. 8GiB; "
-                                    "exceeding it or the machine's memory is an error", type=parse_size)
+    memory_budget: int | None = opt(None, "upper bound on all expert memory, e.g. 8GiB: resident experts, or "
+                                    "cache slots + scratch + staging + host tier, + SpecMoE's draft copy (not the "
+                                    "KV cache or the non-expert weights); too small is an error at construction; "
+                                    "llm.stats['memory'] shows each part", type=parse_size)
     repack_dir: str | None = opt(None, "disk tier: directory of the aligned expert repack (default: "
                                  "<checkpoint>/.specmoe, else ~/.cache/specmoe/<hash>)", type=str)
 

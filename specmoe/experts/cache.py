@@ -30,6 +30,8 @@ import torch
 
 from specmoe.config import ModelConfig
 from specmoe.errors import InputError
+from specmoe.experts.budget import SCRATCH_BUFFERS, STAGING_BUFFERS
+from specmoe.experts.buffers import Spill, alloc_rows
 from specmoe.experts.memory import aligned_empty, check_fits, fmt_bytes
 from specmoe.experts.tiers import slot_bytes
 
@@ -70,7 +72,8 @@ class ExpertCache:
     Not thread-safe: one compute thread calls it; only the transfers run on the I/O thread."""
 
     def __init__(self, tier, cfg: ModelConfig, *, slots: int, policy: str = "lru", prefetch: str = "none",
-                 device: torch.device | str = "cpu", memory_budget: int | None = None, link: dict | None = None):
+                 device: torch.device | str = "cpu", memory_budget: int | None = None, link: dict | None = None,
+                 scratch_buffers: int = SCRATCH_BUFFERS):
         if policy not in POLICIES:
             raise InputError(f"cache_policy={policy!r}; choose one of {', '.join(POLICIES)}")
         if prefetch not in PREFETCH:
@@ -91,15 +94,20 @@ class ExpertCache:
         self.memory_budget = memory_budget
         self.moe_layers = tuple(cfg.moe_layers)
         self.nbytes = slots * self.slot_bytes * len(self.moe_layers)
+        # a union larger than a layer's slots streams through a few spare rows, allocated here, reused, never grown
+        n_scratch = scratch_buffers if slots < cfg.num_experts else 0
+        self.scratch_bytes = n_scratch * self.slot_bytes
+        self.staging_bytes = STAGING_BUFFERS * self.slot_bytes if self.cuda and tier.kind != "host" else 0
         check_fits(f"the expert cache ({slots} slots × {len(self.moe_layers)} MoE layers × "
-                   f"{fmt_bytes(self.slot_bytes)})", self.nbytes, self.device, budget=memory_budget)
+                   f"{fmt_bytes(self.slot_bytes)} + {n_scratch} scratch)", self.nbytes + self.scratch_bytes,
+                   self.device, budget=memory_budget)
         self.layers: dict[int, _Layer] = {}
         for layer in self.moe_layers:
             rows = self._alloc(slots)
             self.layers[layer] = _Layer(rows, cfg.num_experts)
         self._queue: list = []  # loads not yet handed to the I/O thread
-        self._scratch: list[torch.Tensor] = []
-        self._scratch_allocated = 0
+        self._scratch: list[torch.Tensor] = list(self._alloc(n_scratch)) if n_scratch else []  # free spare rows
+        self.scratch_buffers = n_scratch
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specmoe-io")  # one queue, like one link
         self.model = None
         self._next: tuple[int, list[int]] | None = None  # prefetch planned by the layer hook
@@ -109,7 +117,8 @@ class ExpertCache:
         self._oracle_pos = 0
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(self.device)
-            self._staging = [[aligned_empty(self.slot_bytes, pin=True), None] for _ in range(4)]
+            self._staging = [[aligned_empty(self.slot_bytes, pin=True), None]
+                             for _ in range(self.staging_bytes // self.slot_bytes)]  # disk reads land here
             self._stage_i = 0
             for L in self.layers.values():
                 L.done_event = torch.cuda.Event()
@@ -132,27 +141,16 @@ class ExpertCache:
 
     # ------------------------------------------------------------------ buffers
     def _alloc(self, n: int) -> torch.Tensor:
-        """n rows of slot bytes; on CPU aligned so the disk tier reads straight into a row."""
-        if self.cuda:
-            return torch.empty(n, self.slot_bytes, dtype=torch.uint8, device=self.device)
-        return aligned_empty(n * self.slot_bytes).view(n, self.slot_bytes)
+        return alloc_rows(n, self.slot_bytes, self.device)
 
     def _typed(self, row: torch.Tensor) -> torch.Tensor:
         return row[: self.expert_bytes].view(self.dtype)  # [3·I·D]
 
-    def _scratch_get(self) -> torch.Tensor:
-        if not self._scratch:
-            check_fits("an expert scratch buffer", self.slot_bytes, self.device)
-            self._scratch.append(self._alloc(1)[0])
-            self._scratch_allocated += 1
-        return self._scratch.pop()
-
     # ------------------------------------------------------------------ transfers
-    def _submit(self, layer: int, e: int, dst: torch.Tensor, *, scratch: bool = False) -> Future:
+    def _submit(self, layer: int, e: int, dst: torch.Tensor, *, scratch: bool = False, after=None) -> Future:
         """Queue one expert load; `_flush` hands the queue to the I/O thread as one job (one thread
         wake-up per layer instead of one per expert: on a busy CPU each wake-up costs ~0.1-1 ms)."""
-        after = None
-        if self.cuda:
+        if self.cuda and after is None:
             # a slot may be overwritten once the compute that last read this layer's slots is done;
             # a scratch buffer may have been read by any layer: wait for the latest compute
             after = self._last_done if scratch else self.layers[layer].done_event
@@ -353,17 +351,17 @@ class ExpertCache:
             L.prefetched.clear()
         hits = [e for e in ids if e in L.slot_of]
         misses = [e for e in ids if e not in L.slot_of]
-        jobs, scratch = [], []
+        jobs, later = [], []
         for e in misses:
             slot = self._take_slot(L, need)
-            if slot is None:  # the union outgrew the layer's slots: spare buffers, never a failure
-                buf = self._scratch_get()
-                scratch.append(buf)
-                s["scratch_fetches"] += 1
+            if slot is None:  # the union outgrew the layer's slots: through the scratch rows, never a failure
+                later.append(e)
             else:
                 self._place(L, e, slot)
-                buf = L.rows[slot]
-            jobs.append((e, buf, self._submit(layer, e, buf, scratch=slot is None)))
+                jobs.append((e, L.rows[slot], self._submit(layer, e, L.rows[slot])))
+        s["scratch_fetches"] += len(later)
+        spilled = Spill(self._scratch, later, lambda e, buf, after: self._submit(layer, e, buf, scratch=True,
+                                                                                  after=after), self.device)
         for e in ids:
             L.freq[e] += 1
             if e in L.recency:
@@ -387,6 +385,13 @@ class ExpertCache:
                 t0 = time.perf_counter()
                 yield e, self._typed(buf)
                 s["expert_compute_s"] += time.perf_counter() - t0
+            while spilled:
+                e, buf, fut = spilled.pop()
+                self._wait(fut)
+                t0 = time.perf_counter()
+                yield e, self._typed(buf)
+                s["expert_compute_s"] += time.perf_counter() - t0
+                spilled.done(buf)  # the consumer is done with it: the next spilled expert may overwrite it
         finally:
             self._flush()
             for e, buf, fut in jobs:
@@ -394,7 +399,7 @@ class ExpertCache:
                     fut.exception()  # never leave a transfer writing into a buffer we hand back
                     if e in L.slot_of and L.rows[L.slot_of[e]].data_ptr() == buf.data_ptr():
                         self._release(L, e)
-            self._scratch += scratch
+            spilled.close()
             if self.cuda:  # fresh events: loads already queued keep waiting on the ones they captured
                 L.done_event = torch.cuda.Event()
                 L.done_event.record(torch.cuda.current_stream(self.device))
@@ -477,7 +482,7 @@ class ExpertCache:
                "hit_rate": s["hits"] / req if req else 0.0,
                "hit_rate_per_layer": [h / (h + m) if h + m else 0.0
                                       for h, m in zip(s["hits_per_layer"], s["misses_per_layer"])],
-               "scratch_buffers": self._scratch_allocated}
+               "scratch_buffers": self.scratch_buffers}
         out["expert_counts"] = [list(r) for r in s["expert_counts"]]
         if self.prefetch == "oracle":
             out["oracle"] = "replaying" if self._oracle_replay else "recording"

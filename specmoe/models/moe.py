@@ -27,7 +27,8 @@ class ExpertProvider(Protocol):
     """Contract: `fetch(layer, ids)` yields `(expert_id, buffer)` exactly once for every id
     in `ids` (a sorted list of distinct ids), in any order (resident ones first is
     best), where `buffer` is the expert packed flat as [gate (I·D); up (I·D); down (D·I)]
-    on the compute device, valid until the generator is exhausted."""
+    on the compute device, valid until the next item is asked for (an offloading cache reuses
+    its few scratch rows); a consumer that keeps a buffer longer clones it."""
 
     def fetch(self, layer: int, ids: list[int]):
         ...

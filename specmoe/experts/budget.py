@@ -1,0 +1,120 @@
+"""What expert memory a configuration holds, part by part, checked against memory_budget / cache_bytes
+before anything is allocated.
+
+Parts (bytes): `resident_experts` (offload none), `expert_cache_slots` (slots × slot bytes × MoE
+layers), `scratch` (the cache's spare buffers for a union larger than a layer's slots), `staging`
+(CUDA + disk: pinned host buffers a read lands in before its device copy), `draft_copy` (SpecMoE:
+the draft's private copy of its N experts per MoE layer: stacks allocated once, refreshed in place),
+`host_tier`
+(offload host: every expert in host RAM).
+
+`memory_budget` bounds the sum of all parts; `cache_bytes` bounds the device working set (slots,
+scratch, staging and the draft). Either sets the slots per layer from what is left.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from specmoe.config import ModelConfig
+from specmoe.errors import InputError, MemoryBudgetError
+
+SCRATCH_BUFFERS = 2  # double buffering: one spare expert computes while the next loads
+STAGING_BUFFERS = 4  # CUDA + disk tier
+
+PARTS = ("resident_experts", "expert_cache_slots", "scratch", "staging", "draft_copy", "host_tier")
+# parts that `cache_bytes` bounds (the device working set of the offloader and the draft)
+WORKING_SET = ("expert_cache_slots", "scratch", "staging", "draft_copy")
+
+
+class BudgetTooSmallError(MemoryBudgetError, InputError):
+    """memory_budget / cache_bytes cannot hold the minimum (top-k slots + scratch + the draft set ...)."""
+
+
+def mib(n: int) -> str:
+    x = n / 2**20
+    return f"{x:.2f} MiB" if x >= 0.01 or x == 0 else f"{x:.2g} MiB"
+
+
+def draft_parts(mc: ModelConfig, draft_experts: int, expert_bytes: int) -> dict[str, int]:
+    """The SpecMoE draft's copy of its experts (0 without speculation)."""
+    n = min(draft_experts, mc.num_experts)
+    return {"draft_copy": n * len(mc.moe_layers) * expert_bytes}
+
+
+@dataclass
+class ExpertMemory:
+    """The plan: slots per MoE layer and the bytes of each part."""
+    slots: int
+    parts: dict[str, int]
+    memory_budget: int | None = None
+    cache_bytes: int | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        """'expert cache slots 1.69 MiB + scratch 0.28 MiB + ...' (non-zero parts)."""
+        return " + ".join(f"{k.replace('_', ' ')} {mib(v)}" for k, v in self.parts.items() if v)
+
+
+def plan_resident(mc: ModelConfig, *, expert_bytes: int, draft_experts: int,
+                  memory_budget: int | None) -> ExpertMemory:
+    parts = {**dict.fromkeys(PARTS, 0), "resident_experts": mc.num_experts * len(mc.moe_layers) * expert_bytes,
+             **draft_parts(mc, draft_experts, expert_bytes)}
+    plan = ExpertMemory(slots=0, parts=parts, memory_budget=memory_budget)
+    if memory_budget is not None and plan.total > memory_budget:
+        raise BudgetTooSmallError(f"memory_budget={mib(memory_budget)} is too small: {plan.describe()} = "
+                                  f"{mib(plan.total)}; raise memory_budget, offload the experts (offload='host'/"
+                                  "'disk') or lower draft_experts")
+    return plan
+
+
+def plan_offload(mc: ModelConfig, *, offload: str, slot_bytes: int, expert_bytes: int, cuda: bool,
+                 draft_experts: int, cache_experts: int | None, cache_bytes: int | None,
+                 memory_budget: int | None) -> ExpertMemory:
+    """Slots per layer from cache_experts, cache_bytes or memory_budget (default: E/4, at least top-k), and
+    every part; raises when a limit cannot hold top-k slots and the fixed parts, or is exceeded."""
+    if cache_experts is not None and cache_bytes is not None:
+        raise InputError("set cache_experts or cache_bytes, not both")
+    L, E, K = len(mc.moe_layers), mc.num_experts, mc.top_k
+    per_slot = slot_bytes * L
+
+    def parts_for(slots: int) -> dict[str, int]:
+        return {"resident_experts": 0, "expert_cache_slots": slots * per_slot,
+                "scratch": SCRATCH_BUFFERS * slot_bytes if slots < E else 0,
+                "staging": STAGING_BUFFERS * slot_bytes if cuda and offload == "disk" else 0,
+                **draft_parts(mc, draft_experts, expert_bytes),
+                "host_tier": E * L * expert_bytes if offload == "host" else 0}
+
+    fixed = parts_for(0)  # everything but the slots (scratch counted: a cache smaller than E needs it)
+    default = max(K, math.ceil(E / 4))
+    limits = []  # (name, bytes, parts it bounds)
+    if cache_bytes is not None:
+        limits.append(("cache_bytes", cache_bytes, WORKING_SET))
+    if memory_budget is not None:
+        limits.append(("memory_budget", memory_budget, tuple(fixed)))
+    if cache_experts is not None:
+        slots = cache_experts
+    else:
+        slots = default if cache_bytes is None else E
+        for name, limit, keys in limits:
+            left = limit - sum(fixed[k] for k in keys if k != "expert_cache_slots")
+            slots = min(slots, max(0, left) // per_slot)
+    slots = min(slots, E)
+    plan = ExpertMemory(slots=slots, parts=parts_for(slots), memory_budget=memory_budget, cache_bytes=cache_bytes)
+    for name, limit, keys in limits:  # a limit that squeezed the slots below top-k fails here too
+        low = max(slots, K)
+        need = {k: v for k, v in parts_for(low).items() if k in keys}
+        if sum(need.values()) > limit:
+            shown = ExpertMemory(low, need)
+            raise BudgetTooSmallError(
+                f"{name}={mib(limit)} is too small: {low} slots per layer (top-k is {K}) need "
+                f"{shown.describe()} = {mib(shown.total)}; raise {name}"
+                + (" or lower draft_experts" if draft_experts else "")
+                + (" or lower cache_experts" if cache_experts is not None and cache_experts > K else ""))
+    if slots < K:
+        raise InputError(f"the expert cache holds {slots} expert(s) per MoE layer, fewer than the {K} (top-k) "
+                         f"a single token needs; raise cache_experts (or cache_bytes) to at least {K}")
+    return plan
