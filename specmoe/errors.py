@@ -20,3 +20,7 @@ class InputError(SpecMoEError):
 
 class MemoryBudgetError(SpecMoEError):
     """A cache or buffer would not fit in the memory the user allowed or the machine has."""
+
+
+class IntegrityError(CheckpointError):
+    """Bytes read back from the expert repack file do not match what was written (corruption, a short read)."""

@@ -257,3 +257,21 @@ class LLM:
         self._stats = new_stats()
         if hasattr(self.provider, "reset_stats"):
             self.provider.reset_stats()
+
+    def close(self) -> None:
+        """Release the offloaded experts now: the disk tier's file, the I/O thread, the (pinned) host and
+        staging buffers, and the KV cache. Idempotent; using the engine afterwards raises InputError."""
+        from specmoe.experts.cache import ClosedProvider
+        provider = self.__dict__.get("provider")
+        if provider is None or isinstance(provider, ClosedProvider):
+            return
+        if hasattr(provider, "close"):
+            provider.close()
+        self.provider = ClosedProvider(f"this LLM ({self.path})")
+        self._cache = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -39,6 +39,17 @@ from specmoe.experts.tiers import slot_bytes
 
 POLICIES = ("ondemand", "static", "lru", "lfu")
 PREFETCH = ("none", "oracle", "predicted")
+ORACLE_TRACE_MAX = 1 << 20  # recorded forwards·layers: a trace never replayed stops growing here
+
+
+class ClosedProvider:
+    """Takes a closed engine's provider's place: any use raises InputError."""
+
+    def __init__(self, what: str):
+        self._what = what
+
+    def __getattr__(self, name):
+        raise InputError(f"{self._what} is closed (close() was called); create a new LLM")
 
 
 class _Layer:
@@ -74,6 +85,7 @@ class ExpertCache:
     def __init__(self, tier, cfg: ModelConfig, *, slots: int, policy: str = "lru", prefetch: str = "none",
                  device: torch.device | str = "cpu", memory_budget: int | None = None, link: dict | None = None,
                  scratch_buffers: int = SCRATCH_BUFFERS):
+        self.closed = False
         if policy not in POLICIES:
             raise InputError(f"cache_policy={policy!r}; choose one of {', '.join(POLICIES)}")
         if prefetch not in PREFETCH:
@@ -440,7 +452,8 @@ class ExpertCache:
     def _oracle_step(self, layer: int, ids: list[int]):
         key = (layer, tuple(ids))
         if not self._oracle_replay:
-            self._oracle_trace.append(key)
+            if len(self._oracle_trace) < ORACLE_TRACE_MAX:  # bounded: a replay past the end just stops
+                self._oracle_trace.append(key)
             return None
         tr, i = self._oracle_trace, self._oracle_pos
         if i < 0:
@@ -460,6 +473,8 @@ class ExpertCache:
 
     # ------------------------------------------------------------------ telemetry
     def _layer(self, layer: int) -> _Layer:
+        if self.closed:
+            raise InputError("the expert cache is closed (LLM.close() was called); create a new LLM")
         if layer not in self.layers:
             raise InputError(f"layer {layer} is not a MoE layer (MoE layers: {list(self.moe_layers)})")
         return self.layers[layer]
@@ -486,11 +501,21 @@ class ExpertCache:
         out["expert_counts"] = [list(r) for r in s["expert_counts"]]
         if self.prefetch == "oracle":
             out["oracle"] = "replaying" if self._oracle_replay else "recording"
+        if hasattr(self.tier, "verify_s"):  # disk: time in reads and in checksum verification (I/O thread)
+            out.update(io_reads=self.tier.reads, io_read_s=self.tier.read_s, io_verify_s=self.tier.verify_s)
         return out
 
     def close(self) -> None:
-        self.io.shutdown(wait=True)
+        """Stop the I/O thread, close the tier (its file; its host copies) and drop the slots, scratch and
+        pinned staging buffers now. Idempotent; any later fetch/pin raises InputError."""
+        if self.closed:
+            return
+        self.closed = True
+        self.io.shutdown(wait=True, cancel_futures=True)
         self.tier.close()
+        self.layers, self._scratch, self._queue, self._oracle_trace = {}, [], [], []
+        if self.cuda:
+            self._staging = []
 
     def __del__(self):
         io = getattr(self, "io", None)

@@ -6,8 +6,9 @@ A tier copies one expert into a destination buffer with one transfer:
   transfer to latency + bytes / bandwidth (labelled as emulation in every stats dict);
 - `DiskTier`: experts read on demand from the aligned repack file (see repack.py) with
   one `preadv` per expert, through `O_DIRECT` so the page cache is bypassed and the read
-  really hits the SSD. Where the filesystem refuses O_DIRECT it falls back, with a warning,
-  to buffered reads followed by `posix_fadvise(DONTNEED)`.
+  really hits the SSD; every read is verified against the expert's checksum (integrity.py).
+  Where the filesystem refuses O_DIRECT it falls back, with a warning, to buffered reads
+  followed by `posix_fadvise(DONTNEED)`.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import warnings
 
 import torch
 
+from specmoe.errors import CheckpointError, IntegrityError
+from specmoe.experts.integrity import checksum
 from specmoe.experts.memory import aligned_empty, check_fits, round_up
 from specmoe.experts.repack import Repacked
 from specmoe.weights.checkpoint import Checkpoint
@@ -81,7 +84,7 @@ class HostTier:
             dst[: self.expert_bytes].view(self.dtype).copy_(self.layers[layer][e])
 
     def close(self) -> None:
-        pass
+        self.layers = {}  # the (pinned) host copies go now, not when the engine is collected
 
 
 class DiskTier:
@@ -102,25 +105,50 @@ class DiskTier:
                 os.preadv(fd, [probe.numpy()], 0)  # some filesystems accept the flag but refuse the read
                 self.fd, self.direct_io = fd, True
             except OSError as e:
-                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
-                    raise
                 if fd >= 0:
                     os.close(fd)
+                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+                    raise CheckpointError(f"cannot open the expert repack file {rp.file}: {e.strerror or e}; "
+                                          f"{rp.hint}") from None
         if not self.direct_io:
             warnings.warn(f"the filesystem of {rp.file} refuses O_DIRECT; expert reads are buffered and "
                           "followed by posix_fadvise(DONTNEED), so the page cache may still serve some of them",
                           stacklevel=2)
-            self.fd = os.open(rp.file, os.O_RDONLY)
+            try:
+                self.fd = os.open(rp.file, os.O_RDONLY)
+            except OSError as e:
+                raise CheckpointError(f"cannot open the expert repack file {rp.file}: {e.strerror or e}; "
+                                      f"{rp.hint}") from None
+        self.read_s = self.verify_s = 0.0  # time in preadv / in checksums (I/O thread), for stats
+        self.reads = 0
 
     def read_into(self, layer: int, e: int, dst: torch.Tensor) -> None:
-        """One pread of the padded expert into `dst`: an ALIGN-aligned uint8 CPU row of `stride` bytes."""
-        assert dst.numel() >= self.stride and (not self.direct_io or dst.data_ptr() % 4096 == 0), \
-            "disk reads need an aligned destination of stride bytes"
-        off = self.rp.offset(layer, e)
-        n = os.preadv(self.fd, [dst[: self.stride].numpy()], off)
-        assert n == self.stride, f"short read of expert ({layer}, {e}): {n} of {self.stride} bytes"
+        """One pread of the padded expert into `dst` (an ALIGN-aligned uint8 CPU row of `stride` bytes),
+        verified against its checksum: a failed, short or corrupt read raises IntegrityError."""
+        if dst.numel() < self.stride or (self.direct_io and dst.data_ptr() % 4096):
+            raise ValueError("disk reads need an aligned destination of stride bytes")
+        rp = self.rp
+        off = rp.offset(layer, e)
+        row = dst[: self.stride].numpy()
+        t0 = time.perf_counter()
+        try:
+            n = os.preadv(self.fd, [row], off)
+        except OSError as exc:
+            raise IntegrityError(f"cannot read layer {layer} expert {e} from the expert repack file {rp.file}: "
+                                 f"{exc.strerror or exc}; {rp.hint}") from None
+        t1 = time.perf_counter()
+        if n != self.stride:
+            raise IntegrityError(f"short read of layer {layer} expert {e} from the expert repack file {rp.file}: "
+                                 f"{n} of {self.stride} bytes at offset {off} (truncated or replaced while in "
+                                 f"use?); {rp.hint}")
         if not self.direct_io:
             os.posix_fadvise(self.fd, off, self.stride, os.POSIX_FADV_DONTNEED)
+        if checksum(row) != rp.sums[rp.index(layer, e)]:
+            raise IntegrityError(f"expert repack file {rp.file} is corrupt: layer {layer} expert {e} (bytes "
+                                 f"{off}-{off + self.stride}) fails its checksum; {rp.hint}")
+        self.read_s += t1 - t0
+        self.verify_s += time.perf_counter() - t1
+        self.reads += 1
 
     def close(self) -> None:
         if self.fd >= 0:

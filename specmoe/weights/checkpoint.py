@@ -6,6 +6,7 @@ and reads one tensor at a time, so a checkpoint is never materialised whole.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -163,3 +164,26 @@ class Checkpoint:
             st = os.stat(self.path / fname)
             parts.append(f"{fname}:{st.st_size}:{st.st_mtime_ns}")
         return "|".join(parts)
+
+    def content_fingerprint(self, known: dict | None = None) -> dict[str, dict]:
+        """Identity of the weight files by content: {file name: {"size", "mtime_ns", "sha256"}}.
+
+        A file whose size and mtime equal its entry in `known` (a previous result) keeps that entry's
+        digest without being read; any other file is hashed in full. So a file that was only touched
+        (new mtime, same bytes) keeps its digest, and a changed file gets a new one."""
+        out = {}
+        for fname in sorted(set(self.key_to_file.values())):
+            fpath = self.path / fname
+            st = os.stat(fpath)
+            prev = (known or {}).get(fname)
+            if isinstance(prev, dict) and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns \
+                    and isinstance(prev.get("sha256"), str):
+                digest = prev["sha256"]
+            else:
+                h = hashlib.sha256()
+                with open(fpath, "rb") as f:
+                    while chunk := f.read(1 << 23):
+                        h.update(chunk)
+                digest = h.hexdigest()
+            out[fname] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+        return out

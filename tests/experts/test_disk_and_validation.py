@@ -28,7 +28,7 @@ def test_disk_tier_uses_o_direct_and_aligned_repack(tiny_ckpt):
     assert rp.file.parent == path / ".specmoe" and rp.stride % 4096 == 0
     assert rp.file.stat().st_size == rp.stride * len(llm.config.moe_layers) * llm.config.num_experts
     man = json.loads(rp.manifest.read_text())
-    assert man["fingerprint"] == llm.ckpt.fingerprint() and len(man["crc32"]) == 3 * 8
+    assert man["checkpoint_files"] == llm.ckpt.content_fingerprint() and len(man["sums"]) == 3 * 8
     # one aligned read per expert gives exactly the checkpoint's packed expert
     buf = llm.provider._alloc(1)[0]
     tier.read_into(2, 5, buf)
@@ -37,8 +37,8 @@ def test_disk_tier_uses_o_direct_and_aligned_repack(tiny_ckpt):
 
 def test_repack_dir_option_and_reuse(tiny_ckpt, tmp_path):
     path = tiny_ckpt("olmoe")
-    LLM(path, offload="disk", repack_dir=tmp_path / "rp")
-    f = tmp_path / "rp" / "experts-float32.bin"
+    f = LLM(path, offload="disk", repack_dir=tmp_path / "rp").provider.tier.rp.file
+    assert f.parent == tmp_path / "rp" and f.name.startswith("experts-float32-")
     mtime = f.stat().st_mtime_ns
     LLM(path, offload="disk", repack_dir=tmp_path / "rp")  # validated and reused, not rewritten
     assert f.stat().st_mtime_ns == mtime
@@ -135,7 +135,8 @@ def test_repack_falls_back_to_user_cache_dir(tmp_path, monkeypatch):
     path = make_tiny_checkpoint("qwen3_moe", tmp_path / "ck")
     (path / ".specmoe").write_text("not a directory")  # <checkpoint>/.specmoe unusable, even for root
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    llm = LLM(path, offload="disk", cache_experts=2)
+    with pytest.warns(UserWarning, match="repacking into .*home/.cache/specmoe"):
+        llm = LLM(path, offload="disk", cache_experts=2)
     assert llm.provider.tier.rp.file.is_relative_to(tmp_path / "home" / ".cache" / "specmoe")
     assert torch.equal(llm.logits(PROMPTS), LLM(path).logits(PROMPTS))
 

@@ -1,0 +1,185 @@
+"""Integrity of the disk tier: every expert read is checked against its checksum from the repack
+manifest (not only the 8 sampled at open), short reads are errors, and old or touched repacks are
+handled (rebuilt, kept) instead of crashing or being called stale."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from specmoe import LLM
+from specmoe.errors import CheckpointError, IntegrityError
+from specmoe.experts import integrity
+from specmoe.experts.repack import sample_ids
+from tests.conftest import make_tiny_checkpoint
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11]]
+
+
+def requested_unsampled(path) -> tuple[int, int]:
+    """A (layer, expert) that greedy generation of PROMPTS requests and that the open-time sample skips."""
+    llm = LLM(path)
+    llm.generate(PROMPTS)
+    counts = llm.stats["expert_counts"]
+    sampled = set(sample_ids(llm.config.moe_layers, llm.config.num_experts))
+    for li, layer in enumerate(llm.config.moe_layers):
+        for e, c in enumerate(counts[li]):
+            if c and (layer, e) not in sampled:
+                return layer, e
+    raise AssertionError("every requested expert is sampled")
+
+
+def flip(rp, layer: int, e: int, at: int = 123) -> None:
+    """Flip one bit of expert (layer, e) in the repack file, in place (same size, same inode)."""
+    off = rp.offset(layer, e) + at
+    with open(rp.file, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def files_under(d) -> dict:
+    return {p: p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    return make_tiny_checkpoint("mixtral", tmp_path / "ck")
+
+
+def test_corrupt_unsampled_expert_is_caught_at_its_read(ckpt):
+    layer, e = requested_unsampled(ckpt)
+    with LLM(ckpt, offload="disk", cache_experts=2) as llm:
+        rp = llm.provider.tier.rp
+    flip(rp, layer, e)
+    llm = LLM(ckpt, offload="disk", cache_experts=2)  # the open-time sample does not see it
+    with pytest.raises(IntegrityError) as ei:
+        llm.generate(PROMPTS)
+    msg = str(ei.value)
+    assert f"layer {layer} expert {e} " in msg and str(rp.file) in msg
+    assert f"delete {rp.file} and {rp.manifest}" in msg and "\n" not in msg
+    llm.close()
+
+
+def test_corruption_during_a_run_is_caught_at_the_read(ckpt):
+    layer, e = requested_unsampled(ckpt)
+    ref = LLM(ckpt).generate(PROMPTS)
+    llm = LLM(ckpt, offload="disk", cache_policy="ondemand", cache_experts=4)
+    assert [o.token_ids for o in llm.generate(PROMPTS)] == [o.token_ids for o in ref]
+    reads = llm.stats["io_reads"]
+    assert reads > 0 and llm.stats["io_verify_s"] > 0  # every read was verified
+    flip(llm.provider.tier.rp, layer, e, at=llm.provider.tier.rp.expert_bytes - 1)
+    with pytest.raises(IntegrityError, match=f"layer {layer} expert {e} .*fails its checksum"):
+        llm.generate(PROMPTS)
+    llm.close()
+
+
+def test_short_read_is_an_error_not_an_assert(ckpt):
+    llm = LLM(ckpt, offload="disk", cache_policy="ondemand", cache_experts=4)
+    llm.generate(PROMPTS)
+    rp = llm.provider.tier.rp
+    last = llm.config.moe_layers[-1]
+    os.truncate(rp.file, rp.offset(last, 0) + rp.stride // 2)  # the last MoE layer's experts are cut
+    with pytest.raises(IntegrityError, match=f"short read of layer {last} expert .* bytes"):
+        llm.generate(PROMPTS)
+    llm.close()
+    with pytest.warns(UserWarning, match="missing or truncated; rebuilding"):  # the next open repacks
+        llm = LLM(ckpt, offload="disk", cache_policy="ondemand", cache_experts=4)
+    llm.generate(PROMPTS)
+    llm.close()
+
+
+def test_checksum_catches_flips_swaps_and_zeroed_blocks():
+    rng = np.random.default_rng(0)
+    buf = rng.integers(0, 256, 4 * 4096, dtype=np.uint8)
+    ref = integrity.checksum(buf)
+    for i in rng.integers(0, buf.size, 64):  # any single bit
+        b = buf.copy()
+        b[i] ^= 1 << int(rng.integers(8))
+        assert integrity.checksum(b) != ref
+    w = buf.copy().view(np.uint64)  # bit 63 set in one word and cleared in another of the same column
+    w[0] |= np.uint64(1 << 63)
+    w[512] &= ~np.uint64(1 << 63)
+    base = integrity.checksum(w.view(np.uint8))
+    w[0] &= ~np.uint64(1 << 63)
+    w[512] |= np.uint64(1 << 63)
+    assert integrity.checksum(w.view(np.uint8)) != base
+    b = buf.copy()
+    b[:4096], b[4096:8192] = buf[4096:8192], buf[:4096]  # two 4 KiB blocks swapped
+    assert integrity.checksum(b) != ref
+    b = buf.copy()
+    b[8192:12288] = 0
+    assert integrity.checksum(b) != ref
+    assert integrity.checksum(torch.from_numpy(buf)) == ref
+
+
+def test_old_format_repack_is_rebuilt_not_a_crash(ckpt, tmp_path):
+    rp_dir = ckpt / ".specmoe"
+    rp_dir.mkdir()
+    # what specmoe wrote before per-read checksums: unkeyed names, format 1, sampled crc32 only
+    v1 = {"format": 1, "model_type": "mixtral", "dtype": "float32", "file": "experts-float32.bin",
+          "source": str(ckpt.resolve()), "fingerprint": "model.safetensors:1:2", "crc32": {"0:0": 1}}
+    (rp_dir / "experts-float32.json").write_text(json.dumps(v1))
+    (rp_dir / "experts-float32.bin").write_bytes(b"\0" * 4096)
+    other = tmp_path / "other-model"
+    other_v1 = {**v1, "source": str(other)}  # another checkpoint's old repack in a shared dir
+    (rp_dir / "experts-bfloat16.json").write_text(json.dumps(other_v1))
+    with pytest.warns(UserWarning, match="old-format expert repack"):
+        llm = LLM(ckpt, offload="disk", cache_experts=2)
+    assert not (rp_dir / "experts-float32.json").exists() and not (rp_dir / "experts-float32.bin").exists()
+    assert json.loads((rp_dir / "experts-bfloat16.json").read_text()) == other_v1  # not ours: untouched
+    man = llm.provider.tier.rp.manifest
+    llm.close()
+    # a manifest of the current name but an old or malformed shape is rebuilt too
+    for bad in ({**v1, "format": 1}, [1, 2, 3], None):
+        man.write_text(json.dumps(bad))
+        with pytest.warns(UserWarning, match="rebuilding"):
+            with LLM(ckpt, offload="disk", cache_experts=2) as llm:
+                assert llm.logits(PROMPTS).shape[0] == 2
+        assert json.loads(man.read_text())["format"] == 2
+    man.write_bytes(b"\xff\xfe not json")
+    with pytest.warns(UserWarning, match="unreadable"):
+        LLM(ckpt, offload="disk", cache_experts=2).close()
+
+
+def test_touched_checkpoint_keeps_its_repack(ckpt):
+    """A new mtime with the same bytes (touch, a copy that drops times) is not a changed checkpoint."""
+    with LLM(ckpt, offload="disk", cache_experts=2) as llm:
+        rp = llm.provider.tier.rp
+        ref = llm.logits(PROMPTS)
+    st_bin = os.stat(rp.file)
+    w = ckpt / "model.safetensors"
+    os.utime(w, ns=(os.stat(w).st_atime_ns, os.stat(w).st_mtime_ns + 10**9))
+    with LLM(ckpt, offload="disk", cache_experts=2) as llm:
+        assert torch.equal(llm.logits(PROMPTS), ref)
+    st = os.stat(rp.file)
+    assert (st.st_ino, st.st_mtime_ns) == (st_bin.st_ino, st_bin.st_mtime_ns)  # not repacked
+    assert json.loads(rp.manifest.read_text())["checkpoint_files"]["model.safetensors"]["mtime_ns"] == \
+        os.stat(w).st_mtime_ns  # remembered: the next open does not hash again
+
+
+def test_changed_checkpoint_message_names_only_its_own_files(ckpt, tmp_path):
+    """Two checkpoints share one repack dir: each has its own files, and the stale-repack message
+    advises deleting this checkpoint's files, never the shared directory."""
+    shared = tmp_path / "shared"
+    other = make_tiny_checkpoint("mixtral", tmp_path / "ck2", seed=1)
+    with LLM(ckpt, offload="disk", repack_dir=shared) as a, LLM(other, offload="disk", repack_dir=shared) as b:
+        fa, fb = a.provider.tier.rp, b.provider.tier.rp
+        assert fa.file != fb.file and fa.manifest != fb.manifest
+        assert not torch.equal(a.logits(PROMPTS), b.logits(PROMPTS))
+    before = files_under(shared)
+    w = other / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-5] ^= 1  # a weight byte of the other model changes (same size)
+    w.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="changed after its experts were repacked") as ei:
+        LLM(other, offload="disk", repack_dir=shared)
+    msg = str(ei.value)
+    assert f"delete {fb.file} and {fb.manifest}" in msg and f"delete {shared} " not in msg
+    assert str(fa.file) not in msg
+    assert files_under(shared) == before  # nothing rewritten
+    LLM(ckpt, offload="disk", repack_dir=shared).close()  # the first model's repack is still valid
