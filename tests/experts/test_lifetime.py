@@ -2,15 +2,25 @@
 buffers at once (not when the garbage collector gets to them), and a closed engine says so."""
 from __future__ import annotations
 
+import errno
 import gc
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 import weakref
+from pathlib import Path
 
 import pytest
+import torch
 
 from specmoe import LLM, SamplingParams
 from specmoe.errors import InputError
+from specmoe.experts import repack
+from specmoe.weights.checkpoint import Checkpoint
+from tests.conftest import make_tiny_checkpoint
 
 ONE = SamplingParams(max_tokens=1)
 
@@ -76,3 +86,109 @@ def test_fifty_engines_leave_no_fd_or_thread(tiny_ckpt):
     del kept, llm
     gc.collect()
     assert open_fds() == fds and threading.active_count() == threads
+
+
+# ---------------------------------------------------------------- faults while repacking
+SLOW_REPACK = """
+import sys, time
+import specmoe.experts.repack as r
+orig = r.expert_bytes_of
+def slow(*a):
+    time.sleep(0.05)  # a big checkpoint's repack, on a tiny one: the SIGINT lands mid-repack
+    return orig(*a)
+r.expert_bytes_of = slow
+from specmoe.cli import main
+sys.exit(main(["generate", "--model", sys.argv[1], "--offload", "disk", "--repack-dir", sys.argv[2],
+               "--prompt", "hi", "--max-tokens", "1"]))
+"""
+
+
+def snapshot(d: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file() and ".specmoe" not in p.parts}
+
+
+def test_sigint_during_repack_leaves_no_temp_file(tmp_path):
+    ck = make_tiny_checkpoint("mixtral", tmp_path / "ck")
+    before = snapshot(ck)
+    rp = tmp_path / "rp"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_REPACK, str(ck), str(rp)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    deadline = time.monotonic() + 120
+    while not list(rp.glob(".*.tmp")):  # the repack is writing its temp file
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert list(rp.iterdir()) == []  # no temp file, no half manifest
+    assert snapshot(ck) == before
+    with LLM(ck, offload="disk", repack_dir=rp, cache_experts=2) as llm:  # the next run starts clean
+        assert torch.equal(llm.logits([[1, 2, 3]]), LLM(ck).logits([[1, 2, 3]]))
+    assert sorted(p.suffix for p in rp.iterdir()) == [".bin", ".json"]
+
+
+def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
+    ck = make_tiny_checkpoint("mixtral", tmp_path / "ck")
+    base = repack.file_base(Checkpoint(ck), torch.float32)
+    rp = tmp_path / "rp"
+    rp.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = rp / f".{base}.bin.{dead}.tmp"  # a repack killed with SIGKILL leaves this
+    stale.write_bytes(b"x" * 1000)
+    busy = rp / f".{base}.bin.1.tmp"  # pid 1 is alive: another process's repack in progress, left alone
+    busy.write_bytes(b"y")
+    LLM(ck, offload="disk", repack_dir=rp).close()
+    assert not stale.exists() and busy.exists()
+
+
+def test_disk_full_while_repacking_is_a_clean_error(tmp_path, monkeypatch):
+    ck = make_tiny_checkpoint("mixtral", tmp_path / "ck")
+    before = snapshot(ck)
+    rp = tmp_path / "rp"
+    real_write, written = os.write, [0]
+
+    def fill_up(fd, data):  # the disk fills after 20 KB of the repack
+        if written[0] > 20_000:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written[0] += len(data)
+        return real_write(fd, data)
+    monkeypatch.setattr(repack.os, "write", fill_up)
+    with pytest.raises(InputError, match=f"cannot write the expert repack file in {rp}: no space left on device"):
+        LLM(ck, offload="disk", repack_dir=rp)
+    assert written[0] > 20_000 and list(rp.iterdir()) == [] and snapshot(ck) == before
+
+
+def mount_tmpfs(d: Path, opts: str) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+def test_full_and_read_only_repack_locations_give_clean_errors(tmp_path, monkeypatch):
+    """Real filesystems: a 64 KiB tmpfs (too small for the repack) and a read-only one."""
+    ck = make_tiny_checkpoint("mixtral", tmp_path / "ck")
+    before = snapshot(ck)
+    small, ro = tmp_path / "small", tmp_path / "ro"
+    mount_tmpfs(small, "size=64k")
+    try:
+        mount_tmpfs(ro, "ro,size=1m")
+        try:
+            with pytest.raises(InputError, match=f"{small} \\(.* free, the repack needs .*\\).*repack_dir"):
+                LLM(ck, offload="disk", repack_dir=small)
+            with pytest.raises(InputError, match=f"{ro}/sub \\(Read-only file system\\)"):
+                LLM(ck, offload="disk", repack_dir=ro / "sub")
+            assert list(small.iterdir()) == [] and list(ro.iterdir()) == []
+            # without repack_dir a read-only checkpoint location falls back to the user cache, with a message
+            monkeypatch.setenv("HOME", str(tmp_path / "home"))
+            monkeypatch.setattr(repack, "candidate_dirs", lambda c, d: [ro / ".specmoe", tmp_path / "home" / "c"])
+            with pytest.warns(UserWarning, match="Read-only file system.*repacking into"):
+                LLM(ck, offload="disk").close()
+            assert list((tmp_path / "home" / "c").glob("*.bin"))
+        finally:
+            subprocess.run(["umount", str(ro)])
+    finally:
+        subprocess.run(["umount", str(small)])
+    assert snapshot(ck) == before
