@@ -39,7 +39,7 @@ from specmoe.experts.tiers import slot_bytes
 
 POLICIES = ("ondemand", "static", "lru", "lfu")
 PREFETCH = ("none", "oracle", "predicted")
-ORACLE_TRACE_MAX = 1 << 20  # recorded forwards·layers: a trace never replayed stops growing here
+ORACLE_TRACE_MAX = 1 << 17  # recorded (forward, layer) unions: a trace never replayed stops growing here
 
 
 class ClosedProvider:

@@ -192,3 +192,26 @@ def test_full_and_read_only_repack_locations_give_clean_errors(tmp_path, monkeyp
     finally:
         subprocess.run(["umount", str(small)])
     assert snapshot(ck) == before
+
+
+# ---------------------------------------------------------------- oracle prefetch outside the benchmark
+def test_cli_prefetch_oracle_is_a_one_line_error(tiny_ckpt):
+    r = subprocess.run([sys.executable, "-m", "specmoe", "generate", "--model", str(tiny_ckpt("mixtral")),
+                        "--offload", "host", "--prefetch", "oracle", "--prompt", "hi", "--max-tokens", "1"],
+                       capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "--prefetch oracle" in r.stderr and "bench" in r.stderr
+
+
+def test_oracle_trace_never_replayed_stays_bounded(tiny_ckpt, monkeypatch):
+    from specmoe.experts import cache
+    monkeypatch.setattr(cache, "ORACLE_TRACE_MAX", 40)
+    llm = LLM(tiny_ckpt("mixtral"), offload="host", cache_policy="ondemand", cache_experts=8, prefetch="oracle")
+    ref = LLM(tiny_ckpt("mixtral")).generate([[1, 2, 3]], SamplingParams(max_tokens=30))
+    for _ in range(3):  # an API user who never replays: the trace stops at the bound
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=30))
+    assert len(llm.provider._oracle_trace) == 40
+    llm.provider.start_oracle_replay()  # a replay past the recorded part stops prefetching, still exact
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=30))
+    assert out[0].token_ids == ref[0].token_ids and llm.stats["prefetch_useful"] > 0
+    llm.close()
