@@ -63,10 +63,11 @@ def static_hot_set(ckpt: Checkpoint, cfg: OffloadConfig, cache, model, *, dtype,
     """The hottest ~10% experts per layer: from <checkpoint>/expert_profile.json, else from a cached profile,
     else from a short profiling run (cached next to the repack for the next start)."""
     from specmoe.experts import profiling
-    from specmoe.experts.repack import candidate_dirs, writable
+    from specmoe.experts.repack import candidate_dirs, checkpoint_key, writable
     mc = ckpt.config
     shipped = ckpt.path / "expert_profile.json"
-    cached = [d / "expert_profile.json" for d in candidate_dirs(ckpt, cfg.repack_dir)]
+    # keyed like the repack files: a repack_dir shared by several checkpoints holds one profile each
+    cached = [d / f"expert_profile-{checkpoint_key(ckpt)}.json" for d in candidate_dirs(ckpt, cfg.repack_dir)]
     if shipped.is_file():
         return profiling.hot_experts(profiling.load_profile(shipped, mc), mc)
     for p in cached:  # an auto profile counts only for the weights it was made from

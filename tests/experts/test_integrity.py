@@ -183,3 +183,19 @@ def test_changed_checkpoint_message_names_only_its_own_files(ckpt, tmp_path):
     assert str(fa.file) not in msg
     assert files_under(shared) == before  # nothing rewritten
     LLM(ckpt, offload="disk", repack_dir=shared).close()  # the first model's repack is still valid
+
+
+@pytest.mark.filterwarnings("ignore:.*no expert_profile.json")
+def test_shared_repack_dir_keeps_one_profile_per_checkpoint(ckpt, tmp_path):
+    """The static policy's auto profile is cached next to the repack, keyed by checkpoint too: two
+    checkpoints sharing a repack_dir do not overwrite each other's profile."""
+    import warnings
+    shared = tmp_path / "shared"
+    other = make_tiny_checkpoint("mixtral", tmp_path / "ck2", seed=1)
+    for p in (ckpt, other):
+        LLM(p, offload="disk", repack_dir=shared, cache_policy="static", cache_experts=4).close()
+    assert len(list(shared.glob("expert_profile-*.json"))) == 2
+    for p in (ckpt, other):  # each reuses its own profile: no profiling run, no warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            LLM(p, offload="disk", repack_dir=shared, cache_policy="static", cache_experts=4).close()
