@@ -199,3 +199,58 @@ def test_shared_repack_dir_keeps_one_profile_per_checkpoint(ckpt, tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             LLM(p, offload="disk", repack_dir=shared, cache_policy="static", cache_experts=4).close()
+
+
+def test_cli_reports_a_corrupt_expert_in_one_line(tmp_path):
+    """The demo model through `specmoe generate`: a flipped byte in every expert the open-time sample
+    skips is one line on stderr naming layer, expert and file, and exit 2."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specmoe.engine.llm import DEMO_MODEL
+    ck = tmp_path / "demo"
+    shutil.copytree(DEMO_MODEL, ck, ignore=shutil.ignore_patterns(".specmoe"))
+    with LLM(ck, offload="disk") as llm:
+        rp, cfg = llm.provider.tier.rp, llm.config
+    sampled = set(sample_ids(cfg.moe_layers, cfg.num_experts))
+    for layer in cfg.moe_layers:
+        for e in range(cfg.num_experts):
+            if (layer, e) not in sampled:
+                flip(rp, layer, e, at=999)
+    r = subprocess.run([sys.executable, "-m", "specmoe", "generate", "--model", str(ck), "--offload", "disk",
+                        "--prompt", "def parse(", "--max-tokens", "4"],
+                       capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("specmoe: error:")]
+    want = rf"expert repack file {rp.file} is corrupt: layer \d+ expert \d+ .*fails its checksum; delete {rp.file}"
+    assert len(lines) == 1 and re.search(want, lines[0]), r.stderr
+
+
+SHORT_READ_UNDER_O = """
+import os, sys
+assert False, "this script must run under python -O"
+from specmoe import LLM
+from specmoe.errors import IntegrityError
+llm = LLM(sys.argv[1], offload="disk", cache_policy="ondemand", cache_experts=4)
+llm.generate([[1, 2, 3]])
+rp = llm.provider.tier.rp
+os.truncate(rp.file, rp.offset(llm.config.moe_layers[-1], 0) + 100)
+try:
+    llm.generate([[1, 2, 3]])
+except IntegrityError as e:
+    print("IntegrityError:", e)
+"""
+
+
+def test_short_read_is_an_error_under_python_O(ckpt):
+    """Asserts vanish under -O: the short-read check must not be one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    r = subprocess.run([sys.executable, "-O", "-c", SHORT_READ_UNDER_O, str(ckpt)], capture_output=True, text=True,
+                       timeout=300, cwd=Path(__file__).parents[2])
+    assert r.returncode == 0, r.stderr
+    assert "IntegrityError: short read of layer" in r.stdout, r.stdout + r.stderr
