@@ -36,21 +36,24 @@ def open_fds() -> set[tuple[str, str]]:
     return out
 
 
-def io_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("specmoe-io")]
+def threads() -> set[threading.Thread]:
+    """Live threads, less tqdm's monitor (one per process at most, restarted by any tqdm(), even a disabled
+    one; it ends by itself 10 s after the last bar closes)."""
+    return {t for t in threading.enumerate() if t.name != "tqdm_monitor"}
 
 
 def test_close_releases_file_thread_and_buffers_at_once(tiny_ckpt):
     path = tiny_ckpt("mixtral")
+    before = threads()  # engines of other tests may hold I/O threads of their own
     llm = LLM(path, offload="disk", cache_experts=2)
     llm.generate([[1, 2, 3]], ONE)
     tier, cache = llm.provider.tier, llm.provider
     fd = (str(tier.fd), str(tier.rp.file))
-    assert fd in open_fds() and io_threads()
+    assert fd in open_fds() and threads() - before  # its I/O thread
     rows = [weakref.ref(L.rows) for L in cache.layers.values()]
     llm.close()  # llm and its provider are still referenced: nothing here is the garbage collector's doing
     assert fd not in open_fds() and not any(t == str(tier.rp.file) for _, t in open_fds())
-    assert tier.fd == -1 and not io_threads()
+    assert tier.fd == -1 and not threads() - before
     assert all(r() is None for r in rows)  # the slots are freed
     llm.close()  # idempotent
     for use in (lambda: llm.generate([[1, 2, 3]], ONE), lambda: llm.logits([[1, 2]]), lambda: llm.stats,
@@ -60,12 +63,13 @@ def test_close_releases_file_thread_and_buffers_at_once(tiny_ckpt):
 
 
 def test_with_statement_closes_host_tier(tiny_ckpt):
+    before = threads()
     with LLM(tiny_ckpt("qwen3_moe"), offload="host", cache_experts=2) as llm:
         out = llm.generate([[4, 5, 6]], ONE)
         tier = llm.provider.tier
         host = [weakref.ref(t) for t in tier.layers.values()]
     assert len(out[0].token_ids) == 1
-    assert not io_threads() and all(r() is None for r in host)  # host copies (pinned on CUDA) dropped
+    assert not threads() - before and all(r() is None for r in host)  # host copies (pinned on CUDA) dropped
     with pytest.raises(InputError, match="closed"):
         llm.generate([[4, 5, 6]], ONE)
 
@@ -74,18 +78,18 @@ def test_fifty_engines_leave_no_fd_or_thread(tiny_ckpt):
     path = tiny_ckpt("olmoe")
     LLM(path, offload="disk", cache_experts=2).close()  # repack and first-use imports happen once, before
     gc.collect()
-    fds, threads = open_fds(), threading.active_count()
+    fds, ts = open_fds(), threads()  # compared as sets: other tests' engines may be collected meanwhile
     kept = []
     for _ in range(50):
         llm = LLM(path, offload="disk", cache_experts=2)
         llm.generate([[1, 2, 3]], ONE)
         llm.close()
         kept.append(llm)  # still referenced: close() alone must have released everything
-        assert threading.active_count() == threads
-    assert open_fds() == fds and threading.active_count() == threads
+        assert not threads() - ts
+    assert not open_fds() - fds and not threads() - ts
     del kept, llm
     gc.collect()
-    assert open_fds() == fds and threading.active_count() == threads
+    assert not open_fds() - fds and not threads() - ts
 
 
 # ---------------------------------------------------------------- faults while repacking
