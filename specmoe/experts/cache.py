@@ -167,6 +167,7 @@ class ExpertCache:
             # a scratch buffer may have been read by any layer: wait for the latest compute
             after = self._last_done if scratch else self.layers[layer].done_event
         fut = Future()
+        fut.load = (layer, e, dst)  # what to forget if the load fails
         self._queue.append((layer, e, dst, after, fut))
         return fut
 
@@ -208,10 +209,23 @@ class ExpertCache:
     def _wait(self, fut: Future) -> None:
         self._flush()
         t0 = time.perf_counter()
-        ev = fut.result()
+        try:
+            ev = fut.result()
+        except BaseException:
+            self._forget(*fut.load)
+            raise
         if ev is not None:  # CUDA: compute waits only on this expert's copy
             torch.cuda.current_stream(self.device).wait_event(ev)
         self._s["fetch_wait_s"] += time.perf_counter() - t0
+
+    def _forget(self, layer: int, e: int, dst: torch.Tensor) -> None:
+        """A load into `dst` failed (e.g. IntegrityError): whatever the slot holds is not expert e."""
+        L = self.layers.get(layer)
+        s = L.slot_of.get(e) if L is not None else None
+        if s is not None and L.rows[s].data_ptr() == dst.data_ptr():
+            self._release(L, e)
+            for kept in (L.prefetched, L.pinned, L.static):
+                kept.discard(e)
 
     def _await_layer(self, L: _Layer) -> None:
         while L.inflight:

@@ -254,3 +254,23 @@ def test_short_read_is_an_error_under_python_O(ckpt):
                        timeout=300, cwd=Path(__file__).parents[2])
     assert r.returncode == 0, r.stderr
     assert "IntegrityError: short read of layer" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_failed_prefetch_leaves_no_corrupt_expert_resident(ckpt):
+    """A corrupt expert loaded by prefetch raises at its layer and is dropped from its slot: a caller that
+    catches the error (a server) and repairs the file gets exact outputs again, never the bad bytes."""
+    ref = LLM(ckpt).generate(PROMPTS)
+    llm = LLM(ckpt, offload="disk", cache_policy="ondemand", cache_experts=8, prefetch="oracle")
+    assert [o.token_ids for o in llm.generate(PROMPTS)] == [o.token_ids for o in ref]  # recorded
+    layer, ids = next((layer, ids) for layer, ids in llm.provider._oracle_trace if layer != llm.config.moe_layers[0])
+    rp = llm.provider.tier.rp
+    flip(rp, layer, ids[0])  # an expert the replay prefetches for `layer`
+    llm.provider.start_oracle_replay()
+    with pytest.raises(IntegrityError, match=f"layer {layer} expert {ids[0]} "):
+        llm.generate(PROMPTS)
+    assert ids[0] not in llm.provider.resident(layer)
+    flip(rp, layer, ids[0])  # repaired
+    llm.provider.start_oracle_replay()
+    assert [o.token_ids for o in llm.generate(PROMPTS)] == [o.token_ids for o in ref]
+    assert llm.stats["prefetch_useful"] > 0
+    llm.close()
