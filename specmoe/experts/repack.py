@@ -145,6 +145,7 @@ def open_repack(ckpt: Checkpoint, dtype: torch.dtype, repack_dir: str | Path | N
         if (d / f"{base}.json").is_file():
             rp = validate(ckpt, d / f"{base}.json", dtype)
             if rp is not None:
+                _remove_legacy(ckpt, dtype, dirs)
                 return rp
     lay = layout(ckpt, dtype)
     need = len(lay["moe_layers"]) * lay["num_experts"] * lay["stride"]
@@ -272,10 +273,10 @@ def sample_ids(moe_layers, num_experts: int) -> list[tuple[int, int]]:
     return [pairs[round(i * step)] for i in range(SAMPLE)]
 
 
-def _well_formed(man, lay: dict) -> bool:
+def _well_formed(man, lay: dict, data_file: str) -> bool:
     total = len(lay["moe_layers"]) * lay["num_experts"]
     return (isinstance(man, dict) and man.get("format") == FORMAT and man.get("checksum") == integrity.NAME
-            and isinstance(man.get("file"), str) and "/" not in man["file"] and isinstance(man.get("file_bytes"), int)
+            and man.get("file") == data_file and isinstance(man.get("file_bytes"), int)
             and isinstance(man.get("sums"), list) and len(man["sums"]) == total
             and all(isinstance(s, int) and not isinstance(s, bool) for s in man["sums"])
             and isinstance(man.get("checkpoint_files"), dict)
@@ -291,7 +292,7 @@ def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repac
         man, why = None, f"unreadable ({e})"
     else:
         why = "made by another specmoe version or malformed"
-    if not _well_formed(man, lay):
+    if not _well_formed(man, lay, manifest_path.stem + ".bin"):
         warnings.warn(f"expert repack manifest {manifest_path} is {why}; rebuilding this checkpoint's repack",
                       stacklevel=3)
         return None

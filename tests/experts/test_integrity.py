@@ -144,6 +144,17 @@ def test_old_format_repack_is_rebuilt_not_a_crash(ckpt, tmp_path):
     man.write_bytes(b"\xff\xfe not json")
     with pytest.warns(UserWarning, match="unreadable"):
         LLM(ckpt, offload="disk", cache_experts=2).close()
+    good = json.loads(man.read_text())
+    man.write_text(json.dumps({**good, "file": "experts-bfloat16.bin"}))  # pointing at another file: rebuilt
+    with pytest.warns(UserWarning, match="malformed"):
+        LLM(ckpt, offload="disk", cache_experts=2).close()
+    assert json.loads(man.read_text()) == good
+    # an older specmoe run again leaves its files: the next open (of a valid repack) removes ours only
+    (rp_dir / "experts-float32.json").write_text(json.dumps(v1))
+    (rp_dir / "experts-float32.bin").write_bytes(b"\0" * 4096)
+    with pytest.warns(UserWarning, match="old-format expert repack"):
+        LLM(ckpt, offload="disk", cache_experts=2).close()
+    assert not (rp_dir / "experts-float32.json").exists() and (rp_dir / "experts-bfloat16.json").exists()
 
 
 def test_touched_checkpoint_keeps_its_repack(ckpt):
