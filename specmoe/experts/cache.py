@@ -495,6 +495,9 @@ class ExpertCache:
 
     def reset_stats(self) -> None:
         n, E = len(self.moe_layers), self.cfg.num_experts
+        if hasattr(self.tier, "verify_s"):
+            self.tier.read_s = self.tier.verify_s = 0.0
+            self.tier.reads = 0
         self._s = {"bytes_moved": 0, "fetches": 0, "hits": 0, "misses": 0, "hits_per_layer": [0] * n,
                    "misses_per_layer": [0] * n, "fetch_wait_s": 0.0, "expert_compute_s": 0.0, "pin_bytes": 0,
                    "static_bytes": 0, "prefetch_bytes": 0, "prefetch_useful": 0, "prefetch_wasted": 0,

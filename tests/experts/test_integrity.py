@@ -71,7 +71,7 @@ def test_corruption_during_a_run_is_caught_at_the_read(ckpt):
     llm = LLM(ckpt, offload="disk", cache_policy="ondemand", cache_experts=4)
     assert [o.token_ids for o in llm.generate(PROMPTS)] == [o.token_ids for o in ref]
     reads = llm.stats["io_reads"]
-    assert reads > 0 and llm.stats["io_verify_s"] > 0  # every read was verified
+    assert reads == llm.stats["misses"] > 0 and llm.stats["io_verify_s"] > 0  # every read was verified
     flip(llm.provider.tier.rp, layer, e, at=llm.provider.tier.rp.expert_bytes - 1)
     with pytest.raises(IntegrityError, match=f"layer {layer} expert {e} .*fails its checksum"):
         llm.generate(PROMPTS)
