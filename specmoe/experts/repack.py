@@ -326,6 +326,8 @@ def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repac
             _write_file(tmp, json.dumps({**man, "checkpoint_files": now}).encode())
             os.replace(tmp, manifest_path)
         except OSError:
+            pass
+        finally:  # Ctrl-C included
             tmp.unlink(missing_ok=True)
     rp = Repacked(file=f, manifest=manifest_path, moe_layers=tuple(lay["moe_layers"]),
                   num_experts=lay["num_experts"], expert_numel=lay["expert_numel"],
