@@ -56,6 +56,8 @@ def test_corrupt_unsampled_expert_is_caught_at_its_read(ckpt):
     with LLM(ckpt, offload="disk", cache_experts=2) as llm:
         rp = llm.provider.tier.rp
     flip(rp, layer, e)
+    outside = {p: b for p, b in files_under(ckpt.parent).items() if ".specmoe" not in p.parts}
+    repack_files = files_under(rp.file.parent)
     llm = LLM(ckpt, offload="disk", cache_experts=2)  # the open-time sample does not see it
     with pytest.raises(IntegrityError) as ei:
         llm.generate(PROMPTS)
@@ -63,6 +65,8 @@ def test_corrupt_unsampled_expert_is_caught_at_its_read(ckpt):
     assert f"layer {layer} expert {e} " in msg and str(rp.file) in msg
     assert f"delete {rp.file} and {rp.manifest}" in msg and "\n" not in msg
     llm.close()
+    assert {p: b for p, b in files_under(ckpt.parent).items() if ".specmoe" not in p.parts} == outside
+    assert files_under(rp.file.parent) == repack_files  # reported, not silently "repaired"
 
 
 def test_corruption_during_a_run_is_caught_at_the_read(ckpt):
