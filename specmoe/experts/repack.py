@@ -140,13 +140,15 @@ def open_repack(ckpt: Checkpoint, dtype: torch.dtype, repack_dir: str | Path | N
     """Return a validated repack of `ckpt`'s experts in `dtype`, repacking once if none exists."""
     base = file_base(ckpt, dtype)
     dirs = candidate_dirs(ckpt, repack_dir)
+    unusable = []  # this checkpoint's repacks that must be rebuilt (unreadable, old format, data file gone)
     for d in dirs:
         clean_stale_temps(d, base)
         if (d / f"{base}.json").is_file():
             rp = validate(ckpt, d / f"{base}.json", dtype)
-            if rp is not None:
+            if isinstance(rp, Repacked):
                 _remove_legacy(ckpt, dtype, dirs)
                 return rp
+            unusable.append(rp)
     lay = layout(ckpt, dtype)
     need = len(lay["moe_layers"]) * lay["num_experts"] * lay["stride"]
     reasons = []
@@ -157,12 +159,14 @@ def open_repack(ckpt: Checkpoint, dtype: torch.dtype, repack_dir: str | Path | N
             if free < need:
                 why = f"{fmt_bytes(free)} free, the repack needs {fmt_bytes(need)}"
         if why is None:
+            if unusable:
+                warnings.warn(f"rebuilding this checkpoint's expert repack: {'; '.join(unusable)}", stacklevel=3)
             if reasons:
                 warnings.warn(f"cannot write the expert repack in {'; '.join(reasons)}; repacking into {d}",
                               stacklevel=3)
             man = repack(ckpt, d, dtype, progress=progress)
             rp = validate(ckpt, man, dtype)
-            if rp is None:
+            if not isinstance(rp, Repacked):
                 raise CheckpointError(f"the expert repack just written to {man} does not read back; "
                                       f"{hint(man.with_suffix('.bin'), man)}")
             _remove_legacy(ckpt, dtype, dirs)
@@ -283,8 +287,8 @@ def _well_formed(man, lay: dict, data_file: str) -> bool:
             and all(isinstance(v, dict) for v in man["checkpoint_files"].values()))
 
 
-def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repacked | None:
-    """The opened repack, or None when it must be rebuilt (unreadable, old format, data file missing)."""
+def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repacked | str:
+    """The opened repack, or why it must be rebuilt (unreadable, old format, data file missing)."""
     lay = layout(ckpt, dtype)
     try:
         man = json.loads(manifest_path.read_text())
@@ -293,9 +297,7 @@ def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repac
     else:
         why = "made by another specmoe version or malformed"
     if not _well_formed(man, lay, manifest_path.stem + ".bin"):
-        warnings.warn(f"expert repack manifest {manifest_path} is {why}; rebuilding this checkpoint's repack",
-                      stacklevel=3)
-        return None
+        return f"{manifest_path} is {why}"
     f = manifest_path.parent / man["file"]
     fix = hint(f, manifest_path)
 
@@ -317,9 +319,7 @@ def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repac
         if now[n]["sha256"] != old[n].get("sha256"):
             raise changed(f"the content of {n} differs")
     if not f.is_file() or f.stat().st_size != man["file_bytes"]:
-        warnings.warn(f"expert repack file {f} is missing or truncated; rebuilding this checkpoint's repack",
-                      stacklevel=3)
-        return None
+        return f"{f} is missing or truncated"
     if now != old:  # only touched: remember the new mtimes so the next open does not hash again (best effort)
         tmp = manifest_path.parent / f".{manifest_path.stem}.json.{os.getpid()}.tmp"
         try:

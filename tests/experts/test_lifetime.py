@@ -42,8 +42,8 @@ def threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name != "tqdm_monitor"}
 
 
-def test_close_releases_file_thread_and_buffers_at_once(tiny_ckpt):
-    path = tiny_ckpt("mixtral")
+def test_close_releases_file_thread_and_buffers_at_once(tmp_path):
+    path = make_tiny_checkpoint("mixtral", tmp_path / "ck")  # its own repack file: no other engine has it open
     before = threads()  # engines of other tests may hold I/O threads of their own
     llm = LLM(path, offload="disk", cache_experts=2)
     llm.generate([[1, 2, 3]], ONE)
@@ -52,7 +52,7 @@ def test_close_releases_file_thread_and_buffers_at_once(tiny_ckpt):
     assert fd in open_fds() and threads() - before  # its I/O thread
     rows = [weakref.ref(L.rows) for L in cache.layers.values()]
     llm.close()  # llm and its provider are still referenced: nothing here is the garbage collector's doing
-    assert fd not in open_fds() and not any(t == str(tier.rp.file) for _, t in open_fds())
+    assert fd not in open_fds() and not any(t == fd[1] for _, t in open_fds())
     assert tier.fd == -1 and not threads() - before
     assert all(r() is None for r in rows)  # the slots are freed
     llm.close()  # idempotent
