@@ -531,8 +531,10 @@ class ExpertCache:
         self.io.shutdown(wait=True, cancel_futures=True)
         self.tier.close()
         self.layers, self._scratch, self._queue, self._oracle_trace = {}, [], [], []
-        if self.cuda:
+        if self.cuda:  # torch caches freed blocks: hand the (pinned) host and device memory back now
             self._staging = []
+            torch.cuda.empty_cache()
+            getattr(torch._C, "_host_emptyCache", lambda: None)()
 
     def __del__(self):
         io = getattr(self, "io", None)
