@@ -123,7 +123,7 @@ def bench_config(out: Path, device: torch.device, model: Path, tiny: bool, budge
                   sweep_tier="host", policies=False, substitutions=False, peers=(), widened=False,
                   time_budget_s=budget_s, peer_reserve_s=0.0, repeats=1, cache_dir=str(cache))
     if tiny:
-        return BenchConfig(**common, dtype="float32", batch_sizes=(1, 4), max_tokens=4, prompt_tokens=16,
+        return BenchConfig(**common, dtype="float32", batch_sizes=(1, 2), max_tokens=3, prompt_tokens=12,
                            gammas=(2,), draft_experts=(2,), threads=1, progress=False)
     # on CUDA, host-side timers around asynchronous kernels would mislabel the breakdown: not instrumented
     return BenchConfig(**common, dtype="bfloat16", batch_sizes=(1, 16, 64, 256), max_tokens=16, prompt_tokens=32,
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = default_model_path()
     prompts, _ = load_prompts(BenchConfig(prompt_tokens=32), Tokenizer.load(demo), minfo_vocab(demo), 16)
     print("[3/5] exactness on the demo model", flush=True)
-    exact = exactness(device, prompts[:4] if a.tiny else prompts, tokens=8 if a.tiny else 24)
+    exact = exactness(device, prompts[:2] if a.tiny else prompts, tokens=6 if a.tiny else 24)
     _dump(out, "exactness.json", exact)
     print(f"      fp32 exact: {exact['ok']}; bf16 SpecMoE match rate {exact['specmoe_bf16_match_rate']:.2f}",
           flush=True)
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = Path(a.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     wpath, winfo = widened_copy(demo, cache_dir=cache, hidden=1024 if a.tiny else 4096,
-                                expert_mb=0.25 if a.tiny else 24.0, check_prompts=prompts[:4], progress=not a.tiny,
+                                expert_mb=0.25 if a.tiny else 24.0, check_prompts=prompts[:2 if a.tiny else 4],
+                                progress=not a.tiny,
                                 device=str(device))
     budget = a.budget_s if a.budget_s is not None else (120.0 if a.tiny else 330.0)
     cfg = bench_config(out, device, wpath, a.tiny, budget, cache)

@@ -260,9 +260,7 @@ class Bench:
 
 def cold(llm) -> None:
     """Every measured run starts from the same cache state: unpinned, non-static experts evicted."""
-    evict = getattr(llm.provider, "evict_all", None)
-    if evict is not None:
-        evict()
+    llm.provider.evict_all()
 
 
 def best_batch(runs: list[dict], model: str = "main") -> int | None:

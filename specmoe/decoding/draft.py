@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from specmoe.config import ModelConfig
 from specmoe.decoding.affinity import nearest_draft
 from specmoe.errors import InputError
+from specmoe.experts.store import ExpertStore
 from specmoe.models.moe import ForwardContext
 
 # N=tokens, E=experts, K=top-k, Nd=draft experts per layer, D=hidden, I=expert hidden
@@ -49,12 +50,13 @@ def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset(
     return sorted(order[:n])
 
 
-class _CapturingProvider:
+class _CapturingProvider(ExpertStore):
     """Wraps the provider during a target forward and copies each expert joining the next draft set
     into the draft's stacks as it streams by (HotTemporal refresh without extra fetches)."""
 
-    def __init__(self, inner, owner: "DraftExperts"):
+    def __init__(self, inner: ExpertStore, owner: "DraftExperts"):
         self.inner, self.owner = inner, owner
+        self.forward_observers, self.forward_layer_hooks = inner.forward_observers, inner.forward_layer_hooks
 
     def fetch(self, layer: int, ids: list[int]):
         want = self.owner.arriving.get(layer, {})
@@ -64,8 +66,24 @@ class _CapturingProvider:
                 self.owner.captured.add((layer, e))
             yield e, buf
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def pin(self, layer: int, ids: list[int]) -> None:
+        self.inner.pin(layer, ids)
+
+    def resident(self, layer: int) -> set[int]:
+        return self.inner.resident(layer)
+
+    def prefetch(self, layer: int, ids: list[int], keep: set[int] = frozenset()) -> int:
+        return self.inner.prefetch(layer, ids, keep)
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.inner.bytes_moved
+
+    def stats(self) -> dict:
+        return self.inner.stats()
+
+    def reset_stats(self) -> None:
+        self.inner.reset_stats()
 
 
 class DraftExperts:
@@ -107,15 +125,12 @@ class DraftExperts:
         return len(self.ids) == len(self.cfg.moe_layers)
 
     def _bytes(self) -> int:
-        st = getattr(self.provider, "stats", None)
-        return int(st().get("bytes_moved", 0)) if st is not None else 0
+        return self.provider.bytes_moved
 
     def _pin(self, layer: int, ids: list[int]) -> None:
         """Ask the provider to keep the draft set resident. A cache too small for N pinned experts refuses
         (InputError); the draft still works from its own copy, and `draft_pin_refused` says so."""
-        pin = getattr(self.provider, "pin", None)
-        if pin is None:
-            return
+        pin = self.provider.pin
         prev, new = self.pinned.get(layer, set()), set(ids)
         try:
             if prev - new:  # unpin the leaving experts first, so the cache may evict them for the arriving ones
@@ -143,10 +158,8 @@ class DraftExperts:
         bytes this moves are setup cost, outside every draft phase (`draft_setup_bytes`)."""
         b0 = self._bytes()
         ids = {layer: self.initial_ids(layer) for layer in self.cfg.moe_layers}
-        pin = getattr(self.provider, "pin", None)
         for layer, lids in ids.items():
-            if pin is not None:
-                pin(layer, [])  # drop a pinned set left by an earlier run: the cache may evict it for ours
+            self.provider.pin(layer, [])  # drop a pinned set left by an earlier run: the cache may evict it for ours
             self._pin(layer, lids)
         for layer, lids in ids.items():
             self.assign(layer, lids)

@@ -234,8 +234,7 @@ class SpecMoEDecoder:
         return max(0, min(self.gamma, left - 1))
 
     def _bytes(self) -> int:
-        st = getattr(self.runner.provider, "stats", None)
-        return int(st().get("bytes_moved", 0)) if st is not None else 0
+        return self.runner.provider.bytes_moved
 
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         if self.cost is not None and self.cost.choose(len(seqs)) == "ar":

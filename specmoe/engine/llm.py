@@ -105,8 +105,8 @@ class LLM:
 
     def _wire(self, runner: ModelRunner) -> ModelRunner:
         """The expert provider observes routing (telemetry) and each MoE layer's input (prefetch)."""
-        runner.observers += getattr(self.provider, "forward_observers", [])
-        runner.layer_hooks += getattr(self.provider, "forward_layer_hooks", [])
+        runner.observers += self.provider.forward_observers
+        runner.layer_hooks += self.provider.forward_layer_hooks
         return runner
 
     def _tokenize(self, prompts) -> tuple[list[str | None], list[list[int]]]:
@@ -246,8 +246,7 @@ class LLM:
         s = dict(self._stats)
         s.update(derived(s))
         s.update(getattr(self, "_strategy_stats", {}))
-        if hasattr(self.provider, "stats"):
-            s.update(self.provider.stats())
+        s.update(self.provider.stats())
         if s["generated_tokens"] and "bytes_moved" in s:
             s["bytes_per_token"] = s["bytes_moved"] / s["generated_tokens"]
         s["memory"] = memory_stats(self.model, self.expert_memory, self._cache)
@@ -255,8 +254,7 @@ class LLM:
 
     def reset_stats(self) -> None:
         self._stats = new_stats()
-        if hasattr(self.provider, "reset_stats"):
-            self.provider.reset_stats()
+        self.provider.reset_stats()
 
     def close(self) -> None:
         """Release the offloaded experts now: the disk tier's file, the I/O thread, the (pinned) host and
@@ -265,8 +263,7 @@ class LLM:
         provider = self.__dict__.get("provider")
         if provider is None or isinstance(provider, ClosedProvider):
             return
-        if hasattr(provider, "close"):
-            provider.close()
+        provider.close()
         self.provider = ClosedProvider(f"this LLM ({self.path})")
         self._cache = None
 

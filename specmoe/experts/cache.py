@@ -32,6 +32,7 @@ from specmoe.config import ModelConfig
 from specmoe.errors import InputError
 from specmoe.experts.budget import SCRATCH_BUFFERS, STAGING_BUFFERS
 from specmoe.experts.buffers import Spill, alloc_rows
+from specmoe.experts.store import ExpertStore
 from specmoe.experts.memory import aligned_empty, check_fits, fmt_bytes
 from specmoe.experts.tiers import slot_bytes
 
@@ -42,14 +43,34 @@ PREFETCH = ("none", "oracle", "predicted")
 ORACLE_TRACE_MAX = 1 << 17  # recorded (forward, layer) unions: a trace never replayed stops growing here
 
 
-class ClosedProvider:
+class ClosedProvider(ExpertStore):
     """Takes a closed engine's provider's place: any use raises InputError."""
 
     def __init__(self, what: str):
         self._what = what
+        self.forward_observers, self.forward_layer_hooks = [], []
 
-    def __getattr__(self, name):
+    def _closed(self):
         raise InputError(f"{self._what} is closed (close() was called); create a new LLM")
+
+    def fetch(self, layer: int, ids: list[int]):
+        self._closed()
+
+    def pin(self, layer: int, ids: list[int]) -> None:
+        self._closed()
+
+    def resident(self, layer: int) -> set[int]:
+        self._closed()
+
+    @property
+    def bytes_moved(self) -> int:
+        self._closed()
+
+    def stats(self) -> dict:
+        self._closed()
+
+    def reset_stats(self) -> None:
+        self._closed()
 
 
 class _Layer:
@@ -72,7 +93,7 @@ class _Layer:
         return self.pinned | self.static
 
 
-class ExpertCache:
+class ExpertCache(ExpertStore):
     """ExpertProvider over a backing tier.
 
     Public API: `fetch(layer, ids)` (the ExpertProvider contract), `pin(layer, ids)`,
@@ -95,7 +116,7 @@ class ExpertCache:
                              f"(top-k) a single token needs; raise cache_experts (or cache_bytes) to at least "
                              f"{cfg.top_k}")
         slots = min(slots, cfg.num_experts)
-        self.tier, self.cfg, self.policy, self.prefetch = tier, cfg, policy, prefetch
+        self.tier, self.cfg, self.policy, self.prefetch_mode = tier, cfg, policy, prefetch
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.dtype, self.numel = tier.dtype, cfg.expert_numel
@@ -317,6 +338,33 @@ class ExpertCache:
         self._await_layer(L)
         return set(L.slot_of)
 
+    @property
+    def bytes_moved(self) -> int:
+        return self._s["bytes_moved"]
+
+    def prefetch(self, layer: int, ids: list[int], keep: set[int] = frozenset()) -> int:
+        """Start loading the missing `ids` (most wanted first) into slots in the background; never evicts a
+        pinned or static expert, one of `ids`, or one of `keep`, and never spills into scratch rows. Counted
+        under `prefetch_bytes`; `prefetch_useful` / `prefetch_wasted` say later whether they were used."""
+        if not self._prefetch_on:
+            return 0
+        L = self._layer(layer)
+        protect = set(ids) | set(keep)
+        n = 0
+        for e in ids:
+            if e in L.slot_of:
+                continue
+            slot = self._take_slot(L, protect)
+            if slot is None:
+                break
+            self._place(L, e, slot)
+            L.prefetched.add(e)
+            L.inflight.append(self._submit(layer, e, L.rows[slot]))
+            n += 1
+        self._count_transfer(layer, n, "prefetch")
+        self._flush()
+        return n
+
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
         """ForwardContext observer: accumulate routed-assignment counts per expert."""
         row = self._s["expert_counts"][self.moe_layers.index(layer)]
@@ -441,27 +489,13 @@ class ExpertCache:
 
     def _plan_next(self, layer: int, ids: list[int]) -> None:
         target = None
-        if self.prefetch == "oracle":
+        if self.prefetch_mode == "oracle":
             target = self._oracle_step(layer, ids)
-        elif self.prefetch == "predicted" and self._next is not None:
+        elif self.prefetch_mode == "predicted" and self._next is not None:
             target, self._next = self._next, None
-        if target is None or not self._prefetch_on or target[0] == layer:
+        if target is None or target[0] == layer:
             return
-        nxt, want = target
-        L = self.layers[nxt]
-        keep = set(want)
-        n = 0
-        for e in want:
-            if e in L.slot_of:
-                continue
-            slot = self._take_slot(L, keep)
-            if slot is None:
-                break  # prefetch never spills into scratch buffers
-            self._place(L, e, slot)
-            L.prefetched.add(e)
-            L.inflight.append(self._submit(nxt, e, L.rows[slot]))
-            n += 1
-        self._count_transfer(nxt, n, "prefetch")
+        self.prefetch(*target)
 
     def _oracle_step(self, layer: int, ids: list[int]):
         key = (layer, tuple(ids))
@@ -506,7 +540,7 @@ class ExpertCache:
     def stats(self) -> dict:
         s = self._s
         req = s["hits"] + s["misses"]
-        out = {"offload": self.tier.kind, "cache_policy": self.policy, "prefetch": self.prefetch,
+        out = {"offload": self.tier.kind, "cache_policy": self.policy, "prefetch": self.prefetch_mode,
                "cache_slots_per_layer": self.slots, "cache_bytes": self.nbytes, "bytes_per_expert": self.expert_bytes,
                "direct_io": bool(getattr(self.tier, "direct_io", False)),
                "emulated_link": self.link is not None, **(self.link or {}),
@@ -516,7 +550,7 @@ class ExpertCache:
                                       for h, m in zip(s["hits_per_layer"], s["misses_per_layer"])],
                "scratch_buffers": self.scratch_buffers}
         out["expert_counts"] = [list(r) for r in s["expert_counts"]]
-        if self.prefetch == "oracle":
+        if self.prefetch_mode == "oracle":
             out["oracle"] = "replaying" if self._oracle_replay else "recording"
         if hasattr(self.tier, "verify_s"):  # disk: time in reads and in checksum verification (I/O thread)
             out.update(io_reads=self.tier.reads, io_read_s=self.tier.read_s, io_verify_s=self.tier.verify_s)

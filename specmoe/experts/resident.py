@@ -4,10 +4,11 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
+from specmoe.experts.store import ExpertStore
 from specmoe.weights.checkpoint import Checkpoint
 
 
-class ResidentExperts:
+class ResidentExperts(ExpertStore):
     """Every expert of every MoE layer packed in one [E, 3·I·D] tensor per layer."""
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu",
@@ -40,6 +41,10 @@ class ResidentExperts:
 
     def resident(self, layer: int) -> set[int]:
         return set(range(self.num_experts))
+
+    @property
+    def bytes_moved(self) -> int:
+        return 0
 
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
         row = self._counts[self.moe_layers.index(layer)]

@@ -16,7 +16,7 @@ def test_gpu_kit_cpu_dry_run(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
     r = subprocess.run(["bash", str(REPO / "benchmarks/gpu/run.sh"), str(out), "--device", "cpu", "--tiny",
                         "--cache-dir", str(tmp_path / "cache")], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     for f in ("machine.json", "tests.json", "exactness.json", "results.json", "README.md", "summary.md"):
         assert (out / f).is_file(), f
@@ -26,9 +26,9 @@ def test_gpu_kit_cpu_dry_run(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["device"] == "cpu" and res["link_emulated"] is False
     ok = {(r["system"], r["batch"]) for r in res["runs"] if r.get("status") == "ok"}
-    assert ok == {(s, b) for s in SYSTEMS for b in (1, 4)}, res["runs"]
+    assert ok == {(s, b) for s in SYSTEMS for b in (1, 2)}, res["runs"]
     assert all(r["matches_reference"] == 1.0 for r in res["runs"] if r["system"] != "resident"), "lossless (fp32)"
-    assert res["sweeps"]["gamma"]["rows"] and res["sweeps"]["gamma"]["batch"] in (1, 4)
+    assert res["sweeps"]["gamma"]["rows"] and res["sweeps"]["gamma"]["batch"] in (1, 2)
     assert "| specmoe |" in (out / "summary.md").read_text()
 
 

@@ -1,0 +1,64 @@
+"""`ExpertStore`: the declared interface between a forward (and the strategies and engine around it)
+and wherever expert weights live. `ResidentExperts` and `ExpertCache` implement it; wrappers (the
+draft's capturing view, the bench's timer, test doubles) subclass it and delegate explicitly, so no
+caller ever probes a provider with getattr/hasattr."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import torch
+
+
+class ExpertStore(ABC):
+    """Contract:
+
+    - `fetch(layer, ids)` yields `(expert_id, buffer)` exactly once for every id in `ids` (sorted,
+      distinct), in any order (resident ones first is best); `buffer` is the expert packed flat as
+      [gate (I·D); up (I·D); down (D·I)] on the compute device, valid until the next item is requested
+      (the models.moe.ExpertProvider protocol).
+    - `pin(layer, ids)` keeps exactly `ids` resident from now on (SpecMoE's draft set), raising InputError
+      when the store cannot hold them; `resident(layer)` is the set that is resident now.
+    - `prefetch(layer, ids)` starts loading `ids` in the background without blocking or evicting pinned
+      experts or those in `keep`; returns how many loads it started (0 where everything is resident).
+    - `bytes_moved` counts bytes read from the backing tier so far (an integer counter, cheap to read
+      inside a step); `stats()` is the full telemetry dict, for the engine boundary only.
+    - `forward_observers` / `forward_layer_hooks`: what the engine registers on its ModelRunner.
+    """
+
+    forward_observers: list
+    forward_layer_hooks: list
+
+    @abstractmethod
+    def fetch(self, layer: int, ids: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+        ...
+
+    @abstractmethod
+    def pin(self, layer: int, ids: list[int]) -> None:
+        ...
+
+    @abstractmethod
+    def resident(self, layer: int) -> set[int]:
+        ...
+
+    def prefetch(self, layer: int, ids: list[int], keep: set[int] = frozenset()) -> int:
+        return 0
+
+    def evict_all(self) -> None:
+        """Cold cache: drop every expert that is neither pinned nor static (nothing to do when resident)."""
+
+    @property
+    @abstractmethod
+    def bytes_moved(self) -> int:
+        ...
+
+    @abstractmethod
+    def stats(self) -> dict:
+        ...
+
+    @abstractmethod
+    def reset_stats(self) -> None:
+        ...
+
+    def close(self) -> None:
+        """Release files, threads and buffers now (idempotent)."""
