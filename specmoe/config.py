@@ -1,19 +1,111 @@
-"""Model configuration read raw from a Hugging Face config.json.
+"""Model configuration read from a Hugging Face config.json, checked once at the boundary.
 
 One dataclass for every supported family; per-family differences are plain fields
 (`qk_norm`, `shared_expert_intermediate_size`, ...) filled by `ModelConfig.from_hf`.
 Class defaults of transformers are never trusted: every key is read from the file
-with the default the family's published checkpoints imply.
+with the default the family's published checkpoints imply. Every value is checked
+for its type and range here (`Fields`), so nothing downstream meets an unchecked
+value; a bad one is a CheckpointError naming the file, the field and what was expected.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specmoe.errors import CheckpointError, UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what a checkpoint may declare (torch_dtype / dtype)
+_MISSING = object()
+
+
+def type_name(v) -> str:
+    return "null" if v is None else {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+                                     list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def read_json_object(path: Path, error=CheckpointError) -> dict:
+    """A JSON file that must hold an object: unreadable, non-UTF-8, invalid JSON or another shape
+    (a list, null, a number) is one `error` naming the file."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise error(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path} is not UTF-8 text (invalid byte at offset {e.start})") from None
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise error(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise error(f"{path} must hold a JSON object, got {type_name(obj)}")
+    return obj
+
+
+class Fields:
+    """Typed reads of one JSON object; every failure names `source` and the key."""
+
+    def __init__(self, raw: dict, source: str):
+        self.raw, self.source = raw, source
+
+    def fail(self, key: str, expected: str, value=_MISSING):
+        got = "it is missing" if value is _MISSING else f"got {value!r}"
+        raise CheckpointError(f"{self.source}: {key} must be {expected}; {got}")
+
+    def first(self, *keys):
+        """(key, value) of the first key present and not null, else (keys[0], _MISSING)."""
+        for k in keys:
+            if self.raw.get(k) is not None:
+                return k, self.raw[k]
+        return keys[0], _MISSING
+
+    def int(self, *keys, default=_MISSING, lo: int = 1, hi: int | None = None):
+        k, v = self.first(*keys)
+        name = " / ".join(keys)
+        if v is _MISSING:
+            if default is _MISSING:
+                self.fail(name, f"an integer >= {lo}")
+            return default
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        if type(v) is not int or v < lo or (hi is not None and v > hi):
+            self.fail(k, f"an integer {rng}", v)
+        return v
+
+    def float(self, key: str, default, *, positive: bool = True, value=_MISSING):
+        v = self.raw.get(key) if value is _MISSING else value
+        if v is None:
+            return default
+        if type(v) not in (int, float) or not math.isfinite(v) or (positive and v <= 0):
+            self.fail(key, "a finite number" + (" > 0" if positive else ""), v)
+        return float(v)
+
+    def bool(self, key: str, default: bool) -> bool:
+        v = self.raw.get(key)
+        if v is None:
+            return default
+        if type(v) is not bool:
+            self.fail(key, "true or false", v)
+        return v
+
+    def str(self, key: str, default: str) -> str:
+        v = self.raw.get(key)
+        if v is None:
+            return default
+        if type(v) is not str:
+            self.fail(key, "a string", v)
+        return v
+
+    def token_ids(self, key: str, vocab: int) -> tuple[int, ...]:
+        """An id, a list of ids, or null; ids outside [0, vocab) are dropped (some exporters write -1)."""
+        v = self.raw.get(key)
+        ids = v if isinstance(v, list) else ([] if v is None else [v])
+        if any(type(t) is not int for t in ids):
+            self.fail(key, "a token id, a list of token ids, or null", v)
+        return tuple(t for t in ids if 0 <= t < vocab)
 
 
 @dataclass
@@ -48,8 +140,13 @@ class ModelConfig:
     def __post_init__(self):
         if not self.moe_layers:
             self.moe_layers = tuple(range(self.num_layers))
-        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
-        assert self.top_k <= self.num_experts, "num_experts_per_tok exceeds the number of experts"
+        # from_hf checks these with the file's field names; direct construction gets the same guarantees
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
+            raise CheckpointError("config.json: num_attention_heads must be a multiple of num_key_value_heads; "
+                                  f"got {self.num_heads} and {self.num_kv_heads}")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise CheckpointError(f"config.json: num_experts_per_tok must be in [1, {self.num_experts}] "
+                                  f"(the number of experts); got {self.top_k}")
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
@@ -67,82 +164,99 @@ class ModelConfig:
             raise CheckpointError(f"model directory not found: {path}")
         if not cfg_path.is_file():
             raise CheckpointError(f"missing config.json in {path}")
-        try:
-            raw = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"config.json in {path} is not valid JSON: {e}") from None
+        raw = read_json_object(cfg_path)
         gen = path / "generation_config.json"
-        gen_raw = {}
-        if gen.is_file():
-            try:
-                gen_raw = json.loads(gen.read_text())
-            except json.JSONDecodeError:
-                gen_raw = {}
+        gen_raw = read_json_object(gen) if gen.is_file() else None
         return cls.from_hf(raw, generation_config=gen_raw)
 
     @classmethod
     def from_hf(cls, raw: dict, generation_config: dict | None = None) -> "ModelConfig":
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"config.json must hold a JSON object, got {type_name(raw)}")
         mt = raw.get("model_type")
         if mt not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-
-        def need(*keys):
-            for k in keys:
-                if raw.get(k) is not None:
-                    return raw[k]
-            raise CheckpointError(f"config.json lacks {' / '.join(keys)} (model_type {mt})")
+        f = Fields(raw, f"config.json ({mt})")
 
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            f.fail("rope_parameters" if raw.get("rope_parameters") else "rope_scaling", "an object or null", rope)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
             raise UnsupportedModelError(f"rope type {rope_type!r} is not supported yet (only default RoPE)")
-        rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        if rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        rope_theta = f.float("rope_theta", 10000.0, value=rope.get("rope_theta", raw.get("rope_theta")))
+        prf = f.float("partial_rotary_factor", 1.0,
+                      value=rope.get("partial_rotary_factor", raw.get("partial_rotary_factor")))
+        if prf != 1.0:
             raise UnsupportedModelError("partial rotary embeddings are not supported")
 
-        H = need("hidden_size")
-        n_heads = need("num_attention_heads")
-        n_kv = raw.get("num_key_value_heads") or n_heads
-        head_dim = raw.get("head_dim") or H // n_heads
-        L = need("num_hidden_layers")
-        E = need("num_local_experts", "num_experts")
-        act = raw.get("hidden_act", "silu")
+        V = f.int("vocab_size")
+        H = f.int("hidden_size")
+        n_heads = f.int("num_attention_heads")
+        n_kv = f.int("num_key_value_heads", default=n_heads, hi=n_heads)
+        if n_heads % n_kv:
+            f.fail("num_key_value_heads", f"a divisor of num_attention_heads ({n_heads})", n_kv)
+        if raw.get("head_dim") is None and H % n_heads:
+            f.fail("hidden_size", f"a multiple of num_attention_heads ({n_heads}) when head_dim is absent", H)
+        head_dim = f.int("head_dim", default=H // n_heads)
+        L = f.int("num_hidden_layers")
+        E = f.int("num_local_experts", "num_experts")
+        top_k = f.int("num_experts_per_tok", hi=E)
+        act = f.str("hidden_act", "silu")
         if act != "silu":
             raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only silu)")
 
         kw: dict = {}
         if mt == "mixtral":
-            kw.update(expert_intermediate_size=need("intermediate_size"), dense_intermediate_size=0,
-                      norm_topk_prob=True, sliding_window=raw.get("sliding_window"))
+            kw.update(expert_intermediate_size=f.int("intermediate_size"), dense_intermediate_size=0,
+                      norm_topk_prob=True, sliding_window=f.int("sliding_window", default=None))
         elif mt in ("qwen2_moe", "qwen3_moe"):
-            step = raw.get("decoder_sparse_step", 1) or 1
-            mlp_only = set(raw.get("mlp_only_layers") or [])
-            moe_layers = tuple(i for i in range(L) if i not in mlp_only and E > 0 and (i + 1) % step == 0)
-            kw.update(expert_intermediate_size=need("moe_intermediate_size"),
-                      dense_intermediate_size=raw.get("intermediate_size") or 0,
-                      norm_topk_prob=bool(raw.get("norm_topk_prob", False)), moe_layers=moe_layers)
-            if raw.get("use_sliding_window"):
+            step = f.int("decoder_sparse_step", default=1)
+            mlp_only = raw.get("mlp_only_layers") or []
+            if not isinstance(mlp_only, list) or any(type(i) is not int or not 0 <= i < L for i in mlp_only):
+                f.fail("mlp_only_layers", f"a list of layer indices in [0, {L})", raw.get("mlp_only_layers"))
+            moe_layers = tuple(i for i in range(L) if i not in set(mlp_only) and (i + 1) % step == 0)
+            if not moe_layers:
+                f.fail("decoder_sparse_step / mlp_only_layers", "settings that leave at least one MoE layer",
+                       (step, mlp_only))
+            dense = len(moe_layers) < L
+            kw.update(expert_intermediate_size=f.int("moe_intermediate_size"),
+                      dense_intermediate_size=f.int("intermediate_size", default=0, lo=1 if dense else 0),
+                      norm_topk_prob=f.bool("norm_topk_prob", False), moe_layers=moe_layers)
+            if dense and not kw["dense_intermediate_size"]:
+                f.fail("intermediate_size", "an integer >= 1 (the model has dense layers)")
+            if f.bool("use_sliding_window", False):
                 raise UnsupportedModelError(f"{mt} with use_sliding_window=true is not supported yet")
             if mt == "qwen2_moe":
-                kw.update(qkv_bias=bool(raw.get("qkv_bias", True)),
-                          shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size") or 0)
+                kw.update(qkv_bias=f.bool("qkv_bias", True), shared_expert_intermediate_size=f.int(
+                    "shared_expert_intermediate_size", default=0, lo=0))
             else:
-                kw.update(qk_norm="head", qkv_bias=bool(raw.get("attention_bias", False)))
+                kw.update(qk_norm="head", qkv_bias=f.bool("attention_bias", False))
         elif mt == "olmoe":
-            kw.update(expert_intermediate_size=need("intermediate_size"), dense_intermediate_size=0,
-                      norm_topk_prob=bool(raw.get("norm_topk_prob", False)), qk_norm="full",
-                      qkv_bias=bool(raw.get("attention_bias", False)), clip_qkv=raw.get("clip_qkv"))
+            kw.update(expert_intermediate_size=f.int("intermediate_size"), dense_intermediate_size=0,
+                      norm_topk_prob=f.bool("norm_topk_prob", False), qk_norm="full",
+                      qkv_bias=f.bool("attention_bias", False), clip_qkv=f.float("clip_qkv", None))
             if head_dim != H // n_heads:
                 raise UnsupportedModelError("OLMoE with head_dim != hidden_size / num_attention_heads")
 
-        eos = (generation_config or {}).get("eos_token_id", raw.get("eos_token_id"))
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        eos_ids = tuple(e for e in eos_ids if 0 <= e < raw.get("vocab_size", 0))
-        dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
-        return cls(model_type=mt, vocab_size=need("vocab_size"), hidden_size=H, num_layers=L, num_heads=n_heads,
-                   num_kv_heads=n_kv, head_dim=head_dim, num_experts=E, top_k=need("num_experts_per_tok"),
-                   rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=float(rope_theta),
-                   max_position_embeddings=raw.get("max_position_embeddings", 4096),
-                   tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), hidden_act=act,
-                   bos_token_id=raw.get("bos_token_id"), eos_token_ids=eos_ids, dtype=dtype, **kw)
+        eos_ids = f.token_ids("eos_token_id", V)
+        if generation_config is not None:
+            if not isinstance(generation_config, dict):
+                raise CheckpointError(f"generation_config.json must hold a JSON object, "
+                                      f"got {type_name(generation_config)}")
+            if generation_config.get("eos_token_id") is not None:
+                eos_ids = Fields(generation_config, "generation_config.json").token_ids("eos_token_id", V)
+        bos = f.token_ids("bos_token_id", V)
+        if isinstance(raw.get("bos_token_id"), list):
+            f.fail("bos_token_id", "a token id or null", raw["bos_token_id"])
+        dk, dtype = f.first("dtype", "torch_dtype")
+        dtype = "float32" if dtype is _MISSING else dtype
+        if dtype not in FLOAT_DTYPES:
+            f.fail(dk, f"a floating dtype name ({', '.join(FLOAT_DTYPES)})", dtype)
+        return cls(model_type=mt, vocab_size=V, hidden_size=H, num_layers=L, num_heads=n_heads,
+                   num_kv_heads=n_kv, head_dim=head_dim, num_experts=E, top_k=top_k,
+                   rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=rope_theta,
+                   max_position_embeddings=f.int("max_position_embeddings", default=4096, lo=2),
+                   tie_word_embeddings=f.bool("tie_word_embeddings", False), hidden_act=act,
+                   bos_token_id=bos[0] if bos else None, eos_token_ids=eos_ids, dtype=dtype, **kw)
