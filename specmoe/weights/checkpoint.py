@@ -14,22 +14,31 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from specmoe.config import ModelConfig
-from specmoe.errors import CheckpointError
+from specmoe.config import ModelConfig, read_json_object, type_name
+from specmoe.errors import CheckpointError, InputError
 from specmoe.weights.names import IGNORED_SUFFIXES, expert_keys, non_expert_keys
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
+# safetensors dtype codes a weight may have (integers, bools and fp8 are not read as weights)
+FLOAT_CODES = {"F32", "F16", "BF16", "F64"}
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, default: str = "float32") -> torch.dtype:
+    """The compute dtype for LLM(dtype=...): "auto" (the checkpoint's), a name, or a floating torch.dtype."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise InputError(f"dtype={dtype} is not a supported compute dtype; use float32, float16 or bfloat16")
         return dtype
+    if dtype is not None and not isinstance(dtype, str):
+        raise InputError(f"dtype must be a string or a torch.dtype, got {type(dtype).__name__}")
     name = (dtype or default)
     if name == "auto":
         name = default
     if name not in DTYPES:
-        raise CheckpointError(f"unsupported dtype {name!r}; use one of float32, float16, bfloat16")
+        raise InputError(f"dtype={name!r} is not supported; use one of auto, float32, float16, bfloat16")
     return DTYPES[name]
 
 
@@ -48,14 +57,7 @@ class Checkpoint:
         index = self.path / "model.safetensors.index.json"
         single = self.path / "model.safetensors"
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise CheckpointError(f"{index} is not a valid safetensors index: {e}") from None
-            for shard in sorted(set(weight_map.values())):
-                if not (self.path / shard).is_file():
-                    raise CheckpointError(f"missing shard {shard} listed in {index.name} ({self.path})")
-            return dict(weight_map)
+            return self._read_index(index)
         files = sorted(self.path.glob("*.safetensors"))
         if single.is_file():
             files = [single]
@@ -72,6 +74,22 @@ class Checkpoint:
             for k in self._open(f.name).keys():
                 out[k] = f.name
         return out
+
+    def _read_index(self, index: Path) -> dict[str, str]:
+        """weight_map of a sharded index: tensor name -> a .safetensors file in this directory."""
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: weight_map must be a non-empty object of tensor name -> shard file, "
+                                  f"got {type_name(weight_map)}")
+        for key, shard in weight_map.items():
+            if (not isinstance(shard, str) or Path(shard).name != shard or shard in (".", "..")
+                    or not shard.endswith(".safetensors")):
+                raise CheckpointError(f"{index}: weight_map[{key!r}] must be a .safetensors file name in "
+                                      f"{self.path}, got {shard!r}")
+        for shard in sorted(set(weight_map.values())):
+            if not (self.path / shard).is_file():
+                raise CheckpointError(f"missing shard {shard} listed in {index.name} ({self.path})")
+        return dict(weight_map)
 
     def _open(self, fname: str):
         h = self._handles.get(fname)
@@ -97,6 +115,10 @@ class Checkpoint:
 
     def validate(self) -> None:
         """Every expected key present with its shape; unexpected keys reported by name."""
+        cfg, n = self.config, len(self.key_to_file)
+        if 4 * cfg.num_layers + 3 * cfg.num_experts * len(cfg.moe_layers) > n:  # before listing them all
+            raise CheckpointError(f"checkpoint {self.path} holds {n} tensors, too few for the {cfg.num_layers} "
+                                  f"layers x {cfg.num_experts} experts that config.json declares")
         expected = self.expected_keys()
         missing = [k for k in expected if k not in self.key_to_file]
         if missing:
@@ -110,6 +132,16 @@ class Checkpoint:
             more = f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
             raise CheckpointError(f"checkpoint {self.path} has {len(unexpected)} unexpected tensor(s) for "
                                   f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}")
+        for fname in sorted(set(self.key_to_file.values())):
+            self._open(fname)  # safetensors validates the header before we read it
+            tensors = self._header(fname)["tensors"]
+            for k in [k for k, f in self.key_to_file.items() if f == fname and k in expected]:
+                if k not in tensors:
+                    raise CheckpointError(f"model.safetensors.index.json maps {k} to {fname}, which does not "
+                                          f"contain it ({self.path})")
+                if tensors[k].get("dtype") not in FLOAT_CODES:
+                    raise CheckpointError(f"tensor {k} in {fname} has dtype {tensors[k].get('dtype')}; "
+                                          "expected a floating dtype (F32, F16, BF16)")
         for k, shape in expected.items():
             got = self.shape(k)
             if got != tuple(shape):
