@@ -36,16 +36,21 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
+        from specmoe.engine.options import SEED_RANGE, check_int, check_number
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if self.max_tokens < 1:
-            raise InputError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise InputError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InputError(f"top_k must be >= 0, got {self.top_k}")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) for x in self.stop):
+            raise InputError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if any(x == "" for x in self.stop):
+            raise InputError("stop strings must be non-empty (an empty stop string would match at once)")
+        self.stop = list(self.stop)
+        check_int("max_tokens", self.max_tokens, 1)
+        check_number("temperature", self.temperature, lo_open=False)
+        check_number("top_p", self.top_p, hi=1.0)
+        check_int("top_k", self.top_k, 0)
+        check_int("seed", self.seed, *SEED_RANGE, none_ok=True)
+        if not isinstance(self.ignore_eos, bool):
+            raise InputError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

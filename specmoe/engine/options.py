@@ -2,9 +2,89 @@
 from these fields (each field's `help` metadata becomes the flag's help text)."""
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field, fields
 
-from specmoe.experts.memory import parse_size
+import torch
+
+from specmoe.errors import InputError
+from specmoe.experts.memory import SizeError, parse_size
+
+MAX_DRAFT_TOKENS = 64  # gamma: KV positions reserved past every sequence; beyond this it only costs memory
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
+def check_int(name: str, v, lo: int = 1, hi: int | None = None, *, none_ok: bool = False) -> None:
+    """An integer option (bools and floats are not integers) in [lo, hi]."""
+    if v is None and none_ok:
+        return
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise InputError(f"{name} must be an integer {rng}, got {v!r}")
+
+
+def check_number(name: str, v, *, lo: float = 0.0, lo_open: bool = True, hi: float | None = None,
+                 none_ok: bool = False) -> None:
+    """A finite real option above lo (strictly when lo_open) and at most hi."""
+    if v is None and none_ok:
+        return
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or (v <= lo if lo_open else v < lo) or (hi is not None and v > hi):
+        rng = f"{'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi is not None else "")
+        raise InputError(f"{name} must be a finite number {rng}, got {v!r}")
+
+
+def size(value) -> int | None:
+    """A positive byte size: 4096, 2.5e9, '512MiB' (None stays None). The CLI's type for size flags,
+    so a bad value is a SizeError (an InputError and a ValueError: argparse reports it as a bad value)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SizeError(f"a byte size must be an integer or a string like '2GiB', got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SizeError(f"byte size {value!r} is not finite")
+    try:
+        n = parse_size(value)
+    except (OverflowError, ValueError):  # float('1e999') is inf; int(inf) overflows
+        raise SizeError(f"cannot read {value!r} as a finite byte size (examples: 4096, 512MiB, 2GB)") from None
+    if n <= 0:
+        raise SizeError(f"byte size {value!r} must be positive")
+    return n
+
+
+def resolve_device(device) -> torch.device:
+    """cpu, cuda or cuda:N that exists on this machine."""
+    if isinstance(device, torch.device):
+        d = device
+    elif isinstance(device, str):
+        try:
+            d = torch.device(device)
+        except RuntimeError:
+            raise InputError(f"device={device!r} is not a device name; use cpu, cuda or cuda:N") from None
+    else:
+        raise InputError(f"device must be a string like 'cpu' or 'cuda:0', got {type(device).__name__}")
+    if d.type == "cpu":
+        return d
+    if d.type != "cuda":
+        raise InputError(f"device={device!r} is not supported; use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise InputError(f"device={device!r} requested but CUDA is not available")
+    if d.index is not None and d.index >= torch.cuda.device_count():
+        raise InputError(f"device={device!r} does not exist: this machine has {torch.cuda.device_count()} "
+                         "CUDA device(s)")
+    return d
+
+
+def check_llm_args(*, model, max_batch, max_model_len, progress, threads) -> None:
+    """LLM(...) keywords other than dtype/device (resolve_dtype / resolve_device) and the option dataclasses."""
+    if model is not None and (not isinstance(model, (str, os.PathLike)) or not str(model) or "\0" in str(model)):
+        raise InputError(f"model must be a checkpoint directory path or None, got {model!r}")
+    check_int("max_batch", max_batch, 1)
+    check_int("max_model_len", max_model_len, 2, none_ok=True)
+    check_int("threads", threads, 1, 4096, none_ok=True)
+    if not isinstance(progress, bool):
+        raise InputError(f"progress must be True or False, got {progress!r}")
 
 
 def opt(default, help: str, choices: tuple | None = None, type=None):
@@ -21,7 +101,7 @@ class OffloadConfig:
                                     "at least top-k)", type=int)
     cache_bytes: int | None = opt(None, "upper bound on the device expert working set over all MoE layers, e.g. "
                                   "2GiB: cache slots + scratch rows + staging + SpecMoE's draft copy (sets the "
-                                  "slots per layer from what is left; instead of cache_experts)", type=parse_size)
+                                  "slots per layer from what is left; instead of cache_experts)", type=size)
     cache_policy: str = opt("lru", "expert cache policy: ondemand (nothing kept past a layer), static (hottest "
                             "~10%% per layer from a profile stay), lru, lfu", ("ondemand", "static", "lru", "lfu"))
     prefetch: str = opt("none", "fetch layer l+1's experts while layer l computes: predicted (next router on the "
@@ -34,24 +114,25 @@ class OffloadConfig:
     memory_budget: int | None = opt(None, "upper bound on all expert memory, e.g. 8GiB: resident experts, or "
                                     "cache slots + scratch + staging + host tier, + SpecMoE's draft copy (not the "
                                     "KV cache or the non-expert weights); too small is an error at construction; "
-                                    "llm.stats['memory'] shows each part", type=parse_size)
+                                    "llm.stats['memory'] shows each part", type=size)
     repack_dir: str | None = opt(None, "disk tier: directory of the aligned expert repack (default: "
                                  "<checkpoint>/.specmoe, else ~/.cache/specmoe/<hash>)", type=str)
 
     def __post_init__(self):
-        from specmoe.errors import InputError
         for name in ("cache_bytes", "memory_budget"):  # LLM(cache_bytes="2GiB") as well as ints
-            object.__setattr__(self, name, parse_size(getattr(self, name)))
-        for f in fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise InputError(f"{f.name}={getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
-        if self.cache_experts is not None and self.cache_experts < 1:
-            raise InputError(f"cache_experts must be >= 1, got {self.cache_experts}")
+            try:
+                object.__setattr__(self, name, size(getattr(self, name)))
+            except SizeError as e:
+                raise InputError(f"{name}: {e}") from None
+        check_choices(self)
+        check_int("cache_experts", self.cache_experts, 1, none_ok=True)
+        check_number("link_gbps", self.link_gbps, none_ok=True)
+        check_number("link_latency_us", self.link_latency_us, lo_open=False, none_ok=True)
         if self.offload != "host" and (self.link_gbps is not None or self.link_latency_us is not None):
             raise InputError("link_gbps / link_latency_us emulate the host-device link: they need offload='host'")
-        if self.link_gbps is not None and self.link_gbps <= 0:
-            raise InputError(f"link_gbps must be positive, got {self.link_gbps}")
+        r = self.repack_dir
+        if r is not None and (not isinstance(r, (str, os.PathLike)) or not str(r).strip() or "\0" in str(r)):
+            raise InputError(f"repack_dir must be a directory path (or None for the default), got {r!r}")
 
 
 @dataclass(frozen=True)
@@ -71,20 +152,21 @@ class SpecConfig:
     seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
 
     def __post_init__(self):
-        from specmoe.errors import InputError
-        if self.draft_experts < 1:
-            raise InputError(f"draft_experts must be >= 1, got {self.draft_experts}")
-        if self.num_draft_tokens < 1:
-            raise InputError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
-        for f in fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise InputError(f"{f.name}={getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
+        check_choices(self)
+        check_int("draft_experts", self.draft_experts, 1)
+        check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
+        check_int("seed", self.seed, *SEED_RANGE)
+
+
+def check_choices(cfg) -> None:
+    for f in fields(cfg):
+        choices, v = f.metadata.get("choices"), getattr(cfg, f.name)
+        if choices and (not isinstance(v, str) or v not in choices):
+            raise InputError(f"{f.name}={v!r}; choose one of {', '.join(choices)}")
 
 
 def split_options(kwargs: dict) -> tuple[OffloadConfig, SpecConfig]:
     """Route LLM(**kwargs) keywords to the config that owns them; unknown names are an error."""
-    from specmoe.errors import InputError
     groups = {}
     for cls in (OffloadConfig, SpecConfig):
         names = {f.name for f in fields(cls)}
