@@ -24,3 +24,8 @@ class MemoryBudgetError(SpecMoEError):
 
 class IntegrityError(CheckpointError):
     """Bytes read back from the expert repack file do not match what was written (corruption, a short read)."""
+
+
+class NonFiniteLogitsError(SpecMoEError):
+    """The model produced inf/NaN logits (overflowing weights, a corrupt checkpoint, fp16 range):
+    nothing is sampled from them."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specmoe.errors import InputError
+from specmoe.errors import InputError, NonFiniteLogitsError
 
 # V=vocab
 
@@ -111,11 +111,31 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return g
 
 
+def check_finite(finite: list[bool], what: str = "sequence") -> None:
+    """Raise if any row's logits were not all finite (`finite` is already on the host)."""
+    bad = [i for i, ok in enumerate(finite) if not ok]
+    if bad:
+        raise NonFiniteLogitsError(
+            f"the model produced non-finite logits (inf/NaN) for {len(bad)} of {len(finite)} {what}(s) "
+            f"(rows {bad[:5]}); nothing was sampled. The checkpoint's weights overflow or are corrupt "
+            "(with float16, try dtype='float32' or 'bfloat16')")
+
+
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """[...] bool, on the logits' device: the row [..., V] holds no inf/NaN. NaN propagates through
+    amax/amin, so two vectorised reductions are exact (and cheaper than isfinite over every element)."""
+    return torch.isfinite(logits.amax(-1)) & torch.isfinite(logits.amin(-1))
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator],
            positions: list[int]) -> list[int]:
     """One token per row of logits [B, V]; `positions[b]` is the output index of row b's new token.
     Greedy rows take argmax, seeded rows the coupled rule, unseeded rows draw with their own generator,
-    so a request's tokens never depend on what else is in the batch."""
+    so a request's tokens never depend on what else is in the batch. Rows with inf/NaN logits raise
+    NonFiniteLogitsError: for a greedy batch the check rides on the one host read of the tokens."""
+    ok = finite_rows(logits)
+    if not all(p.greedy for p in params):
+        check_finite(ok.tolist())  # before a sampler meets NaN (torch.multinomial raises on it)
     out = logits.argmax(-1)
     for b, p in enumerate(params):
         if p.greedy:
@@ -125,4 +145,6 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.
                                                                logits.device)[0])
         else:
             out[b] = torch.multinomial(probs_from_logits(logits[b], p), 1, generator=gens[b])[0]
-    return out.tolist()
+    toks, finite = torch.stack([out, ok.long()]).tolist()  # one host read: tokens and finiteness
+    check_finite(finite)
+    return toks

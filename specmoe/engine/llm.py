@@ -6,6 +6,7 @@ boundaries; the strategy only sees the list of active sequences.
 """
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -15,14 +16,14 @@ from tqdm import tqdm
 from specmoe.decoding.autoregressive import prefill
 from specmoe.decoding.factory import lookahead, make_strategy
 from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import SamplingParams, make_generator
+from specmoe.decoding.sampling import SamplingParams, check_finite, make_generator
 from specmoe.decoding.sequence import Sequence
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.stats import derived, memory_stats, new_stats
 from specmoe.engine.tokenizer import Tokenizer
 from specmoe.bundled import demo_model_dir
-from specmoe.errors import InputError, SpecMoEError
-from specmoe.engine.options import split_options
+from specmoe.engine.options import check_llm_args, resolve_device, split_options
+from specmoe.engine.prompts import normalize_params, normalize_prompts
 from specmoe.experts.factory import build_provider
 from specmoe.experts.memory import check_fits, device_memory
 from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
@@ -46,14 +47,13 @@ class LLM:
         """`options` are the fields of OffloadConfig (offload=, cache_experts=, ...) and SpecConfig
         (decoding=, draft_experts=, ...)."""
         self.offload_cfg, self.spec_cfg = split_options(dict(options))
+        check_llm_args(model=model, max_batch=max_batch, max_model_len=max_model_len, progress=progress,
+                       threads=threads)
+        self.device = resolve_device(device)
         if threads is not None:  # like llama.cpp's -t: process-wide intra-op threads
-            if threads < 1:
-                raise InputError(f"threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
         self.path = Path(model) if model is not None else default_model_path()
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise SpecMoEError("device='cuda' requested but CUDA is not available")
+        self._lock = threading.Lock()  # one generate/logits at a time: they share the KV cache and stats
         self.ckpt = Checkpoint(self.path)
         self.config = self.ckpt.config
         self.dtype = resolve_dtype(dtype, default=self.config.dtype)
@@ -110,30 +110,8 @@ class LLM:
         return runner
 
     def _tokenize(self, prompts) -> tuple[list[str | None], list[list[int]]]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not prompts:
-            raise InputError("empty prompt list: pass at least one prompt")
-        texts, ids = [], []
-        for p in prompts:
-            if isinstance(p, str):
-                if self.tokenizer is None:
-                    raise InputError(f"{self.path} has no tokenizer.json; pass prompts as token-id lists")
-                texts.append(p)
-                ids.append(self.tokenizer.encode(p))
-            else:
-                texts.append(None)
-                ids.append([int(t) for t in p])
-            if not ids[-1]:
-                raise InputError(f"prompt {len(ids) - 1} is empty")
-            bad = [t for t in ids[-1] if not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise InputError(f"prompt {len(ids) - 1} has token ids outside the vocabulary "
-                                 f"[0, {self.config.vocab_size}): {bad[:5]}")
-            if len(ids[-1]) >= self.max_model_len:
-                raise InputError(f"prompt {len(ids) - 1} has {len(ids[-1])} tokens; the context length is "
-                                 f"{self.max_model_len} (prompt + at least one generated token must fit)")
-        return texts, ids
+        return normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self.config.vocab_size,
+                                 max_model_len=self.max_model_len, model_path=self.path)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
@@ -142,12 +120,9 @@ class LLM:
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         texts, prompt_ids = self._tokenize(prompts)
-        if params is None:
-            params = SamplingParams()
-        plist = params if isinstance(params, list) else [params] * len(prompt_ids)
-        if len(plist) != len(prompt_ids):
-            raise InputError(f"{len(plist)} SamplingParams for {len(prompt_ids)} prompts")
-        return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
+        plist = normalize_params(params, len(prompt_ids))
+        with self._lock:
+            return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
 
     def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
         look = lookahead(self.spec_cfg)  # KV positions a step writes past the committed length
@@ -226,19 +201,24 @@ class LLM:
 
     @torch.inference_mode()
     def logits(self, token_id_lists: list[list[int]]) -> torch.Tensor:
-        """Scoring: [B, T, V] fp32 logits for each position (right-padded with zeros)."""
-        _, ids = self._tokenize(token_id_lists if token_id_lists and not isinstance(token_id_lists[0], int)
-                                else [token_id_lists])
-        if len(ids) > self.max_batch:
-            return torch.cat([self.logits(ids[i:i + self.max_batch]) for i in range(0, len(ids), self.max_batch)])
+        """Scoring: [B, T, V] fp32 logits for each position (right-padded with zeros); batches larger
+        than max_batch run in chunks of max_batch. Non-finite logits raise NonFiniteLogitsError."""
+        _, ids = self._tokenize(token_id_lists)
         T = max(len(t) for t in ids)
-        cache = self._cache_for(len(ids), T, T)
-        runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
-        seqs = [Sequence(seq_id=i, prompt_ids=t, params=SamplingParams(), slot=i, generator=torch.Generator())
-                for i, t in enumerate(ids)]
-        out = runner.forward(seqs, ids, all_logits=True)
-        for b, t in enumerate(ids):
-            out[b, len(t):] = 0
+        with self._lock:
+            n = min(len(ids), self.max_batch)  # sequences per forward: the cache never exceeds max_batch slots
+            cache = self._cache_for(n, T, T)
+            runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
+            out = torch.zeros(len(ids), T, self.config.vocab_size, device=self.device)
+            for c in range(0, len(ids), n):
+                chunk = ids[c:c + n]
+                cache.lengths = [0] * cache.max_batch
+                seqs = [Sequence(seq_id=i, prompt_ids=t, params=SamplingParams(), slot=i,
+                                 generator=torch.Generator()) for i, t in enumerate(chunk)]
+                got = runner.forward(seqs, chunk, all_logits=True)  # [b, T_chunk, V]
+                for b, t in enumerate(chunk):
+                    out[c + b, :len(t)] = got[b, :len(t)]
+        check_finite(torch.isfinite(out).flatten(1).all(1).tolist(), what="prompt")
         return out
 
     @property
