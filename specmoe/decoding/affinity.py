@@ -2,30 +2,36 @@
 every pair of experts in a MoE layer (arXiv 2604.10152, "affinity-based substitution").
 
 Computed once per model and cached on disk next to the checkpoint
-(`<ckpt>/.specmoe/affinity.pt`, or `~/.cache/specmoe/` when the checkpoint directory is
-read-only), keyed and validated by `Checkpoint.fingerprint()`.
+(`<ckpt>/.specmoe/affinity.safetensors`, or `~/.cache/specmoe/` when the checkpoint directory
+is read-only), keyed and validated by `Checkpoint.fingerprint()`. The cache is a safetensors
+file (no pickle, so nothing in it can run code); one that is unreadable, corrupt, stale or of
+the wrong shape is recomputed and rewritten.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from specmoe.weights.checkpoint import Checkpoint
 from specmoe.weights.names import expert_keys
 
 # E=experts, P=parameters of one expert part (I·D)
 
-FORMAT = 1
+FORMAT = "2"  # 1 was a torch.save pickle (affinity.pt), never read now
 
 
 def cache_paths(ckpt: Checkpoint) -> list[Path]:
     """Where the table may live, in order of preference."""
     key = hashlib.sha1(str(ckpt.path.resolve()).encode()).hexdigest()[:16]
-    return [ckpt.path / ".specmoe" / "affinity.pt", Path.home() / ".cache" / "specmoe" / f"affinity-{key}.pt"]
+    return [ckpt.path / ".specmoe" / "affinity.safetensors",
+            Path.home() / ".cache" / "specmoe" / f"affinity-{key}.safetensors"]
 
 
 def compute_affinity(ckpt: Checkpoint) -> dict[int, torch.Tensor]:
@@ -47,15 +53,21 @@ def compute_affinity(ckpt: Checkpoint) -> dict[int, torch.Tensor]:
     return out
 
 
-def _load(path: Path, fingerprint: str, layers: tuple[int, ...]) -> dict[int, torch.Tensor] | None:
+def _load(path: Path, fingerprint: str, layers: tuple[int, ...], E: int) -> dict[int, torch.Tensor] | None:
+    """The cached table, or None when the file is unreadable, corrupt, stale or malformed."""
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError):
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if (meta.get("format") != FORMAT or meta.get("fingerprint") != fingerprint
+                    or json.loads(meta.get("layers", "null")) != list(layers)):
+                return None
+            table = {layer: f.get_tensor(f"layer.{layer}") for layer in layers}
+    except Exception:  # any failure to read a cache (corrupt header, missing key...) means recompute
         return None
-    if (not isinstance(data, dict) or data.get("format") != FORMAT or data.get("fingerprint") != fingerprint
-            or tuple(data.get("layers", ())) != layers):
-        return None
-    return {layer: t for layer, t in zip(layers, data["tables"])}
+    for t in table.values():
+        if t.dtype != torch.float32 or t.shape != (E, E) or not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+            return None
+    return table
 
 
 def _save(path: Path, fingerprint: str, table: dict[int, torch.Tensor]) -> bool:
@@ -63,9 +75,13 @@ def _save(path: Path, fingerprint: str, table: dict[int, torch.Tensor]) -> bool:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".affinity-", suffix=".tmp")
         os.close(fd)
-        torch.save({"format": FORMAT, "fingerprint": fingerprint, "layers": list(table),
-                    "tables": list(table.values())}, tmp)
-        os.replace(tmp, path)  # atomic: concurrent readers see the old file or the new one
+        try:
+            save_file({f"layer.{layer}": t.contiguous() for layer, t in table.items()}, tmp,
+                      metadata={"format": FORMAT, "fingerprint": fingerprint, "layers": json.dumps(list(table))})
+            os.replace(tmp, path)  # atomic: concurrent readers see the old file or the new one
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         return True
     except OSError:
         return False
@@ -77,7 +93,7 @@ def load_or_compute_affinity(ckpt: Checkpoint) -> dict[int, torch.Tensor]:
     paths = cache_paths(ckpt)
     for p in paths:
         if p.is_file():
-            table = _load(p, fp, layers)
+            table = _load(p, fp, layers, ckpt.config.num_experts)
             if table is not None:
                 return table
     table = compute_affinity(ckpt)

@@ -26,7 +26,7 @@ def test_affinity_table_is_l2_distance_and_cached_by_fingerprint(tiny_ckpt, monk
     layer = ck.config.moe_layers[0]
     W = torch.stack([ck.read_expert(layer, e, torch.float64) for e in range(ck.config.num_experts)])
     assert torch.allclose(table[layer].double(), torch.cdist(W, W), atol=1e-4)
-    assert (ck.path / ".specmoe" / "affinity.pt").is_file()
+    assert (ck.path / ".specmoe" / "affinity.safetensors").is_file()
 
     def boom(_):
         raise AssertionError("recomputed although the cache is valid")
