@@ -12,7 +12,8 @@ SUBCOMMANDS = ("generate", "inspect", "profile", "bench")
 
 def build_parser() -> argparse.ArgumentParser:
     import importlib
-    p = argparse.ArgumentParser(prog="specmoe", description="Offloaded MoE inference with expert-aware "
+    from specmoe.cli.common import OneLineParser
+    p = OneLineParser(prog="specmoe", description="Offloaded MoE inference with expert-aware "
                                 "speculative decoding. Every command defaults to the bundled demo model.")
     sub = p.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:

@@ -5,8 +5,46 @@ import argparse
 import json
 import sys
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 from specmoe.engine.options import OffloadConfig, SpecConfig
+from specmoe.errors import InputError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr and exit 2, like every other user error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def read_text(path: Path, what: str = "prompts file") -> str:
+    """A UTF-8 text file, every failure an InputError naming it."""
+    if not path.is_file():
+        raise InputError(f"{what} not found: {path}")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise InputError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {path} is not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def jsonl_prompt(line: str, where: str, *, ids_ok: bool):
+    """The 'prompt' of one JSONL row: a string, or (ids_ok) a non-empty list of token ids. A bare
+    number is refused, so rows of integers never merge into one token-id prompt."""
+    want = "a JSON object whose 'prompt' is a string" + (" or a list of token ids" if ids_ok else "")
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        raise InputError(f"{where}: expected {want}; the line is not valid JSON") from None
+    p = row.get("prompt") if isinstance(row, dict) else None
+    if isinstance(p, str):
+        return p
+    if ids_ok and isinstance(p, list) and p and all(type(t) is int for t in p):
+        return p
+    got = "no 'prompt' field" if not isinstance(row, dict) or "prompt" not in row else f"'prompt' is {p!r}"[:80]
+    raise InputError(f"{where}: expected {want}; got {got}")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

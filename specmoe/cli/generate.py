@@ -1,12 +1,10 @@
 """`specmoe generate`: complete prompts and print the text (or JSON with stats)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from specmoe.cli.common import add_model_args, add_option_args, make_llm, print_json
-from specmoe.errors import InputError
+from specmoe.cli.common import add_model_args, add_option_args, jsonl_prompt, make_llm, print_json, read_text
 
 
 def register(sub) -> None:
@@ -25,20 +23,17 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def read_prompts(args) -> list[str]:
-    prompts = list(args.prompt)
+def read_prompts(args) -> list[str | list[int]]:
+    """--prompt texts, then the file's prompts: one per line, or one JSON object per line (.jsonl)
+    whose 'prompt' is a string or a list of token ids. Always a batch: one item per prompt."""
+    prompts: list[str | list[int]] = list(args.prompt)
     if args.prompts_file:
         path = Path(args.prompts_file)
-        if not path.is_file():
-            raise InputError(f"prompts file not found: {path}")
-        for i, line in enumerate(path.read_text().splitlines()):
+        for i, line in enumerate(read_text(path).splitlines()):
             if not line.strip():
                 continue
             if path.suffix == ".jsonl":
-                try:
-                    prompts.append(json.loads(line)["prompt"])
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise InputError(f"{path}:{i + 1}: expected a JSON object with a 'prompt' field") from None
+                prompts.append(jsonl_prompt(line, f"{path}:{i + 1}", ids_ok=True))
             else:
                 prompts.append(line)
     if not prompts:
@@ -59,7 +54,8 @@ def run(args) -> int:
             for o in outs], "stats": llm.stats})
         return 0
     for o in outs:
-        sys.stdout.write(f"--- prompt: {o.prompt!r}\n{o.prompt}{o.text}\n")
+        shown = o.prompt if o.prompt is not None else o.prompt_token_ids
+        sys.stdout.write(f"--- prompt: {shown!r}\n{o.prompt or ''}{o.text}\n")
     sys.stderr.write(summary(llm.stats) + "\n")
     return 0
 

@@ -1,11 +1,12 @@
 """`specmoe inspect PATH`: what a checkpoint is and where its bytes are."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specmoe.cli.common import print_json
-from specmoe.experts.profiling import skewness
+from specmoe.config import read_json_object
+from specmoe.errors import CheckpointError
+from specmoe.experts.profiling import load_profile, skewness
 
 
 def register(sub) -> None:
@@ -37,8 +38,11 @@ def describe(path) -> dict:
             "bytes_per_expert": expert_bytes // max(1, len(cfg.moe_layers) * cfg.num_experts)}
     prof = path / "expert_profile.json"
     if prof.is_file():
-        counts = json.loads(prof.read_text())
-        counts = counts.get("counts", counts) if isinstance(counts, dict) else counts
+        read_json_object(prof)  # not UTF-8 / not JSON / not an object: a CheckpointError naming the file
+        try:
+            counts = load_profile(prof, cfg)  # wrong structure or shape: a CheckpointError naming the file
+        except (TypeError, ValueError):
+            raise CheckpointError(f"expert profile {prof}: counts must be integers") from None
         info["skewness_per_layer"] = [round(skewness(row), 3) for row in counts]
     return info
 

@@ -2,10 +2,9 @@
 expert_profile.json (counts + per-layer skewness) and a heatmap PNG (SpecMoE Fig. 6)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from specmoe.cli.common import add_model_args, add_option_args, make_llm, print_json
+from specmoe.cli.common import add_model_args, add_option_args, jsonl_prompt, make_llm, print_json, read_text
 from specmoe.bundled import prompts_dir
 from specmoe.errors import InputError
 
@@ -36,14 +35,8 @@ def read_prompts(src: str | None, limit: int) -> tuple[list[str], str]:
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else ([path] if path.is_file() else [])
     per_file = []
     for f in files:
-        rows = []
-        for i, line in enumerate(f.read_text().splitlines()):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line)["prompt"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise InputError(f"{f}:{i + 1}: expected a JSON object with a 'prompt' field") from None
+        rows = [jsonl_prompt(line, f"{f}:{i + 1}", ids_ok=False)
+                for i, line in enumerate(read_text(f).splitlines()) if line.strip()]
         per_file.append(rows)
     # domains interleaved, so a small --max-prompts still covers every file
     prompts = [rows[i] for i in range(max(map(len, per_file), default=0)) for rows in per_file if i < len(rows)]
