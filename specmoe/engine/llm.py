@@ -16,7 +16,7 @@ from tqdm import tqdm
 from specmoe.decoding.autoregressive import prefill
 from specmoe.decoding.factory import lookahead, make_strategy
 from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import SamplingParams, check_finite, make_generator
+from specmoe.decoding.sampling import SamplingParams, check_finite, finite_rows, make_generator
 from specmoe.decoding.sequence import Sequence
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.stats import derived, memory_stats, new_stats
@@ -218,7 +218,7 @@ class LLM:
                 got = runner.forward(seqs, chunk, all_logits=True)  # [b, T_chunk, V]
                 for b, t in enumerate(chunk):
                     out[c + b, :len(t)] = got[b, :len(t)]
-        check_finite(torch.isfinite(out).flatten(1).all(1).tolist(), what="prompt")
+        check_finite(finite_rows(out).all(-1).tolist(), what="prompt")
         return out
 
     @property

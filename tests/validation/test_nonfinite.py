@@ -78,3 +78,16 @@ def test_healthy_logits_are_accepted(tiny_ckpt):
     llm = LLM(tiny_ckpt("qwen3_moe"), dtype="float32", max_batch=2)
     assert torch.isfinite(llm.logits([[1, 2, 3]])).all()
     assert len(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=5, ignore_eos=True))[0].token_ids) == 5
+
+
+@pytest.mark.parametrize("value,finite", [(float("nan"), False), (float("inf"), False), (float("-inf"), False),
+                                          (3.0e38, True), (-3.0e38, True), (0.0, True)],
+                         ids=["nan", "pos_inf", "neg_inf", "huge_finite", "huge_negative_finite", "zero"])
+def test_finite_rows_is_exact(value, finite):
+    """The cheap row check (amax/amin) flags exactly the rows holding an inf or NaN anywhere."""
+    from specmoe.decoding.sampling import finite_rows
+    x = torch.randn(3, 4, 1000)
+    x[1, 2, 517] = value
+    expected = torch.ones(3, 4, dtype=torch.bool)
+    expected[1, 2] = finite
+    assert torch.equal(finite_rows(x), expected)
