@@ -48,6 +48,8 @@ def read_prompts(src: str | None, limit: int) -> tuple[list[str], str]:
 def run(args) -> int:
     from specmoe import SamplingParams
     from specmoe.experts.profiling import heatmap, profile_dict, save_profile
+    if args.max_prompts < 1:
+        raise InputError(f"--max-prompts must be >= 1, got {args.max_prompts}")
     prompts, source = read_prompts(args.prompts, args.max_prompts)
     out = Path(args.out_dir)
     try:  # fail before running the model
