@@ -16,6 +16,7 @@ from specmoe.engine.llm import DEMO_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 REPACK = ".specmoe"  # the default repack / side-file directory inside a checkpoint
+NO_REPACK = shutil.ignore_patterns(REPACK)  # copies start without side files other tests left in the source
 
 
 def snapshot(path: Path) -> dict[str, str]:
@@ -32,7 +33,7 @@ def snapshot(path: Path) -> dict[str, str]:
 def ckpt(tmp_path, tiny_ckpt):
     """A private copy of a tiny qwen3_moe checkpoint (fp32, 96-token vocabulary, no tokenizer)."""
     dst = tmp_path / "ckpt"
-    shutil.copytree(tiny_ckpt("qwen3_moe"), dst)
+    shutil.copytree(tiny_ckpt("qwen3_moe"), dst, ignore=NO_REPACK)
     return dst
 
 
@@ -40,7 +41,7 @@ def ckpt(tmp_path, tiny_ckpt):
 def text_ckpt(tmp_path, tiny_ckpt):
     """A tiny checkpoint with the demo model's tokenizer (its vocabulary size), so text prompts work."""
     dst = tmp_path / "text_ckpt"
-    shutil.copytree(tiny_ckpt("qwen3_moe", vocab_size=8192), dst)
+    shutil.copytree(tiny_ckpt("qwen3_moe", vocab_size=8192), dst, ignore=NO_REPACK)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(DEMO_MODEL / name, dst / name)
     return dst

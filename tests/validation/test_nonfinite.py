@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from specmoe import LLM, SamplingParams
 from specmoe.errors import NonFiniteLogitsError, SpecMoEError
-from tests.validation.conftest import assert_one_line_error, run_cli, snapshot
+from tests.validation.conftest import NO_REPACK, assert_one_line_error, run_cli, snapshot
 
 
 def scale(ckpt, key, factor):
@@ -22,7 +22,7 @@ def scale(ckpt, key, factor):
 def huge(tmp_path_factory, tiny_ckpt):
     """The final norm scaled by 1e38 and the LM head by 1e4: the logits overflow fp32 to ±inf/NaN."""
     d = tmp_path_factory.mktemp("huge") / "ckpt"
-    shutil.copytree(tiny_ckpt("qwen3_moe"), d)
+    shutil.copytree(tiny_ckpt("qwen3_moe"), d, ignore=NO_REPACK)
     scale(d, "model.norm.weight", 1e38)
     scale(d, "lm_head.weight", 1e4)
     return d
@@ -54,7 +54,7 @@ def test_logits_refuses_nonfinite(huge):
 def test_one_bad_row_is_named(tmp_path, tiny_ckpt):
     """Only the rows whose logits overflow are reported: a huge embedding row for token 7."""
     d = tmp_path / "ckpt"
-    shutil.copytree(tiny_ckpt("qwen3_moe"), d)
+    shutil.copytree(tiny_ckpt("qwen3_moe"), d, ignore=NO_REPACK)
     f = d / "model.safetensors"
     sd = load_file(f)
     sd["model.embed_tokens.weight"][7] = float("nan")

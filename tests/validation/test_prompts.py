@@ -9,7 +9,7 @@ import torch
 
 from specmoe import LLM, SamplingParams
 from specmoe.errors import InputError
-from tests.validation.conftest import assert_one_line_error, main_error, run_cli, snapshot
+from tests.validation.conftest import NO_REPACK, assert_one_line_error, main_error, run_cli, snapshot
 
 # (case id, prompts argument, text the message must contain)
 PROMPT_CASES = [
@@ -77,7 +77,7 @@ def text_llm(tmp_path_factory, tiny_ckpt):
 
     from specmoe.engine.llm import DEMO_MODEL
     d = tmp_path_factory.mktemp("text") / "ckpt"
-    shutil.copytree(tiny_ckpt("qwen3_moe", vocab_size=8192), d)
+    shutil.copytree(tiny_ckpt("qwen3_moe", vocab_size=8192), d, ignore=NO_REPACK)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(DEMO_MODEL / name, d / name)
     return LLM(d, max_batch=4)
