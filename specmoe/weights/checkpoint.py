@@ -132,16 +132,17 @@ class Checkpoint:
             more = f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
             raise CheckpointError(f"checkpoint {self.path} has {len(unexpected)} unexpected tensor(s) for "
                                   f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}")
-        for fname in sorted(set(self.key_to_file.values())):
-            self._open(fname)  # safetensors validates the header before we read it
+        for k in expected:  # the shard map names the right file, and every weight is floating point
+            fname = self.key_to_file[k]
+            if fname not in self._handles:
+                self._open(fname)  # safetensors validates the header before we read it
             tensors = self._header(fname)["tensors"]
-            for k in [k for k, f in self.key_to_file.items() if f == fname and k in expected]:
-                if k not in tensors:
-                    raise CheckpointError(f"model.safetensors.index.json maps {k} to {fname}, which does not "
-                                          f"contain it ({self.path})")
-                if tensors[k].get("dtype") not in FLOAT_CODES:
-                    raise CheckpointError(f"tensor {k} in {fname} has dtype {tensors[k].get('dtype')}; "
-                                          "expected a floating dtype (F32, F16, BF16)")
+            if k not in tensors:
+                raise CheckpointError(f"model.safetensors.index.json maps {k} to {fname}, which does not "
+                                      f"contain it ({self.path})")
+            if tensors[k].get("dtype") not in FLOAT_CODES:
+                raise CheckpointError(f"tensor {k} in {fname} has dtype {tensors[k].get('dtype')}; "
+                                      "expected a floating dtype (F32, F16, BF16)")
         for k, shape in expected.items():
             got = self.shape(k)
             if got != tuple(shape):
