@@ -76,8 +76,8 @@ def test_bad_llm_option(ckpt, kw, needle):
 def test_good_options_still_accepted(ckpt):
     """Control: the forms the README documents keep working."""
     llm = LLM(ckpt, dtype=torch.float32, device=torch.device("cpu"), max_batch=2, max_model_len=64,
-              offload="host", cache_bytes="64KiB", memory_budget=2.5e6, link_gbps=8, link_latency_us=0)
-    assert llm.offload_cfg.cache_bytes == 64 * 1024 and llm.offload_cfg.memory_budget == 2_500_000
+              offload="host", cache_bytes="256KiB", memory_budget=2.5e6, link_gbps=8, link_latency_us=0)
+    assert llm.offload_cfg.cache_bytes == 256 * 1024 and llm.offload_cfg.memory_budget == 2_500_000
     assert llm.generate([[1, 2]])[0].token_ids
 
 
