@@ -38,6 +38,8 @@ SYSTEMS: tuple[System, ...] = (
            {"cache_policy": "ondemand", "prefetch": "predicted", "decoding": "ar"}),
     System("specmoe", "SpecMoE", {"decoding": "specmoe"}, kind="speculative",
            note="self-assisted speculation: draft = target restricted to N resident draft experts"),
+    System("specmoe-prefetch", "SpecMoE + draft-guided prefetch", {"decoding": "specmoe", "draft_prefetch": True},
+           kind="speculative", note="while drafting, the target routers' picks for drafted tokens load in the background"),
     System("auto", "SpecMoE (auto fallback)", {"decoding": "auto"}, kind="speculative",
            note="speculates only where the cost model predicts a gain"),
 )

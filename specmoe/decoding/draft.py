@@ -91,7 +91,7 @@ class DraftExperts:
 
     def __init__(self, cfg: ModelConfig, provider, *, num_draft: int, policy: str, substitution: str, seed: int,
                  device: torch.device, affinity: dict[int, torch.Tensor] | None = None,
-                 profile: dict[int, list[int]] | None = None):
+                 profile: dict[int, list[int]] | None = None, prefetch: bool = False):
         assert substitution != "affinity" or affinity is not None, "affinity substitution needs the affinity table"
         self.cfg, self.provider, self.device = cfg, provider, device
         self.n = min(num_draft, cfg.num_experts)
@@ -114,6 +114,10 @@ class DraftExperts:
         self.arriving: dict[int, dict[int, int]] = {}  # layer → {expert joining the set: stack row it takes}
         self.captured: set[tuple[int, int]] = set()     # (layer, expert) already copied into its row
         self.hits = self.assignments = 0
+        # draft-guided prefetch: experts the target's routers pick for drafted tokens, loaded while drafting
+        self.prefetch = prefetch
+        self.prefetch_bytes = 0
+        self.prefetch_want: dict[int, set[int]] = {}  # this draft phase's picks per layer (kept, not evicted)
         self.refreshes = 0
         self.setup_bytes = self.refresh_bytes = 0
         self.pin_refused: set[int] = set()
@@ -261,13 +265,16 @@ class DraftExperts:
 
     # ------------------------------------------------------------ draft forwards
     def context(self, observers: list | None = None) -> ForwardContext:
-        """The draft's ForwardContext. Its provider refuses to be used: the draft computes only
-        from its own stacks."""
+        """The draft's ForwardContext (one per draft phase). Its provider refuses to be used: the draft
+        computes only from its own stacks."""
+        self.prefetch_want = {}
         return ForwardContext(provider=_NoProvider(), routing_hook=self.routing_hook, observers=list(observers or []),
                               layer_hooks=[], experts_override=self.experts_override)
 
     def routing_hook(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
         """Map the router's top-k (weights [N, K] fp32, ids [N, K]) onto draft experts."""
+        if self.prefetch:
+            self._prefetch_picks(layer, ids)
         if self.substitution == "affinity":
             return weights, self.sub[layer][ids]
         draft = self.ids_t[layer]
@@ -282,6 +289,19 @@ class DraftExperts:
         if self.normalize:
             w = w / w.sum(dim=-1, keepdim=True)
         return w, draft[j]
+
+    def _prefetch_picks(self, layer: int, ids: torch.Tensor) -> None:
+        """Draft-guided prefetch: the router's own picks for the drafted tokens, before substitution, are
+        what verification will most likely fetch; start loading the non-draft ones (most picked first)
+        into free cache slots now, so the backing tier works while the draft computes."""
+        outside = ids[self.local[layer][ids] == len(self.ids[layer])]  # picks that are not draft experts
+        if outside.numel() == 0:
+            return
+        e, c = outside.unique(return_counts=True)
+        want = e[c.argsort(descending=True, stable=True)].tolist()
+        keep = self.prefetch_want.setdefault(layer, set())
+        self.prefetch_bytes += self.provider.prefetch(layer, want, keep)
+        keep.update(want)
 
     def experts_override(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The draft's routed-expert output for x [N, D] with every id in the draft set → [N, D].
@@ -302,6 +322,7 @@ class DraftExperts:
 
     def stats(self) -> dict:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
+                "draft_prefetch": self.prefetch, "draft_prefetch_bytes": self.prefetch_bytes,
                 "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
                 "draft_refresh_bytes": self.refresh_bytes, "draft_pin_refused": sorted(self.pin_refused),
                 "draft_copy_bytes": self.nbytes,

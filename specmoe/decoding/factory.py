@@ -23,7 +23,8 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
         mcfg, runner.provider, num_draft=cfg.draft_experts, policy=cfg.draft_policy,
         substitution=cfg.substitution, seed=cfg.seed, device=runner.device,
         affinity=load_or_compute_affinity(ckpt) if cfg.substitution == "affinity" else None,
-        profile=load_profile(ckpt.path, mcfg) if cfg.draft_policy == "hot-global" else None)
+        profile=load_profile(ckpt.path, mcfg) if cfg.draft_policy == "hot-global" else None,
+        prefetch=cfg.draft_prefetch)
     return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           auto=cfg.decoding == "auto")
 

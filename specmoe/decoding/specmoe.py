@@ -32,7 +32,8 @@ import torch
 from specmoe.decoding.draft import DraftExperts
 from specmoe.decoding.rejection import greedy_accept, rejection_sample
 from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import coupled_noise, coupled_pick, probs_from_logits, sample
+from specmoe.decoding.sampling import (check_finite, coupled_noise, coupled_pick, finite_rows, probs_from_logits,
+                                       sample)
 from specmoe.decoding.sequence import Sequence
 
 # B=sequences, G=gamma (max drafted tokens this step), T=G+1 verified positions, V=vocab
@@ -121,13 +122,20 @@ def accept(seqs: list[Sequence], drafts: torch.Tensor, q: torch.Tensor | None, l
     noise = noise or {}
     B, dev = len(seqs), logits.device
     out: list[list[int]] = [[] for _ in range(B)]
+    # a row is checked over the positions it verifies (padding positions of ragged rows are not)
+    T = logits.shape[1]
+    real = torch.arange(T, device=dev)[None, :] <= torch.tensor(gammas, device=dev)[:, None]  # [B, T]
+    finite = (finite_rows(logits) | ~real).all(-1)  # [B]
+    if not all(s.params.greedy or b in noise for b, s in enumerate(seqs)):
+        check_finite(finite.tolist())  # before rejection sampling meets NaN
     tgt = logits.argmax(-1)  # [B, T]
     for b, n in noise.items():
         tgt[b, :gammas[b] + 1] = coupled_pick(logits[b, :gammas[b] + 1], seqs[b].params, n)
     exact = [b for b, s in enumerate(seqs) if s.params.greedy or b in noise]
     if exact:
         n_acc = greedy_accept(drafts, tgt[:, :drafts.shape[1] + 1], torch.tensor(gammas, device=dev))  # [B]
-        d_l, t_l, n_l = drafts.tolist(), tgt.tolist(), n_acc.tolist()  # the one host read of the exact rows
+        d_l, t_l, n_l, ok = drafts.tolist(), tgt.tolist(), n_acc.tolist(), finite.tolist()  # one host read
+        check_finite(ok)
         for b in exact:
             out[b] = d_l[b][:n_l[b]] + [t_l[b][n_l[b]]]
     for b, s in enumerate(seqs):
@@ -270,10 +278,12 @@ class SpecMoEDecoder:
             self.drafter.setup()
         gammas = [self._gamma_for(s) for s in seqs]
         t0 = _now(dev)
-        b0 = self._bytes()
+        b0, p0 = self._bytes(), self.drafter.prefetch_bytes
         noise = step_noise(seqs, gammas, self.runner.model.cfg.vocab_size, dev)
         drafts, q = draft(self.runner, self.drafter, seqs, gammas, noise)
-        self.draft_phase_bytes += self._bytes() - b0
+        # bytes the draft itself fetched (always 0: it computes from its own stacks); draft-guided
+        # prefetch loads in the background for the verification and is counted apart
+        self.draft_phase_bytes += self._bytes() - b0 - (self.drafter.prefetch_bytes - p0)
         d_list = drafts.tolist()
         t1 = _now(dev)
         logits = verify(self.runner, self.drafter, seqs, [d[:g] for d, g in zip(d_list, gammas)])  # [B, T, V]

@@ -150,9 +150,14 @@ class SpecConfig:
                             "(hot-temporal), static from a profile (hot-global), or random (ablation)",
                             ("hot-temporal", "hot-global", "random"))
     seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
+    draft_prefetch: bool = opt(False, "SpecMoE, offloaded: while drafting, load the experts the target's routers "
+                               "pick for the drafted tokens into free cache slots, so the backing tier works "
+                               "while the draft computes (draft-guided prefetch)")
 
     def __post_init__(self):
         check_choices(self)
+        if not isinstance(self.draft_prefetch, bool):
+            raise InputError(f"draft_prefetch must be True or False, got {self.draft_prefetch!r}")
         check_int("draft_experts", self.draft_experts, 1)
         check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
         check_int("seed", self.seed, *SEED_RANGE)

@@ -363,7 +363,7 @@ class ExpertCache(ExpertStore):
             n += 1
         self._count_transfer(layer, n, "prefetch")
         self._flush()
-        return n
+        return n * self.expert_bytes
 
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
         """ForwardContext observer: accumulate routed-assignment counts per expert."""

@@ -19,8 +19,9 @@ class ExpertStore(ABC):
       (the models.moe.ExpertProvider protocol).
     - `pin(layer, ids)` keeps exactly `ids` resident from now on (SpecMoE's draft set), raising InputError
       when the store cannot hold them; `resident(layer)` is the set that is resident now.
-    - `prefetch(layer, ids)` starts loading `ids` in the background without blocking or evicting pinned
-      experts or those in `keep`; returns how many loads it started (0 where everything is resident).
+    - `prefetch(layer, ids, keep)` starts loading `ids` (most wanted first) in the background without
+      blocking or evicting pinned experts or those in `ids` / `keep`; returns the bytes it started
+      loading (0 where everything is resident).
     - `bytes_moved` counts bytes read from the backing tier so far (an integer counter, cheap to read
       inside a step); `stats()` is the full telemetry dict, for the engine boundary only.
     - `forward_observers` / `forward_layer_hooks`: what the engine registers on its ModelRunner.

@@ -180,3 +180,21 @@ def test_cuda_specmoe_greedy_equals_plain_greedy(tiny_ckpt, offload):
     assert [o.token_ids for o in llm.generate(ps, sp)] == ref
     st = llm.stats
     assert st["drafted_tokens"] > 0 and st["draft_phase_bytes"] == 0 and st["bytes_moved"] > 0
+
+
+def test_draft_guided_prefetch_loads_what_verification_uses(tiny_ckpt):
+    """draft_prefetch: the target routers' picks for drafted tokens load in the background while the draft
+    computes; verification finds them resident. Output unchanged, and the draft itself fetches nothing."""
+    path = tiny_ckpt("qwen3_moe")
+    ps, sp = BATCHES["b7"]
+    runs = {}
+    for on in (False, True):
+        llm = LLM(path, offload="host", cache_policy="lru", cache_experts=6, decoding="specmoe", draft_experts=2,
+                  num_draft_tokens=4, draft_prefetch=on)
+        assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
+        runs[on] = llm.stats
+    off, on = runs[False], runs[True]
+    assert off["draft_prefetch_bytes"] == 0 and off["prefetch_useful"] == 0
+    assert on["draft_prefetch_bytes"] > 0 and on["prefetch_bytes"] >= on["draft_prefetch_bytes"]
+    assert on["prefetch_useful"] > 0, "some prefetched experts were used by the verification"
+    assert on["draft_phase_bytes"] == 0 == off["draft_phase_bytes"]
