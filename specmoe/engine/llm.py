@@ -6,6 +6,7 @@ boundaries; the strategy only sees the list of active sequences.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -238,14 +239,17 @@ class LLM:
 
     def close(self) -> None:
         """Release the offloaded experts now: the disk tier's file, the I/O thread, the (pinned) host and
-        staging buffers, and the KV cache. Idempotent; using the engine afterwards raises InputError."""
+        staging buffers, and the KV cache. Idempotent; using the engine afterwards raises InputError. Waits
+        for a generate/logits running in another thread (they hold the engine's lock)."""
         from specmoe.experts.cache import ClosedProvider
         provider = self.__dict__.get("provider")
         if provider is None or isinstance(provider, ClosedProvider):
             return
-        provider.close()
-        self.provider = ClosedProvider(f"this LLM ({self.path})")
-        self._cache = None
+        lock = self.__dict__.get("_lock")
+        with lock if lock is not None else contextlib.nullcontext():
+            provider.close()
+            self.provider = ClosedProvider(f"this LLM ({self.path})")
+            self._cache = None
 
     def __enter__(self) -> "LLM":
         return self

@@ -219,3 +219,29 @@ def test_oracle_trace_never_replayed_stays_bounded(tiny_ckpt, monkeypatch):
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=30))
     assert out[0].token_ids == ref[0].token_ids and llm.stats["prefetch_useful"] > 0
     llm.close()
+
+
+def test_close_waits_for_a_generate_running_in_another_thread(tiny_ckpt, tmp_path):
+    """close() from another thread never pulls the experts out from under a running generate."""
+    import threading
+    import time as _time
+
+    from specmoe import LLM, SamplingParams
+    from specmoe.errors import InputError
+    path = tiny_ckpt("mixtral")
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    ref = [o.token_ids for o in LLM(path).generate(prompts, sp)]
+    llm = LLM(path, offload="disk", cache_experts=2, repack_dir=str(tmp_path / "r"))
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("out", [o.token_ids for o in llm.generate(prompts, sp)]))
+    t.start()
+    deadline = _time.monotonic() + 30
+    while not llm._lock.locked() and t.is_alive() and _time.monotonic() < deadline:
+        _time.sleep(0.001)
+    assert llm._lock.locked(), "the generate is running when close() is called"
+    llm.close()
+    t.join()
+    assert got["out"] == ref
+    with pytest.raises(InputError, match="closed"):
+        llm.generate(prompts, sp)
