@@ -13,52 +13,23 @@ import time
 
 from specmoe.decoding.autoregressive import MAX_PREFILL_TOKENS
 from specmoe.decoding.sampling import SamplingParams
-from specmoe.experts.store import ExpertStore
+from specmoe.experts.store import DelegatingStore, ExpertStore
 
 
-class TimedProvider(ExpertStore):
+class TimedProvider(DelegatingStore):
     """Forwards everything to the wrapped store; times `fetch` per call."""
 
     def __init__(self, inner: ExpertStore):
-        self._inner = inner
-        self.forward_observers, self.forward_layer_hooks = inner.forward_observers, inner.forward_layer_hooks
+        super().__init__(inner)
         self.calls: list[tuple[float, float, int]] = []  # (fetch wait s, expert compute s, experts)
         self.used: dict[int, dict[int, int]] = {}  # layer -> expert -> forwards that needed it
         self.boundary: int | None = None  # provider calls of the prefill; bytes_moved is sampled there
         self.bytes_at_boundary: int | None = None
 
-    def _bytes(self) -> int:
-        return self._inner.bytes_moved
-
-    def pin(self, layer: int, ids: list[int]) -> None:
-        self._inner.pin(layer, ids)
-
-    def resident(self, layer: int) -> set[int]:
-        return self._inner.resident(layer)
-
-    def prefetch(self, layer: int, ids: list[int], keep: set[int] = frozenset()) -> int:
-        return self._inner.prefetch(layer, ids, keep)
-
-    def evict_all(self) -> None:
-        self._inner.evict_all()
-
-    @property
-    def bytes_moved(self) -> int:
-        return self._inner.bytes_moved
-
-    def stats(self) -> dict:
-        return self._inner.stats()
-
-    def reset_stats(self) -> None:
-        self._inner.reset_stats()
-
-    def close(self) -> None:
-        self._inner.close()
-
     def fetch(self, layer: int, ids):
         if self.boundary is not None and len(self.calls) == self.boundary and self.bytes_at_boundary is None:
-            self.bytes_at_boundary = self._bytes()  # everything before this call belongs to the prefill
-        gen = self._inner.fetch(layer, ids)
+            self.bytes_at_boundary = self.bytes_moved  # everything before this call belongs to the prefill
+        gen = self.inner.fetch(layer, ids)
         used = self.used.setdefault(layer, {})
         for e in ids:
             used[e] = used.get(e, 0) + 1

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from specmoe.config import ModelConfig
 from specmoe.decoding.affinity import nearest_draft
 from specmoe.errors import InputError
-from specmoe.experts.store import ExpertStore
+from specmoe.experts.store import DelegatingStore, ExpertStore
 from specmoe.models.moe import ForwardContext
 
 # N=tokens, E=experts, K=top-k, Nd=draft experts per layer, D=hidden, I=expert hidden
@@ -50,13 +50,13 @@ def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset(
     return sorted(order[:n])
 
 
-class _CapturingProvider(ExpertStore):
+class _CapturingProvider(DelegatingStore):
     """Wraps the provider during a target forward and copies each expert joining the next draft set
     into the draft's stacks as it streams by (HotTemporal refresh without extra fetches)."""
 
     def __init__(self, inner: ExpertStore, owner: "DraftExperts"):
-        self.inner, self.owner = inner, owner
-        self.forward_observers, self.forward_layer_hooks = inner.forward_observers, inner.forward_layer_hooks
+        super().__init__(inner)
+        self.owner = owner
 
     def fetch(self, layer: int, ids: list[int]):
         want = self.owner.arriving.get(layer, {})
@@ -65,25 +65,6 @@ class _CapturingProvider(ExpertStore):
                 self.owner.write_row(layer, want[e], buf)
                 self.owner.captured.add((layer, e))
             yield e, buf
-
-    def pin(self, layer: int, ids: list[int]) -> None:
-        self.inner.pin(layer, ids)
-
-    def resident(self, layer: int) -> set[int]:
-        return self.inner.resident(layer)
-
-    def prefetch(self, layer: int, ids: list[int], keep: set[int] = frozenset()) -> int:
-        return self.inner.prefetch(layer, ids, keep)
-
-    @property
-    def bytes_moved(self) -> int:
-        return self.inner.bytes_moved
-
-    def stats(self) -> dict:
-        return self.inner.stats()
-
-    def reset_stats(self) -> None:
-        self.inner.reset_stats()
 
 
 class DraftExperts:

@@ -63,3 +63,40 @@ class ExpertStore(ABC):
 
     def close(self) -> None:
         """Release files, threads and buffers now (idempotent)."""
+
+
+class DelegatingStore(ExpertStore):
+    """An ExpertStore that forwards everything to `inner`; wrappers override what they change (the draft's
+    capturing view and the bench's timer override `fetch`)."""
+
+    def __init__(self, inner: ExpertStore):
+        self.inner = inner
+        self.forward_observers, self.forward_layer_hooks = inner.forward_observers, inner.forward_layer_hooks
+
+    def fetch(self, layer: int, ids: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+        return self.inner.fetch(layer, ids)
+
+    def pin(self, layer: int, ids: list[int]) -> None:
+        self.inner.pin(layer, ids)
+
+    def resident(self, layer: int) -> set[int]:
+        return self.inner.resident(layer)
+
+    def prefetch(self, layer: int, ids: list[int], keep: set[int] = frozenset()) -> int:
+        return self.inner.prefetch(layer, ids, keep)
+
+    def evict_all(self) -> None:
+        self.inner.evict_all()
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.inner.bytes_moved
+
+    def stats(self) -> dict:
+        return self.inner.stats()
+
+    def reset_stats(self) -> None:
+        self.inner.reset_stats()
+
+    def close(self) -> None:
+        self.inner.close()
