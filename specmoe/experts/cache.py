@@ -202,8 +202,10 @@ class ExpertCache(ExpertStore):
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
+                # on CPU the waiting compute thread verifies (`_wait`), overlapped with the next read here;
+                # on CUDA the staging buffer is verified here, before its copy to the device
                 fut.set_result(self._cuda_load(layer, e, dst, after) if self.cuda
-                               else self.tier.read_into(layer, e, dst))
+                               else self.tier.read_into(layer, e, dst, verify=False))
             except BaseException as exc:  # handed to the waiting compute thread, which re-raises it
                 fut.set_exception(exc)
 
@@ -232,6 +234,8 @@ class ExpertCache(ExpertStore):
         t0 = time.perf_counter()
         try:
             ev = fut.result()
+            if not self.cuda:
+                self.tier.verify(*fut.load)
         except BaseException:
             self._forget(*fut.load)
             raise
@@ -529,9 +533,7 @@ class ExpertCache(ExpertStore):
 
     def reset_stats(self) -> None:
         n, E = len(self.moe_layers), self.cfg.num_experts
-        if hasattr(self.tier, "verify_s"):
-            self.tier.read_s = self.tier.verify_s = 0.0
-            self.tier.reads = 0
+        self.tier.reset_io_stats()
         self._s = {"bytes_moved": 0, "fetches": 0, "hits": 0, "misses": 0, "hits_per_layer": [0] * n,
                    "misses_per_layer": [0] * n, "fetch_wait_s": 0.0, "expert_compute_s": 0.0, "pin_bytes": 0,
                    "static_bytes": 0, "prefetch_bytes": 0, "prefetch_useful": 0, "prefetch_wasted": 0,
@@ -542,7 +544,7 @@ class ExpertCache(ExpertStore):
         req = s["hits"] + s["misses"]
         out = {"offload": self.tier.kind, "cache_policy": self.policy, "prefetch": self.prefetch_mode,
                "cache_slots_per_layer": self.slots, "cache_bytes": self.nbytes, "bytes_per_expert": self.expert_bytes,
-               "direct_io": bool(getattr(self.tier, "direct_io", False)),
+               "direct_io": self.tier.direct_io,
                "emulated_link": self.link is not None, **(self.link or {}),
                **{k: (list(v) if isinstance(v, list) else v) for k, v in s.items()},
                "hit_rate": s["hits"] / req if req else 0.0,
@@ -552,7 +554,7 @@ class ExpertCache(ExpertStore):
         out["expert_counts"] = [list(r) for r in s["expert_counts"]]
         if self.prefetch_mode == "oracle":
             out["oracle"] = "replaying" if self._oracle_replay else "recording"
-        if hasattr(self.tier, "verify_s"):  # disk: time in reads and in checksum verification (I/O thread)
+        if self.tier.kind == "disk":  # time in reads (I/O thread) and in checksum verification (compute thread)
             out.update(io_reads=self.tier.reads, io_read_s=self.tier.read_s, io_verify_s=self.tier.verify_s)
         return out
 

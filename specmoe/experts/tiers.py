@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import warnings
+from abc import ABC, abstractmethod
 
 import torch
 
@@ -25,6 +26,40 @@ from specmoe.experts.integrity import checksum
 from specmoe.experts.memory import aligned_empty, check_fits, round_up
 from specmoe.experts.repack import Repacked
 from specmoe.weights.checkpoint import Checkpoint
+
+
+class Tier(ABC):
+    """A backing tier. Contract: `read_into(layer, e, dst, verify=)` fills `dst` (a uint8 CPU row of at least
+    `stride` bytes) with expert e packed as [gate; up; down] in `dtype`, with one transfer; `verify(layer, e,
+    dst)` checks what a read left in `dst` (a no-op where there is nothing to check) and raises
+    IntegrityError; `read_into(..., verify=False)` leaves that to the caller, which may run it on another
+    thread, overlapped with the next read. `reads` / `read_s` / `verify_s` count reads and the seconds spent
+    reading and verifying."""
+    kind: str
+    dtype: torch.dtype
+    expert_bytes: int
+    direct_io: bool = False
+    reads: int = 0
+    read_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def stride(self) -> int:
+        """Bytes of one expert's slot row (the disk tier reads whole aligned strides into it)."""
+        return round_up(self.expert_bytes, 64)
+
+    @abstractmethod
+    def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
+        ...
+
+    def verify(self, layer: int, e: int, dst: torch.Tensor) -> None:
+        """Nothing to check by default (host RAM copies are not read from a medium)."""
+
+    def reset_io_stats(self) -> None:
+        self.reads, self.read_s, self.verify_s = 0, 0.0, 0.0
+
+    def close(self) -> None:
+        """Release files and buffers now."""
 
 
 class EmulatedLink:
@@ -44,9 +79,8 @@ class EmulatedLink:
             pass
 
 
-class HostTier:
+class HostTier(Tier):
     kind = "host"
-    direct_io = False
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, *, pin: bool, link: EmulatedLink | None = None,
                  budget: int | None = None, progress: bool = False):
@@ -73,7 +107,7 @@ class HostTier:
         """The expert's host buffer (pinned on CUDA), for an async device copy."""
         return self.layers[layer][e]
 
-    def read_into(self, layer: int, e: int, dst: torch.Tensor) -> None:
+    def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
         """Copy into `dst`, a uint8 row of at least expert_bytes (CPU)."""
         t0 = time.perf_counter()
         if self.link is not None:
@@ -87,13 +121,13 @@ class HostTier:
         self.layers = {}  # the (pinned) host copies go now, not when the engine is collected
 
 
-class DiskTier:
+class DiskTier(Tier):
     kind = "disk"
 
     def __init__(self, rp: Repacked):
         self.rp = rp
         self.dtype, self.numel = rp.dtype, rp.expert_numel
-        self.expert_bytes, self.stride = rp.expert_bytes, rp.stride
+        self.expert_bytes = rp.expert_bytes
         self.nbytes = 0
         self.direct_io = False
         self.fd = -1
@@ -119,12 +153,15 @@ class DiskTier:
             except OSError as e:
                 raise CheckpointError(f"cannot open the expert repack file {rp.file}: {e.strerror or e}; "
                                       f"{rp.hint}") from None
-        self.read_s = self.verify_s = 0.0  # time in preadv / in checksums (I/O thread), for stats
-        self.reads = 0
+        self.reset_io_stats()
 
-    def read_into(self, layer: int, e: int, dst: torch.Tensor) -> None:
-        """One pread of the padded expert into `dst` (an ALIGN-aligned uint8 CPU row of `stride` bytes),
-        verified against its checksum: a failed, short or corrupt read raises IntegrityError."""
+    @property
+    def stride(self) -> int:
+        return self.rp.stride
+
+    def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
+        """One pread of the padded expert into `dst` (an ALIGN-aligned uint8 CPU row of `stride` bytes);
+        a failed or short read raises IntegrityError, and so does a checksum mismatch (`verify`)."""
         if dst.numel() < self.stride or (self.direct_io and dst.data_ptr() % 4096):
             raise ValueError("disk reads need an aligned destination of stride bytes")
         rp = self.rp
@@ -143,12 +180,20 @@ class DiskTier:
                                  f"use?); {rp.hint}")
         if not self.direct_io:
             os.posix_fadvise(self.fd, off, self.stride, os.POSIX_FADV_DONTNEED)
-        if checksum(row) != rp.sums[rp.index(layer, e)]:
+        self.read_s += t1 - t0
+        self.reads += 1
+        if verify:
+            self.verify(layer, e, dst)
+
+    def verify(self, layer: int, e: int, dst: torch.Tensor) -> None:
+        """The expert's checksum (stored at repack time) against the bytes a read left in `dst`."""
+        t0 = time.perf_counter()
+        rp = self.rp
+        if checksum(dst[: self.stride].numpy()) != rp.sums[rp.index(layer, e)]:
+            off = rp.offset(layer, e)
             raise IntegrityError(f"expert repack file {rp.file} is corrupt: layer {layer} expert {e} (bytes "
                                  f"{off}-{off + self.stride}) fails its checksum; {rp.hint}")
-        self.read_s += t1 - t0
-        self.verify_s += time.perf_counter() - t1
-        self.reads += 1
+        self.verify_s += time.perf_counter() - t0
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -159,6 +204,6 @@ class DiskTier:
         self.close()
 
 
-def slot_bytes(tier) -> int:
-    """Bytes of one device slot: the disk tier reads whole aligned strides into it."""
-    return getattr(tier, "stride", round_up(tier.expert_bytes, 64))
+def slot_bytes(tier: Tier) -> int:
+    """Bytes of one device slot: the tier reads whole strides into it."""
+    return tier.stride
