@@ -241,7 +241,7 @@ class LLM:
         """Release the offloaded experts now: the disk tier's file, the I/O thread, the (pinned) host and
         staging buffers, and the KV cache. Idempotent; using the engine afterwards raises InputError. Waits
         for a generate/logits running in another thread (they hold the engine's lock)."""
-        from specmoe.experts.cache import ClosedProvider
+        from specmoe.experts.store import ClosedProvider
         provider = self.__dict__.get("provider")
         if provider is None or isinstance(provider, ClosedProvider):
             return

@@ -32,6 +32,7 @@ from specmoe.config import ModelConfig
 from specmoe.errors import InputError
 from specmoe.experts.budget import SCRATCH_BUFFERS, STAGING_BUFFERS
 from specmoe.experts.buffers import Spill, alloc_rows
+from specmoe.experts.oracle import OracleTrace
 from specmoe.experts.store import ExpertStore
 from specmoe.experts.memory import aligned_empty, check_fits, fmt_bytes
 from specmoe.experts.tiers import slot_bytes
@@ -40,37 +41,6 @@ from specmoe.experts.tiers import slot_bytes
 
 POLICIES = ("ondemand", "static", "lru", "lfu")
 PREFETCH = ("none", "oracle", "predicted")
-ORACLE_TRACE_MAX = 1 << 17  # recorded (forward, layer) unions: a trace never replayed stops growing here
-
-
-class ClosedProvider(ExpertStore):
-    """Takes a closed engine's provider's place: any use raises InputError."""
-
-    def __init__(self, what: str):
-        self._what = what
-        self.forward_observers, self.forward_layer_hooks = [], []
-
-    def _closed(self):
-        raise InputError(f"{self._what} is closed (close() was called); create a new LLM")
-
-    def fetch(self, layer: int, ids: list[int]):
-        self._closed()
-
-    def pin(self, layer: int, ids: list[int]) -> None:
-        self._closed()
-
-    def resident(self, layer: int) -> set[int]:
-        self._closed()
-
-    @property
-    def bytes_moved(self) -> int:
-        self._closed()
-
-    def stats(self) -> dict:
-        self._closed()
-
-    def reset_stats(self) -> None:
-        self._closed()
 
 
 class _Layer:
@@ -145,9 +115,7 @@ class ExpertCache(ExpertStore):
         self.model = None
         self._next: tuple[int, list[int]] | None = None  # prefetch planned by the layer hook
         self._prefetch_on = True
-        self._oracle_trace: list[tuple[int, tuple[int, ...]]] = []
-        self._oracle_replay = False
-        self._oracle_pos = 0
+        self.oracle = OracleTrace()
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(self.device)
             self._staging = [[aligned_empty(self.slot_bytes, pin=True), None]
@@ -390,14 +358,14 @@ class ExpertCache(ExpertStore):
     def start_oracle_recording(self) -> None:
         """Oracle prefetch: forget any trace and record the runs from now on (warm-ups before this call
         are not part of the trace). A new cache records from construction."""
-        self._oracle_trace, self._oracle_replay, self._oracle_pos = [], False, 0
+        self.oracle.start_recording()
 
     def start_oracle_replay(self) -> None:
         """Oracle prefetch: the runs so far were recorded; from now on replay them with the true next-layer
         union prefetched. The replayed run must be identical (same prompts, greedy). A layer whose union
         differs from the recording counts in `oracle_mismatches`; if the sequence of forwards itself
         diverges, the oracle stops prefetching."""
-        self._oracle_replay, self._oracle_pos = True, 0
+        self.oracle.start_replay()
 
     @contextmanager
     def suspend_prefetch(self):
@@ -494,34 +462,13 @@ class ExpertCache(ExpertStore):
     def _plan_next(self, layer: int, ids: list[int]) -> None:
         target = None
         if self.prefetch_mode == "oracle":
-            target = self._oracle_step(layer, ids)
+            target, mismatch = self.oracle.step(layer, ids, self._next_layer(layer))
+            self._s["oracle_mismatches"] += mismatch
         elif self.prefetch_mode == "predicted" and self._next is not None:
             target, self._next = self._next, None
         if target is None or target[0] == layer:
             return
         self.prefetch(*target)
-
-    def _oracle_step(self, layer: int, ids: list[int]):
-        key = (layer, tuple(ids))
-        if not self._oracle_replay:
-            if len(self._oracle_trace) < ORACLE_TRACE_MAX:  # bounded: a replay past the end just stops
-                self._oracle_trace.append(key)
-            return None
-        tr, i = self._oracle_trace, self._oracle_pos
-        if i < 0:
-            return None
-        if i >= len(tr) or tr[i][0] != layer:  # a different sequence of forwards: stop prefetching
-            self._s["oracle_mismatches"] += 1
-            self._oracle_pos = -1
-            return None
-        if tr[i] != key:
-            # same forward, different union: only padding positions of a ragged batch can do this (they
-            # attend to stale KV entries); keep replaying, the difference shows as misses/wasted prefetch
-            self._s["oracle_mismatches"] += 1
-        self._oracle_pos += 1
-        if i + 1 < len(tr) and tr[i + 1][0] == self._next_layer(layer):
-            return tr[i + 1][0], list(tr[i + 1][1])
-        return None
 
     # ------------------------------------------------------------------ telemetry
     def _layer(self, layer: int) -> _Layer:
@@ -553,7 +500,7 @@ class ExpertCache(ExpertStore):
                "scratch_buffers": self.scratch_buffers}
         out["expert_counts"] = [list(r) for r in s["expert_counts"]]
         if self.prefetch_mode == "oracle":
-            out["oracle"] = "replaying" if self._oracle_replay else "recording"
+            out["oracle"] = "replaying" if self.oracle.replaying else "recording"
         if self.tier.kind == "disk":  # time in reads (I/O thread) and in checksum verification (compute thread)
             out.update(io_reads=self.tier.reads, io_read_s=self.tier.read_s, io_verify_s=self.tier.verify_s)
         return out
@@ -566,7 +513,7 @@ class ExpertCache(ExpertStore):
         self.closed = True
         self.io.shutdown(wait=True, cancel_futures=True)
         self.tier.close()
-        self.layers, self._scratch, self._queue, self._oracle_trace = {}, [], [], []
+        self.layers, self._scratch, self._queue, self.oracle = {}, [], [], OracleTrace()
         if self.cuda:  # torch caches freed blocks: hand the (pinned) host and device memory back now
             self._staging = []
             torch.cuda.empty_cache()

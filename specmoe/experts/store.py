@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import torch
 
+from specmoe.errors import InputError
+
 
 class ExpertStore(ABC):
     """Contract:
@@ -100,3 +102,33 @@ class DelegatingStore(ExpertStore):
 
     def close(self) -> None:
         self.inner.close()
+
+
+class ClosedProvider(ExpertStore):
+    """Takes a closed engine's provider's place: any use raises InputError."""
+
+    def __init__(self, what: str):
+        self._what = what
+        self.forward_observers, self.forward_layer_hooks = [], []
+
+    def _closed(self):
+        raise InputError(f"{self._what} is closed (close() was called); create a new LLM")
+
+    def fetch(self, layer: int, ids: list[int]):
+        self._closed()
+
+    def pin(self, layer: int, ids: list[int]) -> None:
+        self._closed()
+
+    def resident(self, layer: int) -> set[int]:
+        self._closed()
+
+    @property
+    def bytes_moved(self) -> int:
+        self._closed()
+
+    def stats(self) -> dict:
+        self._closed()
+
+    def reset_stats(self) -> None:
+        self._closed()

@@ -277,7 +277,7 @@ def test_a_failed_prefetch_leaves_no_corrupt_expert_resident(ckpt):
     ref = LLM(ckpt).generate(PROMPTS)
     llm = LLM(ckpt, offload="disk", cache_policy="ondemand", cache_experts=8, prefetch="oracle")
     assert [o.token_ids for o in llm.generate(PROMPTS)] == [o.token_ids for o in ref]  # recorded
-    layer, ids = next((layer, ids) for layer, ids in llm.provider._oracle_trace if layer != llm.config.moe_layers[0])
+    layer, ids = next((layer, ids) for layer, ids in llm.provider.oracle.trace if layer != llm.config.moe_layers[0])
     rp = llm.provider.tier.rp
     flip(rp, layer, ids[0])  # an expert the replay prefetches for `layer`
     llm.provider.start_oracle_replay()

@@ -208,13 +208,13 @@ def test_cli_prefetch_oracle_is_a_one_line_error(tiny_ckpt):
 
 
 def test_oracle_trace_never_replayed_stays_bounded(tiny_ckpt, monkeypatch):
-    from specmoe.experts import cache
-    monkeypatch.setattr(cache, "ORACLE_TRACE_MAX", 40)
+    from specmoe.experts import oracle
+    monkeypatch.setattr(oracle, "ORACLE_TRACE_MAX", 40)
     llm = LLM(tiny_ckpt("mixtral"), offload="host", cache_policy="ondemand", cache_experts=8, prefetch="oracle")
     ref = LLM(tiny_ckpt("mixtral")).generate([[1, 2, 3]], SamplingParams(max_tokens=30))
     for _ in range(3):  # an API user who never replays: the trace stops at the bound
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=30))
-    assert len(llm.provider._oracle_trace) == 40
+    assert len(llm.provider.oracle.trace) == 40
     llm.provider.start_oracle_replay()  # a replay past the recorded part stops prefetching, still exact
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=30))
     assert out[0].token_ids == ref[0].token_ids and llm.stats["prefetch_useful"] > 0
