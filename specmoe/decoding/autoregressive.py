@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from specmoe.decoding.breakdown import StepBreakdown
 from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sampling import sample
 from specmoe.decoding.sequence import Sequence
@@ -37,14 +38,20 @@ class AutoregressiveDecoder:
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
+        self.breakdown = StepBreakdown()
 
     def stats(self) -> dict:
-        return {"decoding": self.name}
+        return {"decoding": self.name, "step_breakdown": dict(self.breakdown.s)}
 
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
-        logits = self.runner.forward(seqs, [[s.output_ids[-1]] for s in seqs])  # [B, V]
+        r = self.runner
+        t0, e0, w0 = time.perf_counter(), r.expert_s, r.provider.fetch_wait_s
+        logits = r.forward(seqs, [[s.output_ids[-1]] for s in seqs])  # [B, V]
         for s in seqs:
-            self.runner.commit(s, 1)
+            r.commit(s, 1)
+        t1 = time.perf_counter()
         toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
                       [len(s.output_ids) for s in seqs])
+        self.breakdown.target(t1 - t0, r.expert_s - e0, r.provider.fetch_wait_s - w0)
+        self.breakdown.accept(time.perf_counter() - t1)
         return {s.seq_id: [t] for s, t in zip(seqs, toks)}

@@ -20,6 +20,7 @@ profile of the prompts' prefill), `random` (static, seeded). The provider is ask
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -101,6 +102,7 @@ class DraftExperts:
         self.prefetch_want: dict[int, set[int]] = {}  # this draft phase's picks per layer (kept, not evicted)
         self.refreshes = 0
         self.setup_bytes = self.refresh_bytes = 0
+        self.refresh_s = 0.0  # seconds in end_target's refresh (step breakdown)
         self.pin_refused: set[int] = set()
         self.pinned: dict[int, set[int]] = {}  # what the provider was last asked to pin
 
@@ -230,6 +232,7 @@ class DraftExperts:
         self.verifying = False
         if not self.arriving:
             return
+        t0 = time.perf_counter()
         b0 = self._bytes()
         for layer, rows in self.arriving.items():
             missing = [e for e in rows if (layer, e) not in self.captured]
@@ -242,6 +245,7 @@ class DraftExperts:
             self._index(layer, ids)
         self.refreshes += 1
         self.refresh_bytes += self._bytes() - b0
+        self.refresh_s += time.perf_counter() - t0
         self.arriving, self.captured = {}, set()
 
     # ------------------------------------------------------------ draft forwards

@@ -20,6 +20,7 @@ class ModelRunner:
     def __init__(self, model: Transformer, provider, cache: KVCache, device: torch.device):
         self.model, self.provider, self.cache, self.device = model, provider, cache, device
         self.observers: list = []    # called for every forward (telemetry, HotTemporal counts)
+        self.expert_s = 0.0          # seconds in routed experts over every forward (step breakdown)
         self.layer_hooks: list = []  # called at the start of each MoE layer (prefetch)
 
     def context(self, routing_hook=None, observers=None) -> ForwardContext:
@@ -49,10 +50,13 @@ class ModelRunner:
         tokens = torch.tensor([t + [0] * (T - len(t)) for t in new_tokens], device=self.device)  # [B, T]
         bv = self.batch_view([s.slot for s in seqs], lens)
         ctx = ctx or self.context()
-        if all_logits:
-            return self.model(tokens, self.cache, bv, ctx).float()
-        last = torch.tensor(lens, device=self.device)[:, None] - 1  # [B, 1]
-        return self.model(tokens, self.cache, bv, ctx, logits_at=last)[:, 0].float()  # [B, V]
+        try:
+            if all_logits:
+                return self.model(tokens, self.cache, bv, ctx).float()
+            last = torch.tensor(lens, device=self.device)[:, None] - 1  # [B, 1]
+            return self.model(tokens, self.cache, bv, ctx, logits_at=last)[:, 0].float()  # [B, V]
+        finally:
+            self.expert_s += ctx.expert_s
 
     def commit(self, seq: Sequence, n: int) -> None:
         self.cache.lengths[seq.slot] += n

@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from specmoe.decoding.breakdown import StepBreakdown
 from specmoe.decoding.draft import DraftExperts
 from specmoe.decoding.rejection import greedy_accept, rejection_sample
 from specmoe.decoding.runner import ModelRunner
@@ -93,6 +94,7 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
     finally:
         for s, length in zip(seqs, base):
             runner.rollback(s, length)
+        runner.expert_s += ctx.expert_s
     return out, q
 
 
@@ -235,6 +237,7 @@ class SpecMoEDecoder:
         self.drafted_pos = [0] * num_draft_tokens
         self.draft_time = self.verify_time = self.accept_time = self.ar_time = 0.0
         self.draft_phase_bytes = 0
+        self.breakdown = StepBreakdown()
 
     def _gamma_for(self, s: Sequence) -> int:
         """Never draft past what the sequence may still emit (max_tokens, context length)."""
@@ -252,19 +255,23 @@ class SpecMoEDecoder:
     @torch.inference_mode()
     def _ar_step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         """A plain AR step (same forward as AutoregressiveDecoder), seen by the draft-set observer."""
-        dev = self.runner.device
+        dev, r = self.runner.device, self.runner
         t0 = _now(dev)
-        ctx = self.drafter.target_context(self.runner.context())
+        e0, w0, f0 = r.expert_s, r.provider.fetch_wait_s, self.drafter.refresh_s
+        ctx = self.drafter.target_context(r.context())
         self.drafter.begin_target()
         try:
-            logits = self.runner.forward(seqs, [[s.output_ids[-1]] for s in seqs], ctx=ctx)  # [B, V]
+            logits = r.forward(seqs, [[s.output_ids[-1]] for s in seqs], ctx=ctx)  # [B, V]
         finally:
             self.drafter.end_target()
         for s in seqs:
-            self.runner.commit(s, 1)
+            r.commit(s, 1)
+        t1 = _now(dev)
         toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
                       [len(s.output_ids) for s in seqs])
         dt = _now(dev) - t0
+        self.breakdown.target(t1 - t0, r.expert_s - e0, r.provider.fetch_wait_s - w0, self.drafter.refresh_s - f0)
+        self.breakdown.accept(t0 + dt - t1)
         self.ar_steps += 1
         self.ar_time += dt
         if self.cost is not None:
@@ -278,6 +285,8 @@ class SpecMoEDecoder:
             self.drafter.setup()
         gammas = [self._gamma_for(s) for s in seqs]
         t0 = _now(dev)
+        r = self.runner
+        e0, w0, f0 = r.expert_s, r.provider.fetch_wait_s, self.drafter.refresh_s
         b0, p0 = self._bytes(), self.drafter.prefetch_bytes
         noise = step_noise(seqs, gammas, self.runner.model.cfg.vocab_size, dev)
         drafts, q = draft(self.runner, self.drafter, seqs, gammas, noise)
@@ -286,12 +295,16 @@ class SpecMoEDecoder:
         self.draft_phase_bytes += self._bytes() - b0 - (self.drafter.prefetch_bytes - p0)
         d_list = drafts.tolist()
         t1 = _now(dev)
+        e1, w1 = r.expert_s, r.provider.fetch_wait_s
         logits = verify(self.runner, self.drafter, seqs, [d[:g] for d, g in zip(d_list, gammas)])  # [B, T, V]
         t2 = _now(dev)
         out = accept(seqs, drafts, q, logits, gammas, noise)
         for s, toks in zip(seqs, out):
             self.runner.commit(s, len(toks))  # K/V of the pending token + the accepted drafts
         t3 = _now(dev)
+        self.breakdown.draft(t1 - t0, e1 - e0)
+        self.breakdown.target(t2 - t1, r.expert_s - e1, r.provider.fetch_wait_s - w1, self.drafter.refresh_s - f0)
+        self.breakdown.accept(t3 - t2)
         self.steps += 1
         self.draft_time += t1 - t0
         self.verify_time += t2 - t1
@@ -315,7 +328,8 @@ class SpecMoEDecoder:
               "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(self.acc_pos, self.drafted_pos)],
               "drafted_tokens": sum(self.drafted_pos), "accepted_tokens": sum(self.acc_pos),
               "draft_time_s": self.draft_time, "verify_time_s": self.verify_time, "accept_time_s": self.accept_time,
-              "ar_time_s": self.ar_time, "draft_phase_bytes": self.draft_phase_bytes}
+              "ar_time_s": self.ar_time, "draft_phase_bytes": self.draft_phase_bytes,
+              "step_breakdown": dict(self.breakdown.s)}
         st.update(self.drafter.stats())
         if self.cost is not None:
             st.update(self.cost.stats())

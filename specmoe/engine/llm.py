@@ -21,6 +21,7 @@ from specmoe.decoding.sampling import SamplingParams, check_finite, finite_rows,
 from specmoe.decoding.sequence import Sequence
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.stats import derived, memory_stats, new_stats
+from specmoe.decoding.breakdown import finish, merge
 from specmoe.engine.tokenizer import Tokenizer
 from specmoe.bundled import demo_model_dir
 from specmoe.engine.options import check_llm_args, resolve_device, split_options
@@ -139,6 +140,7 @@ class LLM:
         st = self._stats
         st["requests"] += len(prompt_ids)
         bar = tqdm(total=len(prompt_ids), desc="requests", disable=not use_tqdm)
+        loop0, timed0 = time.perf_counter(), st["prefill_time_s"] + st["decode_time_s"]
         while waiting or active:
             if waiting and free_slots:  # admit new requests between steps
                 new = []
@@ -169,7 +171,10 @@ class LLM:
                 done[s.seq_id] = s
                 bar.update()
         bar.close()
+        # scheduling: admission, KV growth, appending tokens and stop checks, slot release (not prefill or steps)
+        st["scheduling_s"] += time.perf_counter() - loop0 - (st["prefill_time_s"] + st["decode_time_s"] - timed0)
         self._strategy_stats = strategy.stats()
+        merge(st["step_breakdown"], self._strategy_stats.pop("step_breakdown", {}))
         outs = []
         for i in range(len(prompt_ids)):
             s = done[i]
@@ -227,6 +232,8 @@ class LLM:
         s = dict(self._stats)
         s.update(derived(s))
         s.update(getattr(self, "_strategy_stats", {}))
+        s["step_breakdown"] = finish(s["step_breakdown"], decode_time_s=s["decode_time_s"],
+                                     scheduling_s=s["scheduling_s"])
         s.update(self.provider.stats())
         if s["generated_tokens"] and "bytes_moved" in s:
             s["bytes_per_token"] = s["bytes_moved"] / s["generated_tokens"]

@@ -6,7 +6,7 @@ import itertools
 
 def new_stats() -> dict:
     return {"requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "prefill_time_s": 0.0,
-            "decode_time_s": 0.0, "decode_steps": 0}
+            "decode_time_s": 0.0, "decode_steps": 0, "scheduling_s": 0.0, "step_breakdown": {}}
 
 
 def derived(s: dict) -> dict:

@@ -51,6 +51,11 @@ class ExpertStore(ABC):
         """Cold cache: drop every expert that is neither pinned nor static (nothing to do when resident)."""
 
     @property
+    def fetch_wait_s(self) -> float:
+        """Seconds the compute thread has waited for loads so far (a counter; 0 where nothing loads)."""
+        return 0.0
+
+    @property
     @abstractmethod
     def bytes_moved(self) -> int:
         ...
@@ -93,6 +98,10 @@ class DelegatingStore(ExpertStore):
     @property
     def bytes_moved(self) -> int:
         return self.inner.bytes_moved
+
+    @property
+    def fetch_wait_s(self) -> float:
+        return self.inner.fetch_wait_s
 
     def stats(self) -> dict:
         return self.inner.stats()

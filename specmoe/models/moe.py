@@ -9,6 +9,7 @@ experts its tokens need, whatever the batch size.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -56,6 +57,8 @@ class ForwardContext:
     # host sync are skipped). SpecMoE's draft computes its few resident draft experts as one grouped
     # op with it; None keeps the regular path.
     experts_override: ExpertsOverride | None = None
+    # seconds spent in the routed experts of this forward (fetch wait included), for the step breakdown
+    expert_s: float = 0.0
 
 
 def expert_ffn(x: torch.Tensor, buf: torch.Tensor, D: int, I: int) -> torch.Tensor:
@@ -97,10 +100,12 @@ class MoEBlock(nn.Module):
         logits, weights, ids = self.route(x)
         if ctx.routing_hook is not None:
             weights, ids = ctx.routing_hook(self.layer, logits, weights, ids)
+        t0 = time.perf_counter()
         if ctx.experts_override is not None:
             out = ctx.experts_override(self.layer, x, weights, ids)
         else:
             out = self.experts_forward(x, weights, ids, ctx)
+        ctx.expert_s += time.perf_counter() - t0
         if self.cfg.shared_expert_intermediate_size:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
         return out

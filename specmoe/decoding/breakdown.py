@@ -1,0 +1,48 @@
+"""Per-phase accounting of decode time (`llm.stats["step_breakdown"]`).
+
+Every decode step is cut into phases timed on the host: a draft forward splits into its non-expert part
+and its draft experts; a target forward (verification, or a plain step) into non-expert compute, expert
+compute and the wait for expert loads; then the HotTemporal draft-set refresh and acceptance / sampling.
+The engine adds its scheduling time; `other_s` is what no phase timed (decode wall minus the parts), so
+the parts always add up to the decode wall time. On CUDA the phases are host times between the
+synchronisations the strategy already makes."""
+from __future__ import annotations
+
+PARTS = ("draft_nonexpert_s", "draft_experts_s", "target_nonexpert_s", "target_expert_compute_s", "fetch_wait_s",
+         "draft_refresh_s", "accept_sample_s")
+
+
+class StepBreakdown:
+    def __init__(self):
+        self.s = dict.fromkeys(PARTS, 0.0)
+
+    def draft(self, wall: float, expert_s: float) -> None:
+        """A draft phase of `wall` seconds of which `expert_s` in the draft experts."""
+        self.s["draft_experts_s"] += expert_s
+        self.s["draft_nonexpert_s"] += wall - expert_s
+
+    def target(self, wall: float, expert_s: float, fetch_wait_s: float, refresh_s: float = 0.0) -> None:
+        """A target forward of `wall` seconds: `expert_s` in the routed experts, of which `fetch_wait_s`
+        waiting for loads; `refresh_s` in the draft-set refresh that ends it."""
+        self.s["fetch_wait_s"] += fetch_wait_s
+        self.s["target_expert_compute_s"] += expert_s - fetch_wait_s
+        self.s["draft_refresh_s"] += refresh_s
+        self.s["target_nonexpert_s"] += wall - expert_s - refresh_s
+
+    def accept(self, wall: float) -> None:
+        self.s["accept_sample_s"] += wall
+
+
+def merge(total: dict, part: dict) -> dict:
+    for k, v in part.items():
+        total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def finish(parts: dict, *, decode_time_s: float, scheduling_s: float) -> dict:
+    """The parts + scheduling + other, which add up to decode_wall_s = decode steps + scheduling."""
+    out = {k: parts.get(k, 0.0) for k in PARTS}
+    out["scheduling_s"] = scheduling_s
+    out["other_s"] = decode_time_s - sum(out[k] for k in PARTS)
+    out["decode_wall_s"] = decode_time_s + scheduling_s
+    return out
