@@ -8,8 +8,19 @@ the parts always add up to the decode wall time. On CUDA the phases are host tim
 synchronisations the strategy already makes."""
 from __future__ import annotations
 
-PARTS = ("draft_nonexpert_s", "draft_experts_s", "target_nonexpert_s", "target_expert_compute_s", "fetch_wait_s",
-         "draft_refresh_s", "accept_sample_s")
+import time
+
+import torch
+
+PARTS = ("draft_setup_s", "draft_nonexpert_s", "draft_experts_s", "target_nonexpert_s", "target_expert_compute_s",
+         "fetch_wait_s", "draft_refresh_s", "accept_sample_s")
+
+
+def now(device: torch.device) -> float:
+    """Host time after the device finished what was queued (a synchronisation on CUDA only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 class StepBreakdown:
@@ -31,6 +42,10 @@ class StepBreakdown:
 
     def accept(self, wall: float) -> None:
         self.s["accept_sample_s"] += wall
+
+    def setup(self, wall: float) -> None:
+        """The draft set's first selection, load and the draft's form calibration (once per run)."""
+        self.s["draft_setup_s"] += wall
 
 
 def merge(total: dict, part: dict) -> dict:

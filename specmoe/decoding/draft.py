@@ -28,9 +28,10 @@ import torch.nn.functional as F
 
 from specmoe.config import ModelConfig
 from specmoe.decoding.affinity import nearest_draft
+from specmoe.decoding.breakdown import now
 from specmoe.errors import InputError
 from specmoe.experts.store import DelegatingStore, ExpertStore
-from specmoe.models.moe import ForwardContext
+from specmoe.models.moe import ForwardContext, grouped_experts, swiglu
 
 # N=tokens, E=experts, K=top-k, Nd=draft experts per layer, D=hidden, I=expert hidden
 
@@ -103,6 +104,8 @@ class DraftExperts:
         self.refreshes = 0
         self.setup_bytes = self.refresh_bytes = 0
         self.refresh_s = 0.0  # seconds in end_target's refresh (step breakdown)
+        self.sparse_from: int | None = None  # token count from which the grouped form runs (see calibrate)
+        self.calibration: dict[int, dict[str, float]] = {}
         self.pin_refused: set[int] = set()
         self.pinned: dict[int, set[int]] = {}  # what the provider was last asked to pin
 
@@ -151,6 +154,7 @@ class DraftExperts:
         for layer, lids in ids.items():
             self.assign(layer, lids)
         self.setup_bytes += self._bytes() - b0
+        self.calibrate()
 
     def assign(self, layer: int, ids: list[int]) -> None:
         """Make `ids` (n distinct experts) the layer's draft set, expert ids[i] in stack row i, copying each
@@ -289,15 +293,25 @@ class DraftExperts:
         keep.update(want)
 
     def experts_override(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The draft's routed-expert output for x [N, D] with every id in the draft set → [N, D].
-
-        Dense over the Nd draft experts as two GEMMs (the weighted sum over experts happens inside the
-        second): no host sync, no per-expert loop, no provider. It computes Nd/K times the FLOPs of the
-        sparse path, which pays off for the few draft experts (measured on CPU: 2–10× faster than a
-        gather of each token's K experts, from 1 token up)."""
-        N = ids.shape[0]
-        Nd = len(self.ids[layer])
+        """The draft's routed-expert output for x [N, D] with every id in the draft set → [N, D], in the form
+        measured faster at this token count (`calibrate`): the grouped form of the target (each used draft
+        expert once over its tokens: K/Nd of the FLOPs and only the used experts' bytes) or dense over all
+        Nd draft experts as two GEMMs (no host read, fewest ops: wins for small experts and few tokens)."""
         loc = self.local[layer][ids]  # [N, K] in [0, Nd)
+        if self.sparse_from is not None and ids.shape[0] >= self.sparse_from:
+            return self._grouped(layer, x, weights, loc)
+        return self._dense(layer, x, weights, loc)
+
+    def _grouped(self, layer: int, x: torch.Tensor, weights: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+        I = self.cfg.expert_intermediate_size
+
+        def run(needed, xs):
+            for i, j in enumerate(needed):  # j: row of the draft's stacks
+                yield i, swiglu(xs[i], self.w1[layer][j], self.w2cat[layer][:, j * I:(j + 1) * I])
+        return grouped_experts(x, weights, loc, len(self.ids[layer]), run)
+
+    def _dense(self, layer: int, x: torch.Tensor, weights: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+        N, Nd = loc.shape[0], len(self.ids[layer])
         dense = torch.zeros(N, Nd + 1, dtype=x.dtype, device=x.device).scatter_add_(
             1, loc, weights.to(x.dtype))[:, :Nd]  # [N, Nd] routing weight of each draft expert
         h = F.linear(x, self.w1[layer].view(-1, x.shape[1])).view(N, Nd, -1)  # [N, Nd, 2I]
@@ -305,9 +319,40 @@ class DraftExperts:
         a = F.silu(g) * u * dense[..., None]  # [N, Nd, I]
         return F.linear(a.reshape(N, -1), self.w2cat[layer])  # [N, D]
 
+    @torch.inference_mode()
+    def calibrate(self, token_counts=(1, 8, 64), repeats: int = 2) -> None:
+        """Time both forms on this machine for the first MoE layer's stacks (random tokens routed uniformly
+        over the draft set) and use the grouped form from the smallest token count at which it wins at that
+        count and every larger one measured (`draft_grouped_from`, None: always dense)."""
+        layer = self.cfg.moe_layers[0]
+        Nd, K, D = len(self.ids[layer]), min(self.cfg.top_k, len(self.ids[layer])), self.cfg.hidden_size
+        g = torch.Generator(device=self.device).manual_seed(0)
+        wins = []
+        for N in token_counts:
+            x = torch.randn(N, D, generator=g, device=self.device, dtype=self.w1[layer].dtype)
+            loc = torch.rand(N, Nd, generator=g, device=self.device).argsort(-1)[:, :K]  # K distinct per token
+            w = torch.rand(N, K, generator=g, device=self.device)
+            best = {}
+            for name, f in (("dense", self._dense), ("grouped", self._grouped)):
+                f(layer, x, w, loc)  # warm-up
+                t = []
+                for _ in range(repeats):
+                    t0 = now(self.device)
+                    f(layer, x, w, loc)
+                    t.append(now(self.device) - t0)
+                best[name] = min(t)
+            wins.append(best["grouped"] < best["dense"])
+            self.calibration[N] = best
+        self.sparse_from = None
+        for i in range(len(token_counts) - 1, -1, -1):
+            if not wins[i]:
+                break
+            self.sparse_from = token_counts[i]
+
     def stats(self) -> dict:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
                 "draft_prefetch": self.prefetch, "draft_prefetch_bytes": self.prefetch_bytes,
+                "draft_grouped_from": self.sparse_from,
                 "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
                 "draft_refresh_bytes": self.refresh_bytes, "draft_pin_refused": sorted(self.pin_refused),
                 "draft_copy_bytes": self.nbytes,

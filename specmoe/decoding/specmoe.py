@@ -25,11 +25,10 @@ timings that picks speculation or a plain AR step per batch size.
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
-from specmoe.decoding.breakdown import StepBreakdown
+from specmoe.decoding.breakdown import StepBreakdown, now
 from specmoe.decoding.draft import DraftExperts
 from specmoe.decoding.rejection import greedy_accept, rejection_sample
 from specmoe.decoding.runner import ModelRunner
@@ -38,12 +37,6 @@ from specmoe.decoding.sampling import (check_finite, coupled_noise, coupled_pick
 from specmoe.decoding.sequence import Sequence
 
 # B=sequences, G=gamma (max drafted tokens this step), T=G+1 verified positions, V=vocab
-
-
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 @torch.inference_mode()
@@ -256,7 +249,7 @@ class SpecMoEDecoder:
     def _ar_step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         """A plain AR step (same forward as AutoregressiveDecoder), seen by the draft-set observer."""
         dev, r = self.runner.device, self.runner
-        t0 = _now(dev)
+        t0 = now(dev)
         e0, w0, f0 = r.expert_s, r.provider.fetch_wait_s, self.drafter.refresh_s
         ctx = self.drafter.target_context(r.context())
         self.drafter.begin_target()
@@ -266,10 +259,10 @@ class SpecMoEDecoder:
             self.drafter.end_target()
         for s in seqs:
             r.commit(s, 1)
-        t1 = _now(dev)
+        t1 = now(dev)
         toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
                       [len(s.output_ids) for s in seqs])
-        dt = _now(dev) - t0
+        dt = now(dev) - t0
         self.breakdown.target(t1 - t0, r.expert_s - e0, r.provider.fetch_wait_s - w0, self.drafter.refresh_s - f0)
         self.breakdown.accept(t0 + dt - t1)
         self.ar_steps += 1
@@ -282,9 +275,11 @@ class SpecMoEDecoder:
     def _spec_step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         dev = self.runner.device
         if not self.drafter.ready:
+            t = now(dev)
             self.drafter.setup()
+            self.breakdown.setup(now(dev) - t)
         gammas = [self._gamma_for(s) for s in seqs]
-        t0 = _now(dev)
+        t0 = now(dev)
         r = self.runner
         e0, w0, f0 = r.expert_s, r.provider.fetch_wait_s, self.drafter.refresh_s
         b0, p0 = self._bytes(), self.drafter.prefetch_bytes
@@ -294,14 +289,14 @@ class SpecMoEDecoder:
         # prefetch loads in the background for the verification and is counted apart
         self.draft_phase_bytes += self._bytes() - b0 - (self.drafter.prefetch_bytes - p0)
         d_list = drafts.tolist()
-        t1 = _now(dev)
+        t1 = now(dev)
         e1, w1 = r.expert_s, r.provider.fetch_wait_s
         logits = verify(self.runner, self.drafter, seqs, [d[:g] for d, g in zip(d_list, gammas)])  # [B, T, V]
-        t2 = _now(dev)
+        t2 = now(dev)
         out = accept(seqs, drafts, q, logits, gammas, noise)
         for s, toks in zip(seqs, out):
             self.runner.commit(s, len(toks))  # K/V of the pending token + the accepted drafts
-        t3 = _now(dev)
+        t3 = now(dev)
         self.breakdown.draft(t1 - t0, e1 - e0)
         self.breakdown.target(t2 - t1, r.expert_s - e1, r.provider.fetch_wait_s - w1, self.drafter.refresh_s - f0)
         self.breakdown.accept(t3 - t2)

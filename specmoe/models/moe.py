@@ -61,12 +61,40 @@ class ForwardContext:
     expert_s: float = 0.0
 
 
-def expert_ffn(x: torch.Tensor, buf: torch.Tensor, D: int, I: int) -> torch.Tensor:
-    """SwiGLU expert on a packed buffer. x [n, D] → [n, D]."""
-    gate_up = buf[: 2 * I * D].view(2 * I, D)
-    down = buf[2 * I * D:].view(D, I)
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """SwiGLU expert: x [n, D], gate_up [2I, D], down [D, I] (views, any row stride) → [n, D]."""
     g, u = F.linear(x, gate_up).chunk(2, dim=-1)  # [n, I] each
     return F.linear(F.silu(g) * u, down)
+
+
+def expert_ffn(x: torch.Tensor, buf: torch.Tensor, D: int, I: int) -> torch.Tensor:
+    """SwiGLU expert on a packed buffer [gate; up; down]. x [n, D] → [n, D]."""
+    return swiglu(x, buf[: 2 * I * D].view(2 * I, D), buf[2 * I * D:].view(D, I))
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int, run,
+                    on_counts=None) -> torch.Tensor:
+    """Routed-expert output [N, D] for x [N, D], weights [N, K], ids [N, K]: assignments sorted by expert,
+    each used expert computed once over its tokens, the weighted results scattered back.
+
+    `run(needed, xs)` yields `(index into needed, y)` for each used expert id in `needed` (ascending) with its
+    tokens xs[i] [n_e, D], in any order (results land in fixed places, so the sum is bitwise independent of
+    the order); `on_counts(counts)` sees the per-expert assignment counts first (one host read per call)."""
+    N, K = ids.shape
+    flat = ids.reshape(-1)  # [N·K]
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    if on_counts is not None:
+        on_counts(counts)
+    token_of = order // K  # [N·K] token of each sorted assignment
+    needed = [e for e in range(num_experts) if counts[e]]
+    xs = x[token_of].split([counts[e] for e in needed])  # per used expert: its tokens (views)
+    ys: list = [None] * len(needed)
+    for i, y in run(needed, xs):
+        ys[i] = y
+    ws = weights.reshape(-1)[order].to(x.dtype)[:, None]  # [N·K, 1] in sorted order
+    y = ys[0] if len(ys) == 1 else torch.cat(ys)
+    return torch.zeros_like(x).index_add_(0, token_of, y * ws)
 
 
 class MoEBlock(nn.Module):
@@ -111,22 +139,14 @@ class MoEBlock(nn.Module):
         return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
-        N, K = ids.shape
-        D, I, E = self.cfg.hidden_size, self.cfg.expert_intermediate_size, self.cfg.num_experts
-        flat = ids.reshape(-1)  # [N·K]
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=E).tolist()  # one host sync per layer: the union must be known
-        for obs in ctx.observers:
-            obs(self.layer, ids, counts)
-        token_of = order // K  # [N·K] token of each sorted assignment
-        needed = [e for e in range(E) if counts[e]]
-        xs = x[token_of].split([counts[e] for e in needed])  # per needed expert: its tokens [n_e, D] (views)
-        ys: list = [None] * len(needed)
-        slot = {e: i for i, e in enumerate(needed)}
-        # Results land in fixed places of `ys`, so the sum below does not depend on the order
-        # in which the provider hands experts out (offloaded == resident, bit for bit).
-        for e, buf in ctx.provider.fetch(self.layer, needed):
-            ys[slot[e]] = expert_ffn(xs[slot[e]], buf, D, I)
-        ws = weights.reshape(-1)[order].to(x.dtype)[:, None]  # [N·K, 1] in sorted order
-        y = ys[0] if len(ys) == 1 else torch.cat(ys)
-        return torch.zeros_like(x).index_add_(0, token_of, y * ws)
+        D, I = self.cfg.hidden_size, self.cfg.expert_intermediate_size
+
+        def observe(counts):  # the one host read per layer: the union must be known to fetch it
+            for obs in ctx.observers:
+                obs(self.layer, ids, counts)
+
+        def run(needed, xs):  # the provider hands experts out in its own order (resident first)
+            slot = {e: i for i, e in enumerate(needed)}
+            for e, buf in ctx.provider.fetch(self.layer, needed):
+                yield slot[e], expert_ffn(xs[slot[e]], buf, D, I)
+        return grouped_experts(x, weights, ids, self.cfg.num_experts, run, observe)

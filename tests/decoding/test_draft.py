@@ -84,6 +84,16 @@ def test_grouped_draft_op_equals_sparse_path(mixtral, tokens):
     block = MoEBlock(cfg, layer)
     ref = block.experts_forward(x, w, ids, ForwardContext(provider=prov))
     assert torch.allclose(d.experts_override(layer, x, w, ids), ref, atol=1e-5)
+    loc = d.local[layer][ids]
+    assert torch.allclose(d._dense(layer, x, w, loc), ref, atol=1e-5), "dense form"
+    assert torch.equal(d._grouped(layer, x, w, loc), ref), "the grouped form is the target's own computation"
+    # the calibration measured both forms at every token count and picked the grouped one from a count on
+    assert set(d.calibration) == {1, 8, 64} and all(set(v) == {"dense", "grouped"}
+                                                             for v in d.calibration.values())
+    d.sparse_from = 1  # whichever the machine chose, both forms run through experts_override
+    assert torch.equal(d.experts_override(layer, x, w, ids), ref)
+    d.sparse_from = None
+    assert torch.allclose(d.experts_override(layer, x, w, ids), ref, atol=1e-5)
     _assert_stacks_hold(d, prov, layer)
 
 

@@ -26,7 +26,8 @@ def test_step_breakdown_parts_add_up_to_decode_wall(tiny_ckpt, tmp_path, decodin
     assert bd["fetch_wait_s"] > 0 and st["misses"] > 0, "a 3-slot cache on the disk tier waits for loads"
     if decoding == "specmoe":
         assert st["drafted_tokens"] > 0 and bd["draft_nonexpert_s"] > 0 and bd["draft_experts_s"] > 0
+        assert bd["draft_setup_s"] > 0
     if decoding == "ar":
-        assert bd["draft_nonexpert_s"] == bd["draft_experts_s"] == bd["draft_refresh_s"] == 0
+        assert bd["draft_nonexpert_s"] == bd["draft_experts_s"] == bd["draft_refresh_s"] == bd["draft_setup_s"] == 0
     llm.reset_stats()
     assert llm.stats["step_breakdown"]["decode_wall_s"] == 0
