@@ -281,7 +281,7 @@ class SpecMoEDecoder:
         gammas = [self._gamma_for(s) for s in seqs]
         t0 = now(dev)
         r = self.runner
-        e0, w0, f0 = r.expert_s, r.provider.fetch_wait_s, self.drafter.refresh_s
+        e0, f0 = r.expert_s, self.drafter.refresh_s
         b0, p0 = self._bytes(), self.drafter.prefetch_bytes
         noise = step_noise(seqs, gammas, self.runner.model.cfg.vocab_size, dev)
         drafts, q = draft(self.runner, self.drafter, seqs, gammas, noise)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from specmoe import LLM, SamplingParams
 from specmoe.experts.store import ExpertStore
