@@ -39,6 +39,16 @@ def make_tiny_checkpoint(family: str, path, *, shard_size: str | None = None, se
     return path
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models: one intra-op thread avoids OpenMP oversubscription on a small, shared CPU (two threads
+    measured ~10x slower there). Test packages opt in with an autouse fixture that requests this one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """tiny_ckpt(family, **overrides) -> path; cached per (family, overrides) for the session."""

@@ -1,13 +1,9 @@
-"""Decoding tests run many tiny forwards: one intra-op thread avoids oversubscription on small machines."""
+"""Decoding tests run many tiny forwards on one intra-op thread (the root conftest's `one_thread`)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(n)

@@ -73,13 +73,9 @@ def test_kv_cache_of_one_long_prompt_is_small():
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is faster on a shared, busy CPU."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Tiny models run on one intra-op thread (the root conftest's `one_thread`)."""
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,7 @@
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is ~10x faster than two on a shared, busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Tiny models run on one intra-op thread (the root conftest's `one_thread`)."""
     yield
-    torch.set_num_threads(n)
