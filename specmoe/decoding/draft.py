@@ -74,7 +74,8 @@ class DraftExperts:
 
     def __init__(self, cfg: ModelConfig, provider, *, num_draft: int, policy: str, substitution: str, seed: int,
                  device: torch.device, affinity: dict[int, torch.Tensor] | None = None,
-                 profile: dict[int, list[int]] | None = None, prefetch: bool = False):
+                 profile: dict[int, list[int]] | None = None, prefetch: bool = False,
+                 calibration: dict | None = None):
         assert substitution != "affinity" or affinity is not None, "affinity substitution needs the affinity table"
         self.cfg, self.provider, self.device = cfg, provider, device
         self.n = min(num_draft, cfg.num_experts)
@@ -105,7 +106,8 @@ class DraftExperts:
         self.setup_bytes = self.refresh_bytes = 0
         self.refresh_s = 0.0  # seconds in end_target's refresh (step breakdown)
         self.sparse_from: int | None = None  # token count from which the grouped form runs (see calibrate)
-        self.calibration: dict[int, dict[str, float]] = {}
+        # token count -> {form: seconds}, plus "grouped_from"; shared by the drafters of one engine
+        self.calibration: dict = {} if calibration is None else calibration
         self.pin_refused: set[int] = set()
         self.pinned: dict[int, set[int]] = {}  # what the provider was last asked to pin
 
@@ -324,6 +326,9 @@ class DraftExperts:
         """Time both forms on this machine for the first MoE layer's stacks (random tokens routed uniformly
         over the draft set) and use the grouped form from the smallest token count at which it wins at that
         count and every larger one measured (`draft_grouped_from`, None: always dense)."""
+        if "grouped_from" in self.calibration:  # measured by an earlier run of this engine
+            self.sparse_from = self.calibration["grouped_from"]
+            return
         layer = self.cfg.moe_layers[0]
         Nd, K, D = len(self.ids[layer]), min(self.cfg.top_k, len(self.ids[layer])), self.cfg.hidden_size
         g = torch.Generator(device=self.device).manual_seed(0)
@@ -348,6 +353,7 @@ class DraftExperts:
             if not wins[i]:
                 break
             self.sparse_from = token_counts[i]
+        self.calibration["grouped_from"] = self.sparse_from
 
     def stats(self) -> dict:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,

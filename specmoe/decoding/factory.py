@@ -11,20 +11,25 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, engine=None):
     if cfg.decoding == "ar":
         return AutoregressiveDecoder(runner)
     assert engine is not None, f"decoding={cfg.decoding!r} needs the engine (checkpoint, context length)"
-    return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len)
+    return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo)
 
 
-def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
+def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None):
+    """`memo` outlives one generate call (the engine keeps it): the affinity table and the draft's
+    grouped/dense calibration are computed once per engine, not once per call."""
     from specmoe.decoding.affinity import load_or_compute_affinity
     from specmoe.decoding.draft import DraftExperts, load_profile
     from specmoe.decoding.specmoe import SpecMoEDecoder
     mcfg = ckpt.config
+    memo = {} if memo is None else memo
+    if cfg.substitution == "affinity" and "affinity" not in memo:
+        memo["affinity"] = load_or_compute_affinity(ckpt)
     drafter = DraftExperts(
         mcfg, runner.provider, num_draft=cfg.draft_experts, policy=cfg.draft_policy,
         substitution=cfg.substitution, seed=cfg.seed, device=runner.device,
-        affinity=load_or_compute_affinity(ckpt) if cfg.substitution == "affinity" else None,
+        affinity=memo.get("affinity") if cfg.substitution == "affinity" else None,
         profile=load_profile(ckpt.path, mcfg) if cfg.draft_policy == "hot-global" else None,
-        prefetch=cfg.draft_prefetch)
+        prefetch=cfg.draft_prefetch, calibration=memo.setdefault("calibration", {}))
     return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           auto=cfg.decoding == "auto")
 

@@ -75,6 +75,7 @@ class LLM:
         self._cache: KVCache | None = None
         self._stats = new_stats()
         self._next_id = 0
+        self.draft_memo: dict = {}  # SpecMoE parts that outlive a generate call (see decoding.factory)
 
     # ---------------------------------------------------------------- helpers
     def _cache_for(self, slots: int, positions: int, cap: int) -> KVCache:

@@ -88,8 +88,8 @@ def test_grouped_draft_op_equals_sparse_path(mixtral, tokens):
     assert torch.allclose(d._dense(layer, x, w, loc), ref, atol=1e-5), "dense form"
     assert torch.equal(d._grouped(layer, x, w, loc), ref), "the grouped form is the target's own computation"
     # the calibration measured both forms at every token count and picked the grouped one from a count on
-    assert set(d.calibration) == {1, 8, 64} and all(set(v) == {"dense", "grouped"}
-                                                             for v in d.calibration.values())
+    assert set(d.calibration) == {1, 8, 64, "grouped_from"} and all(set(d.calibration[n]) == {"dense", "grouped"}
+                                                                          for n in (1, 8, 64))
     d.sparse_from = 1  # whichever the machine chose, both forms run through experts_override
     assert torch.equal(d.experts_override(layer, x, w, ids), ref)
     d.sparse_from = None
@@ -178,3 +178,30 @@ def test_counts_ignore_padding_rows(mixtral):
     runner.forward(seqs, [s.prompt_ids for s in seqs])
     for layer in cfg.moe_layers:
         assert sum(d.last_counts[layer]) == 6 * cfg.top_k
+
+
+def test_affinity_and_calibration_are_computed_once_per_engine(tiny_ckpt, monkeypatch):
+    """A second generate call reuses the engine's affinity table and the draft's form calibration."""
+    from specmoe import LLM, SamplingParams
+    import specmoe.decoding.affinity as affinity_mod
+    import specmoe.decoding.draft as draft_mod
+    calls = {"affinity": 0, "timer": 0}
+    load, timer = affinity_mod.load_or_compute_affinity, draft_mod.now
+
+    def counted_load(ck):
+        calls["affinity"] += 1
+        return load(ck)
+
+    def counted_timer(dev):
+        calls["timer"] += 1
+        return timer(dev)
+    monkeypatch.setattr(affinity_mod, "load_or_compute_affinity", counted_load)
+    monkeypatch.setattr(draft_mod, "now", counted_timer)
+    llm = LLM(tiny_ckpt("mixtral"), decoding="specmoe", substitution="affinity", draft_experts=2)
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    first = llm.generate([[1, 2, 3]], sp)[0].token_ids
+    after_first = dict(calls)
+    assert after_first["affinity"] == 1 and after_first["timer"] > 0, "the first run loads and calibrates"
+    assert llm.generate([[1, 2, 3]], sp)[0].token_ids == first
+    assert calls == after_first, "the second run measured or loaded nothing again"
+    assert "grouped_from" in llm.draft_memo["calibration"]
