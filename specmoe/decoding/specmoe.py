@@ -99,11 +99,9 @@ def step_noise(seqs: list[Sequence], gammas: list[int], vocab: int, device) -> d
 
 def verify(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], drafts: list[list[int]]):
     """One target forward over the pending token + drafts of every sequence → logits [B, T, V]."""
-    ctx = drafter.target_context(runner.context())
     drafter.begin_target()
     try:
-        return runner.forward(seqs, [[s.output_ids[-1]] + d for s, d in zip(seqs, drafts)], ctx=ctx,
-                              all_logits=True)
+        return runner.forward(seqs, [[s.output_ids[-1]] + d for s, d in zip(seqs, drafts)], all_logits=True)
     finally:
         drafter.end_target()
 
@@ -251,10 +249,9 @@ class SpecMoEDecoder:
         dev, r = self.runner.device, self.runner
         t0 = now(dev)
         e0, w0, f0 = r.expert_s, r.provider.fetch_wait_s, self.drafter.refresh_s
-        ctx = self.drafter.target_context(r.context())
         self.drafter.begin_target()
         try:
-            logits = r.forward(seqs, [[s.output_ids[-1]] for s in seqs], ctx=ctx)  # [B, V]
+            logits = r.forward(seqs, [[s.output_ids[-1]] for s in seqs])  # [B, V]
         finally:
             self.drafter.end_target()
         for s in seqs:
@@ -285,7 +282,7 @@ class SpecMoEDecoder:
         b0, p0 = self._bytes(), self.drafter.prefetch_bytes
         noise = step_noise(seqs, gammas, self.runner.model.cfg.vocab_size, dev)
         drafts, q = draft(self.runner, self.drafter, seqs, gammas, noise)
-        # bytes the draft itself fetched (always 0: it computes from its own stacks); draft-guided
+        # bytes the draft itself fetched (always 0: it computes from its pinned slots); draft-guided
         # prefetch loads in the background for the verification and is counted apart
         self.draft_phase_bytes += self._bytes() - b0 - (self.drafter.prefetch_bytes - p0)
         d_list = drafts.tolist()

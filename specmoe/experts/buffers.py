@@ -66,3 +66,16 @@ class Spill:
         self.inflight.clear()
         self.pool += self.taken
         self.taken = []
+
+
+def expert_views(packed: torch.Tensor, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Typed experts packed [S, ≥ 3·I·D] as [gate (I·D); up (I·D); down (D·I)] per row (row stride free) →
+    views gate_up [S, 2I, D] and down [S, D, I] (no copy)."""
+    D, I = hidden, inter
+    return (packed[:, : 2 * I * D].unflatten(1, (2 * I, D)),
+            packed[:, 2 * I * D: 3 * I * D].unflatten(1, (D, I)))
+
+
+def typed_rows(rows: torch.Tensor, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 rows [S, row bytes] → their first `nbytes` as `dtype` [S, nbytes / element size] (a view)."""
+    return rows[:, :nbytes].view(dtype)

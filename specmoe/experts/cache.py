@@ -2,9 +2,10 @@
 
 Each MoE layer owns one preallocated tensor [S, slot bytes] on the compute device; an
 expert is one contiguous buffer [gate (I·D); up (I·D); down (D·I)], so a fetch is one
-copy (or one aligned read straight into the slot). `fetch(layer, ids)` hands out resident
-experts first while misses load on a background I/O thread (mixtral-offloading's
-generator), so compute on resident experts overlaps the transfers.
+copy (or one aligned read straight into the slot). The forward computes over typed views of
+those rows (gate_up [S, 2I, D], down [S, D, I]). `fetch(layer, routing)` hands out the resident
+experts first, as one slot group, while misses load on a background I/O thread, so compute on
+resident experts overlaps the transfers; then the loaded misses as a second group.
 
 Policies (docs/ARCHITECTURE.md, "cache policies"):
 - `ondemand` (MoE-OnDemand): nothing outlives the layer's forward except pinned experts;
@@ -31,11 +32,12 @@ import torch
 from specmoe.config import ModelConfig
 from specmoe.errors import InputError
 from specmoe.experts.budget import SCRATCH_BUFFERS, STAGING_BUFFERS
-from specmoe.experts.buffers import Spill, alloc_rows
+from specmoe.experts.buffers import Spill, alloc_rows, expert_views, typed_rows
 from specmoe.experts.oracle import OracleTrace
 from specmoe.experts.store import ExpertStore
 from specmoe.experts.memory import aligned_empty, check_fits, fmt_bytes
 from specmoe.experts.tiers import slot_bytes
+from specmoe.models.moe import Routing, SlotGroup
 
 # S=slots per layer, E=experts, N=tokens, K=top-k, D=hidden, I=expert hidden
 
@@ -46,8 +48,9 @@ PREFETCH = ("none", "oracle", "predicted")
 class _Layer:
     """Slot bookkeeping of one MoE layer (touched only by the compute thread)."""
 
-    def __init__(self, rows: torch.Tensor, num_experts: int):
+    def __init__(self, rows: torch.Tensor, num_experts: int, gate_up: torch.Tensor, down: torch.Tensor):
         self.rows = rows  # [S, slot bytes] uint8
+        self.gate_up, self.down = gate_up, down  # typed views of the rows: [S, 2I, D], [S, D, I]
         self.slot_of: dict[int, int] = {}
         self.free = list(range(rows.shape[0]))[::-1]
         self.pinned: set[int] = set()
@@ -66,7 +69,8 @@ class _Layer:
 class ExpertCache(ExpertStore):
     """ExpertProvider over a backing tier.
 
-    Public API: `fetch(layer, ids)` (the ExpertProvider contract), `pin(layer, ids)`,
+    Public API: `fetch(layer, routing)` (the ExpertProvider contract), `slot_tensors(layer)`, `slot_index(layer, ids)`,
+    `pin(layer, ids)`,
     `resident(layer)`, `stats()` / `reset_stats()`, `evict_all()` (cold cache), `set_static(hot)`,
     `attach_model(model)`, `observe` (a ForwardContext observer) and `layer_hook` (a ForwardContext
     layer hook, predicted prefetch) — the engine registers `forward_observers` / `forward_layer_hooks`
@@ -107,7 +111,9 @@ class ExpertCache(ExpertStore):
         self.layers: dict[int, _Layer] = {}
         for layer in self.moe_layers:
             rows = self._alloc(slots)
-            self.layers[layer] = _Layer(rows, cfg.num_experts)
+            views = expert_views(typed_rows(rows, self.expert_bytes, self.dtype), cfg.hidden_size,
+                                 cfg.expert_intermediate_size)
+            self.layers[layer] = _Layer(rows, cfg.num_experts, *views)
         self._queue: list = []  # loads not yet handed to the I/O thread
         self._scratch: list[torch.Tensor] = list(self._alloc(n_scratch)) if n_scratch else []  # free spare rows
         self.scratch_buffers = n_scratch
@@ -388,9 +394,39 @@ class ExpertCache(ExpertStore):
                 self._release(L, e)
             L.prefetched.clear()
 
-    def fetch(self, layer: int, ids: list[int]):
-        """Yield (expert id, packed buffer) once per id: resident experts first, while misses load."""
+    def slot_tensors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's slots as typed views gate_up [S, 2I, D], down [S, D, I] (allocated once)."""
         L = self._layer(layer)
+        return L.gate_up, L.down
+
+    def slot_index(self, layer: int, ids: list[int]) -> list[int]:
+        """Slot of each of `ids`, which must be resident (e.g. pinned)."""
+        L = self._layer(layer)
+        self._await_layer(L)
+        missing = [e for e in ids if e not in L.slot_of]
+        if missing:
+            raise InputError(f"experts {missing} of layer {layer} are not resident")
+        return [L.slot_of[e] for e in ids]
+
+    def _group(self, L: _Layer, experts: list[int], complete: bool) -> SlotGroup:
+        """The layer's slots with a map of `experts` (others -> S)."""
+        m = [self.slots] * self.cfg.num_experts
+        for e in experts:
+            m[e] = L.slot_of[e]
+        return SlotGroup(L.gate_up, L.down, torch.tensor(m, device=self.device), complete)
+
+    def _spill_group(self, e: int, row: torch.Tensor) -> SlotGroup:
+        """A scratch row holding expert e as a one-slot group."""
+        gate_up, down = expert_views(self._typed(row)[None], self.cfg.hidden_size, self.cfg.expert_intermediate_size)
+        m = torch.ones(self.cfg.num_experts, dtype=torch.long)
+        m[e] = 0
+        return SlotGroup(gate_up, down, m.to(self.device), False)
+
+    def fetch(self, layer: int, routing: Routing):
+        """Yield slot groups covering routing.needed: the resident experts first (computed while the misses
+        load), then the misses once loaded, then experts streamed through scratch rows one at a time."""
+        L = self._layer(layer)
+        ids = routing.needed
         s = self._s
         li = self.moe_layers.index(layer)
         self._await_layer(L)
@@ -425,21 +461,22 @@ class ExpertCache(ExpertStore):
         self._flush()
         done = set()
         try:
-            for e in hits:
+            if hits:
                 t0 = time.perf_counter()
-                yield e, self._typed(L.rows[L.slot_of[e]])
+                yield self._group(L, hits, complete=not misses)
                 s["expert_compute_s"] += time.perf_counter() - t0
-            for e, buf, fut in jobs:
-                self._wait(fut)
-                done.add(e)
+            if jobs:
+                for e, buf, fut in jobs:
+                    self._wait(fut)
+                    done.add(e)
                 t0 = time.perf_counter()
-                yield e, self._typed(buf)
+                yield self._group(L, [e for e, _, _ in jobs], complete=not hits and not later)
                 s["expert_compute_s"] += time.perf_counter() - t0
             while spilled:
                 e, buf, fut = spilled.pop()
                 self._wait(fut)
                 t0 = time.perf_counter()
-                yield e, self._typed(buf)
+                yield self._spill_group(e, buf)
                 s["expert_compute_s"] += time.perf_counter() - t0
                 spilled.done(buf)  # the consumer is done with it: the next spilled expert may overwrite it
         finally:

@@ -4,12 +4,15 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
+from specmoe.errors import InputError
+from specmoe.experts.buffers import expert_views
 from specmoe.experts.store import ExpertStore
+from specmoe.models.moe import Routing, SlotGroup
 from specmoe.weights.checkpoint import Checkpoint
 
 
 class ResidentExperts(ExpertStore):
-    """Every expert of every MoE layer packed in one [E, 3·I·D] tensor per layer."""
+    """Every expert of every MoE layer packed in one [E, 3·I·D] tensor per layer: slot e holds expert e."""
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu",
                  progress: bool = False):
@@ -27,17 +30,29 @@ class ResidentExperts(ExpertStore):
             self.layers[layer] = buf
         bar.close()
         self.nbytes = sum(t.numel() * t.element_size() for t in self.layers.values())
-        self.forward_observers = [self.observe]
+        self._views = {layer: expert_views(buf, cfg.hidden_size, cfg.expert_intermediate_size)
+                       for layer, buf in self.layers.items()}
+        self._identity = torch.arange(cfg.num_experts, device=device)
+        self.forward_observers: list = []  # counts accumulate on the device in fetch: no host read per layer
         self.forward_layer_hooks: list = []
         self.reset_stats()
 
-    def fetch(self, layer: int, ids: list[int]):
-        store = self.layers[layer]
-        for e in ids:
-            yield e, store[e]
+    def slot_tensors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._views[layer]
+
+    def slot_index(self, layer: int, ids: list[int]) -> list[int]:
+        return [int(e) for e in ids]
+
+    def fetch(self, layer: int, routing: Routing):
+        """One group: every expert, slot e = expert e; the routing counts are added up on the device."""
+        self._counts[self.moe_layers.index(layer)] += routing.counts
+        gate_up, down = self._views[layer]
+        yield SlotGroup(gate_up, down, self._identity)
 
     def pin(self, layer: int, ids: list[int]) -> None:
         """Everything is resident already: pinning moves nothing."""
+        if any(not 0 <= e < self.num_experts for e in ids):
+            raise InputError(f"cannot pin experts {list(ids)} of layer {layer}: ids must be in [0, {self.num_experts})")
 
     def resident(self, layer: int) -> set[int]:
         return set(range(self.num_experts))
@@ -46,13 +61,9 @@ class ResidentExperts(ExpertStore):
     def bytes_moved(self) -> int:
         return 0
 
-    def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
-        row = self._counts[self.moe_layers.index(layer)]
-        for e, c in enumerate(counts):
-            row[e] += c
-
     def reset_stats(self) -> None:
-        self._counts = [[0] * self.num_experts for _ in self.moe_layers]
+        self._counts = torch.zeros(len(self.moe_layers), self.num_experts, dtype=torch.long,
+                                   device=self._identity.device)
 
     def stats(self) -> dict:
-        return {"offload": "none", "bytes_moved": 0, "expert_counts": [list(r) for r in self._counts]}
+        return {"offload": "none", "bytes_moved": 0, "expert_counts": self._counts.tolist()}

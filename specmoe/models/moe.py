@@ -1,17 +1,21 @@
-"""The sparse MoE block: router → (optional routing hook) → experts fetched by
-(layer, expert) from an ExpertProvider → weighted scatter-add (+ Qwen2-MoE shared expert).
+"""The sparse MoE block: router → (optional routing hook) → routed experts computed over the expert
+store's slot tensors → (+ Qwen2-MoE shared expert).
 
-The block never knows which tier an expert's bytes come from. A decoding strategy
-changes which experts a forward may use through `ForwardContext.routing_hook`
-(SpecMoE's draft restricts routing to the resident draft experts), never by copying
-the model. Each forward asks the provider once per layer for the *union* of the
-experts its tokens need, whatever the batch size.
+Expert weights are not module parameters. An expert store exposes each MoE layer's slots as typed
+tensors (gate_up [S, 2I, D], down [S, D, I]) and hands a forward `SlotGroup`s: the slot tensors plus a
+device map expert → slot. One grouped operation (`routed_experts`) computes every routed assignment
+of any number of tokens over those slots: assignments sorted by slot, one grouped matmul per projection
+(`F.grouped_mm`, no copy of the weights, no host read). Target forwards, the draft and prefill all use
+it; the draft passes its pinned slots directly (`ForwardContext.draft_slots`), so it reads the store's
+slots in place. A decoding strategy changes which experts a forward may use through
+`ForwardContext.routing_hook` (SpecMoE's draft restricts routing to the pinned draft experts), never by
+copying the model.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,24 +25,59 @@ from specmoe.config import ModelConfig
 from specmoe.models.layers import DenseMLP
 from specmoe.models.routers import route
 
-# N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden
+# N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden, S=slots of a group
+
+
+@dataclass
+class SlotGroup:
+    """Experts ready to compute: expert e sits in row `slot_of[e]` of `gate_up` [S, 2I, D] / `down` [S, D, I]
+    (typed views of a store's slots, any batch stride); `slot_of` [E] long on the device holds S for experts
+    outside this group. `complete`: the group holds every expert of the request (no other group follows)."""
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    slot_of: torch.Tensor
+    complete: bool = True
+
+
+class Routing:
+    """One MoE layer's routed assignments in one forward: ids [N, K], weights [N, K] fp32. `counts` [E] stays
+    on the device; `counts_host` / `needed` (sorted used expert ids) are read to the host at most once, and
+    only by whoever needs them (an offloading cache must know the union to fetch it; a resident store
+    never reads it)."""
+
+    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, num_experts: int):
+        self.ids, self.weights, self.num_experts = ids, weights, num_experts
+        self._counts: torch.Tensor | None = None
+        self._host: list[int] | None = None
+
+    @property
+    def counts(self) -> torch.Tensor:
+        if self._counts is None:
+            self._counts = torch.bincount(self.ids.reshape(-1), minlength=self.num_experts)
+        return self._counts
+
+    @property
+    def counts_host(self) -> list[int]:
+        if self._host is None:
+            self._host = self.counts.tolist()  # the one host read of this layer's routing
+        return self._host
+
+    @property
+    def needed(self) -> list[int]:
+        return [e for e, c in enumerate(self.counts_host) if c]
 
 
 class ExpertProvider(Protocol):
-    """Contract: `fetch(layer, ids)` yields `(expert_id, buffer)` exactly once for every id
-    in `ids` (a sorted list of distinct ids), in any order (resident ones first is
-    best), where `buffer` is the expert packed flat as [gate (I·D); up (I·D); down (D·I)]
-    on the compute device, valid until the next item is asked for (an offloading cache reuses
-    its few scratch rows); a consumer that keeps a buffer longer clones it."""
+    """Contract (implemented by `experts.store.ExpertStore`): `fetch(layer, routing)` yields `SlotGroup`s that
+    together hold every expert routing.needed names, each exactly once, each valid until the next group
+    is asked for."""
 
-    def fetch(self, layer: int, ids: list[int]):
+    def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
         ...
 
 
 # (layer, router logits [N, E], weights [N, K] fp32, ids [N, K]) -> (weights, ids)
 RoutingHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-# (layer, x [N, D], weights [N, K] fp32, ids [N, K]) -> routed-expert output [N, D]
-ExpertsOverride = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -53,48 +92,82 @@ class ForwardContext:
     # flat indices of real (non-padding) tokens of the current forward, None when all are real;
     # set by Transformer.forward
     token_index: torch.Tensor | None = None
-    # optional replacement of the routed-expert computation (provider, observers and the per-layer
-    # host sync are skipped). SpecMoE's draft computes its few resident draft experts as one grouped
-    # op with it; None keeps the regular path.
-    experts_override: ExpertsOverride | None = None
+    # layer -> the resident slots this forward computes from (SpecMoE's draft: its pinned draft experts, read
+    # in place); the provider and the observers are not asked, and no host read happens
+    draft_slots: dict[int, SlotGroup] | None = None
     # seconds spent in the routed experts of this forward (fetch wait included), for the step breakdown
     expert_s: float = 0.0
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """SwiGLU expert: x [n, D], gate_up [2I, D], down [D, I] (views, any row stride) → [n, D]."""
-    g, u = F.linear(x, gate_up).chunk(2, dim=-1)  # [n, I] each
-    return F.linear(F.silu(g) * u, down)
+def glu(h: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate: h [.., 2I] = [gate; up] → silu(gate)·up [.., I]."""
+    g, u = h.chunk(2, dim=-1)
+    return F.silu(g) * u
 
 
-def expert_ffn(x: torch.Tensor, buf: torch.Tensor, D: int, I: int) -> torch.Tensor:
-    """SwiGLU expert on a packed buffer [gate; up; down]. x [n, D] → [n, D]."""
-    return swiglu(x, buf[: 2 * I * D].view(2 * I, D), buf[2 * I * D:].view(D, I))
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+           offs: torch.Tensor | None = None) -> torch.Tensor:
+    """The expert math, in one place. One expert: x [n, D], gate_up [2I, D], down [D, I] → [n, D]. Grouped:
+    gate_up [S, 2I, D], down [S, D, I] and `offs` [S] int32 (end row of each slot's tokens in x; rows past
+    offs[-1] come out zero) → x's rows each through its slot's expert, one grouped matmul per projection."""
+    if offs is None:
+        return F.linear(glu(F.linear(x, gate_up)), down)
+    if not grouped_mm_works(x.device, x.dtype):
+        return _looped(x, gate_up, down, offs)
+    h = F.grouped_mm(x, gate_up.transpose(1, 2), offs=offs)  # [n, 2I]
+    return F.grouped_mm(glu(h), down.transpose(1, 2), offs=offs)  # [n, D]
 
 
-def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int, run,
-                    on_counts=None) -> torch.Tensor:
-    """Routed-expert output [N, D] for x [N, D], weights [N, K], ids [N, K]: assignments sorted by expert,
-    each used expert computed once over its tokens, the weighted results scattered back.
+def _looped(x, gate_up, down, offs):
+    """swiglu's grouped form where F.grouped_mm does not run (device/dtype): a loop over the used slots (one
+    host read of the offsets)."""
+    out = torch.zeros(x.shape[0], down.shape[1], dtype=x.dtype, device=x.device)
+    start = 0
+    for s, end in enumerate(offs.tolist()):
+        if end > start:
+            out[start:end] = swiglu(x[start:end], gate_up[s], down[s])
+        start = end
+    return out
 
-    `run(needed, xs)` yields `(index into needed, y)` for each used expert id in `needed` (ascending) with its
-    tokens xs[i] [n_e, D], in any order (results land in fixed places, so the sum is bitwise independent of
-    the order); `on_counts(counts)` sees the per-expert assignment counts first (one host read per call)."""
-    N, K = ids.shape
-    flat = ids.reshape(-1)  # [N·K]
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    if on_counts is not None:
-        on_counts(counts)
-    token_of = order // K  # [N·K] token of each sorted assignment
-    needed = [e for e in range(num_experts) if counts[e]]
-    xs = x[token_of].split([counts[e] for e in needed])  # per used expert: its tokens (views)
-    ys: list = [None] * len(needed)
-    for i, y in run(needed, xs):
-        ys[i] = y
-    ws = weights.reshape(-1)[order].to(x.dtype)[:, None]  # [N·K, 1] in sorted order
-    y = ys[0] if len(ys) == 1 else torch.cat(ys)
-    return torch.zeros_like(x).index_add_(0, token_of, y * ws)
+
+_GROUPED_MM: dict = {}
+
+
+def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether F.grouped_mm runs for this device and dtype (tried once on a tiny problem, remembered)."""
+    key = (device.type, dtype)
+    if key not in _GROUPED_MM:
+        try:
+            a = torch.ones(2, 8, dtype=dtype, device=device)
+            b = torch.ones(2, 8, 8, dtype=dtype, device=device)
+            F.grouped_mm(a, b, offs=torch.tensor([1, 2], dtype=torch.int32, device=device))
+            _GROUPED_MM[key] = True
+        except (RuntimeError, NotImplementedError):
+            _GROUPED_MM[key] = False
+    return _GROUPED_MM[key]
+
+
+def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup]) -> torch.Tensor:
+    """Routed-expert output [N, D] for x [N, D]: per group, its assignments sorted by slot (stable: each slot's
+    tokens in token order) go through `swiglu`'s grouped form; each assignment's result lands in its own row,
+    and the K results of a token are summed in routing order, so the output does not depend on which slot
+    holds an expert or how the store split the experts into groups (offloaded == resident, bit for bit)."""
+    N, K = routing.ids.shape
+    flat = routing.ids.reshape(-1)  # [N·K]
+    y = None  # [N·K, D] per assignment, in routing order
+    for g in groups:
+        S = g.gate_up.shape[0]
+        slot = g.slot_of[flat]  # [N·K]; S for experts of other groups
+        order = torch.argsort(slot, stable=True)
+        per_slot = torch.bincount(slot, minlength=S + 1)[:S] if not g.complete else torch.bincount(slot, minlength=S)
+        ys = swiglu(x[order // K], g.gate_up, g.down, per_slot.cumsum(0, dtype=torch.int32))  # [N·K, D] sorted
+        if y is None:
+            y = torch.empty_like(ys)
+        if not g.complete:  # keep the rows other groups computed
+            ys = torch.where((slot[order] < S)[:, None], ys, y[order])
+        y.index_copy_(0, order, ys)
+    assert y is not None, "the store handed out no expert"
+    return (y.view(N, K, -1) * routing.weights.to(x.dtype)[..., None]).sum(1)
 
 
 class MoEBlock(nn.Module):
@@ -129,24 +202,16 @@ class MoEBlock(nn.Module):
         if ctx.routing_hook is not None:
             weights, ids = ctx.routing_hook(self.layer, logits, weights, ids)
         t0 = time.perf_counter()
-        if ctx.experts_override is not None:
-            out = ctx.experts_override(self.layer, x, weights, ids)
-        else:
-            out = self.experts_forward(x, weights, ids, ctx)
+        out = self.experts_forward(x, weights, ids, ctx)
         ctx.expert_s += time.perf_counter() - t0
         if self.cfg.shared_expert_intermediate_size:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
         return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
-        D, I = self.cfg.hidden_size, self.cfg.expert_intermediate_size
-
-        def observe(counts):  # the one host read per layer: the union must be known to fetch it
-            for obs in ctx.observers:
-                obs(self.layer, ids, counts)
-
-        def run(needed, xs):  # the provider hands experts out in its own order (resident first)
-            slot = {e: i for i, e in enumerate(needed)}
-            for e, buf in ctx.provider.fetch(self.layer, needed):
-                yield slot[e], expert_ffn(xs[slot[e]], buf, D, I)
-        return grouped_experts(x, weights, ids, self.cfg.num_experts, run, observe)
+        routing = Routing(ids, weights, self.cfg.num_experts)
+        if ctx.draft_slots is not None:
+            return routed_experts(x, routing, (ctx.draft_slots[self.layer],))
+        for obs in ctx.observers:
+            obs(self.layer, ids, routing.counts_host)
+        return routed_experts(x, routing, ctx.provider.fetch(self.layer, routing))
