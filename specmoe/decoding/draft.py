@@ -81,6 +81,7 @@ class DraftExperts:
         self.prefetch_bytes = 0
         self.prefetch_want: dict[int, set[int]] = {}  # this draft phase's picks per layer (kept, not evicted)
         self.refreshes = 0
+        self.forwards = 0  # draft forwards run (one per drafted position per step)
         self.setup_bytes = self.refresh_bytes = 0
         self.refresh_s = 0.0  # seconds in end_target's refresh (step breakdown)
 
@@ -136,7 +137,7 @@ class DraftExperts:
         if self.substitution == "affinity":
             self.sub[layer] = nearest_draft(self.affinity[layer], self.ids_t[layer])
         gate_up, down = self.provider.slot_tensors(layer)
-        slot_of = [gate_up.shape[0]] * E
+        slot_of = [gate_up.shape[0]] * (E + 1)  # non-draft experts and E (padding): outside the group
         for e, s in zip(ids, self.provider.slot_index(layer, ids)):
             slot_of[e] = s
         self.groups[layer] = SlotGroup(gate_up, down, torch.tensor(slot_of, device=self.device))
@@ -231,7 +232,8 @@ class DraftExperts:
     def stats(self) -> dict:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
                 "draft_prefetch": self.prefetch, "draft_prefetch_bytes": self.prefetch_bytes,
-                "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
+                "draft_set_refreshes": self.refreshes, "draft_forwards": self.forwards,
+                "draft_setup_bytes": self.setup_bytes,
                 "draft_refresh_bytes": self.refresh_bytes,
                 "draft_set": {layer: sorted(ids) for layer, ids in self.ids.items()}}
 

@@ -63,6 +63,7 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
             bv = runner.batch_view([s.slot for s in sub], [1] * len(sub))
             idx = None if len(rows) == B else torch.tensor(rows, device=dev)
             logits = runner.model(tok if idx is None else tok[idx], cache, bv, ctx)[:, -1].float()  # [b, V]
+            drafter.forwards += 1
             nxt = logits.argmax(-1)  # [b]
             for i, b in enumerate(rows):
                 s = seqs[b]

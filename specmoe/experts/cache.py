@@ -410,7 +410,7 @@ class ExpertCache(ExpertStore):
 
     def _group(self, L: _Layer, experts: list[int], complete: bool) -> SlotGroup:
         """The layer's slots with a map of `experts` (others -> S)."""
-        m = [self.slots] * self.cfg.num_experts
+        m = [self.slots] * (self.cfg.num_experts + 1)  # E: padding, no expert
         for e in experts:
             m[e] = L.slot_of[e]
         return SlotGroup(L.gate_up, L.down, torch.tensor(m, device=self.device), complete)
@@ -418,7 +418,7 @@ class ExpertCache(ExpertStore):
     def _spill_group(self, e: int, row: torch.Tensor) -> SlotGroup:
         """A scratch row holding expert e as a one-slot group."""
         gate_up, down = expert_views(self._typed(row)[None], self.cfg.hidden_size, self.cfg.expert_intermediate_size)
-        m = torch.ones(self.cfg.num_experts, dtype=torch.long)
+        m = torch.ones(self.cfg.num_experts + 1, dtype=torch.long)
         m[e] = 0
         return SlotGroup(gate_up, down, m.to(self.device), False)
 

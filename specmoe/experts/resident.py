@@ -32,9 +32,10 @@ class ResidentExperts(ExpertStore):
         self.nbytes = sum(t.numel() * t.element_size() for t in self.layers.values())
         self._views = {layer: expert_views(buf, cfg.hidden_size, cfg.expert_intermediate_size)
                        for layer, buf in self.layers.items()}
-        self._identity = torch.arange(cfg.num_experts, device=device)
+        self._identity = torch.arange(cfg.num_experts + 1, device=device)  # slot e = expert e; E (padding) -> S
         self.forward_observers: list = []  # counts accumulate on the device in fetch: no host read per layer
         self.forward_layer_hooks: list = []
+        self.device = torch.device(device)
         self.reset_stats()
 
     def slot_tensors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +64,7 @@ class ResidentExperts(ExpertStore):
 
     def reset_stats(self) -> None:
         self._counts = torch.zeros(len(self.moe_layers), self.num_experts, dtype=torch.long,
-                                   device=self._identity.device)
+                                   device=self.device)
 
     def stats(self) -> dict:
         return {"offload": "none", "bytes_moved": 0, "expert_counts": self._counts.tolist()}

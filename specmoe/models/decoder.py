@@ -39,6 +39,7 @@ class BatchView:
     valid: torch.Tensor | None = None
     contiguous: slice | None = None
     key_len: int = 0  # S: positions attended over (max position + 1)
+    write_index: torch.Tensor | None = None  # [B·T] KV rows the tokens write (set once per forward)
 
 
 class Attention(nn.Module):
@@ -70,7 +71,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, cos, sin)  # cos/sin: [B, T, 1, Dh], sin signed as in `Transformer.rope`
         k = apply_rope(k, cos, sin)
-        cache.write(layer, bv.slots, bv.positions, k, v, bv.valid)
+        cache.write(layer, bv.write_index, k, v)
         keys, values = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, S, Hkv, Dh]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=mask, enable_gqa=cfg.num_heads != cfg.num_kv_heads)
@@ -133,7 +134,8 @@ class Transformer(nn.Module):
         x = self.embed(tokens)  # [B, T, D]
         cos, sin = self.rope(bv.positions, x.dtype)
         mask = self.attention_mask(bv)
-        ctx.token_index = None if bv.valid is None else bv.valid.reshape(-1).nonzero().squeeze(1)
+        bv.write_index = cache.write_index(bv.slots, bv.positions)
+        ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
         for layer in self.layers:
             x = layer(x, cos, sin, mask, cache, bv, ctx)
         if logits_at is not None:

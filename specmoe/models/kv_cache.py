@@ -72,15 +72,17 @@ class KVCache:
         self.lengths += [0] * (slots - self.max_batch)
         self.max_batch, self.max_seq = slots, positions
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              valid: torch.Tensor | None) -> None:
-        """k, v: [B, T, Hkv, Dh] written at (slots[b], positions[b, t]) where valid[b, t]."""
-        B, T = positions.shape
-        rows = slots[:, None].expand(B, T)
-        if valid is not None:
-            rows, positions, k, v = rows[valid], positions[valid], k[valid], v[valid]
-        self.k[layer].index_put_((rows.reshape(-1), positions.reshape(-1)), k.reshape(-1, *k.shape[-2:]))
-        self.v[layer].index_put_((rows.reshape(-1), positions.reshape(-1)), v.reshape(-1, *v.shape[-2:]))
+    def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat row of each (slots[b], positions[b, t]) in a layer's [Bmax·S, Hkv, Dh] view: [B·T], computed once
+        per forward (every layer writes at the same rows)."""
+        return (slots[:, None] * self.max_seq + positions).reshape(-1)
+
+    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [B, T, Hkv, Dh] written at the flat rows `index` [B·T] (see `write_index`). Padding tokens of a
+        ragged batch write too, at positions past their sequence's new tokens: scratch that causality masks
+        and the next real write overwrites."""
+        self.k[layer].view(-1, *k.shape[-2:]).index_copy_(0, index, k.reshape(-1, *k.shape[-2:]))
+        self.v[layer].view(-1, *v.shape[-2:]).index_copy_(0, index, v.reshape(-1, *v.shape[-2:]))
 
     def read(self, layer: int, slots: torch.Tensor, contiguous: slice | None, S: int):
         """Keys/values of the batch's slots over positions [0, S): [B, S, Hkv, Dh] each."""

@@ -31,8 +31,8 @@ from specmoe.models.routers import route
 @dataclass
 class SlotGroup:
     """Experts ready to compute: expert e sits in row `slot_of[e]` of `gate_up` [S, 2I, D] / `down` [S, D, I]
-    (typed views of a store's slots, any batch stride); `slot_of` [E] long on the device holds S for experts
-    outside this group. `complete`: the group holds every expert of the request (no other group follows)."""
+    (typed views of a store's slots, any batch stride); `slot_of` [E + 1] long on the device holds S for
+    experts outside this group and for E (no expert: padding). `complete`: the group holds every expert of the request (no other group follows)."""
     gate_up: torch.Tensor
     down: torch.Tensor
     slot_of: torch.Tensor
@@ -40,20 +40,24 @@ class SlotGroup:
 
 
 class Routing:
-    """One MoE layer's routed assignments in one forward: ids [N, K], weights [N, K] fp32. `counts` [E] stays
+    """One MoE layer's routed assignments in one forward: ids [N, K] (E at padding tokens when `padded`), weights
+    [N, K] fp32. `counts` [E] stays
     on the device; `counts_host` / `needed` (sorted used expert ids) are read to the host at most once, and
     only by whoever needs them (an offloading cache must know the union to fetch it; a resident store
     never reads it)."""
 
-    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, num_experts: int):
+    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, num_experts: int, padded: bool = False):
         self.ids, self.weights, self.num_experts = ids, weights, num_experts
+        self.padded = padded  # some ids are E (padding tokens: no expert)
         self._counts: torch.Tensor | None = None
         self._host: list[int] | None = None
 
     @property
     def counts(self) -> torch.Tensor:
         if self._counts is None:
-            self._counts = torch.bincount(self.ids.reshape(-1), minlength=self.num_experts)
+            flat = self.ids.reshape(-1)
+            self._counts = (torch.bincount(flat, minlength=self.num_experts + 1)[: self.num_experts] if self.padded
+                            else torch.bincount(flat, minlength=self.num_experts))
         return self._counts
 
     @property
@@ -89,9 +93,8 @@ class ForwardContext:
     observers: list = field(default_factory=list)
     # called at the start of each MoE layer with (layer, hidden [N, D]); used for prefetch
     layer_hooks: list = field(default_factory=list)
-    # flat indices of real (non-padding) tokens of the current forward, None when all are real;
-    # set by Transformer.forward
-    token_index: torch.Tensor | None = None
+    # [B·T, 1] True at the padding tokens of a ragged forward, None when all are real; set by Transformer.forward
+    padding: torch.Tensor | None = None
     # layer -> the resident slots this forward computes from (SpecMoE's draft: its pinned draft experts, read
     # in place); the provider and the observers are not asked, and no host read happens
     draft_slots: dict[int, SlotGroup] | None = None
@@ -157,17 +160,22 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     y = None  # [N·K, D] per assignment, in routing order
     for g in groups:
         S = g.gate_up.shape[0]
-        slot = g.slot_of[flat]  # [N·K]; S for experts of other groups
+        slot = g.slot_of[flat]  # [N·K]; S for experts of other groups and for padding
         order = torch.argsort(slot, stable=True)
-        per_slot = torch.bincount(slot, minlength=S + 1)[:S] if not g.complete else torch.bincount(slot, minlength=S)
+        per_slot = (torch.bincount(slot, minlength=S + 1)[:S] if routing.padded or not g.complete
+                    else torch.bincount(slot, minlength=S))
         ys = swiglu(x[order // K], g.gate_up, g.down, per_slot.cumsum(0, dtype=torch.int32))  # [N·K, D] sorted
         if y is None:
             y = torch.empty_like(ys)
         if not g.complete:  # keep the rows other groups computed
             ys = torch.where((slot[order] < S)[:, None], ys, y[order])
         y.index_copy_(0, order, ys)
-    assert y is not None, "the store handed out no expert"
-    return (y.view(N, K, -1) * routing.weights.to(x.dtype)[..., None]).sum(1)
+    if y is None:  # nothing routed (every token is padding)
+        return torch.zeros_like(x)
+    y = y.view(N, K, -1)
+    if routing.padded:  # rows past the grouped op's last offset are not written: zero them
+        y = y.masked_fill((routing.ids == routing.num_experts)[..., None], 0)
+    return (y * routing.weights.to(x.dtype)[..., None]).sum(1)
 
 
 class MoEBlock(nn.Module):
@@ -189,29 +197,26 @@ class MoEBlock(nn.Module):
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         shape = h.shape
         x = h.reshape(-1, shape[-1])  # [N, D]
-        if ctx.token_index is not None:  # padding is neither routed nor counted, and fetches nothing
-            out = torch.zeros_like(x)
-            out[ctx.token_index] = self._forward_tokens(x[ctx.token_index], ctx)
-            return out.view(shape)
-        return self._forward_tokens(x, ctx).view(shape)
-
-    def _forward_tokens(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         for hook in ctx.layer_hooks:
             hook(self.layer, x)
         logits, weights, ids = self.route(x)
         if ctx.routing_hook is not None:
             weights, ids = ctx.routing_hook(self.layer, logits, weights, ids)
+        if ctx.padding is not None:  # padding routes to no expert (id E): not counted, fetches nothing, output 0
+            ids = ids.masked_fill(ctx.padding, self.cfg.num_experts)
         t0 = time.perf_counter()
         out = self.experts_forward(x, weights, ids, ctx)
         ctx.expert_s += time.perf_counter() - t0
         if self.cfg.shared_expert_intermediate_size:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
-        return out
+        return out.view(shape)
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
-        routing = Routing(ids, weights, self.cfg.num_experts)
+        routing = Routing(ids, weights, self.cfg.num_experts, padded=ctx.padding is not None)
         if ctx.draft_slots is not None:
             return routed_experts(x, routing, (ctx.draft_slots[self.layer],))
-        for obs in ctx.observers:
-            obs(self.layer, ids, routing.counts_host)
+        if ctx.observers:
+            real = ids if ctx.padding is None else ids[~ctx.padding[:, 0]]  # observers see real tokens only
+            for obs in ctx.observers:
+                obs(self.layer, real, routing.counts_host)
         return routed_experts(x, routing, ctx.provider.fetch(self.layer, routing))
