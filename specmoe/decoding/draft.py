@@ -29,7 +29,7 @@ from specmoe.config import ModelConfig
 from specmoe.decoding.affinity import nearest_draft
 from specmoe.errors import InputError
 from specmoe.experts.store import ExpertStore
-from specmoe.models.moe import ForwardContext, SlotGroup
+from specmoe.models.moe import ForwardContext, Routing, SlotGroup
 
 # N=tokens, E=experts, K=top-k, Nd=draft experts per layer, D=hidden, I=expert hidden
 
@@ -72,6 +72,7 @@ class DraftExperts:
         self.sub: dict[int, torch.Tensor] = {}     # [E] → substitute draft expert (affinity)
         self.groups: dict[int, SlotGroup] = {}     # the store's slots with the map draft expert → its pinned slot
         self.last_counts: dict[int, list[int]] = {}
+        self._deferred: dict[int, torch.Tensor] = {}  # layer → counts [E] on the device, not read yet
         self.prefill_counts: dict[int, list[int]] = {}
         self.verifying = False
         self.changed: dict[int, list[int]] = {}  # layer → its next draft set (pinned, indexed at end_target)
@@ -115,6 +116,7 @@ class DraftExperts:
     def setup(self) -> None:
         """Choose the first draft set and make it resident (pin). The bytes this moves are setup cost, outside
         every draft phase (`draft_setup_bytes`)."""
+        self.resolve_counts()
         b0 = self._bytes()
         ids = {layer: self.initial_ids(layer) for layer in self.cfg.moe_layers}
         for layer, lids in ids.items():
@@ -143,10 +145,27 @@ class DraftExperts:
         self.groups[layer] = SlotGroup(gate_up, down, torch.tensor(slot_of, device=self.device))
 
     # ------------------------------------------------------------ target forwards (counts, refresh)
-    def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
+    def observe(self, layer: int, routing: Routing) -> None:
         """ForwardContext observer, registered on the runner: sees every target forward (prefill,
-        verification, AR steps of `auto`). Draft forwards bypass it (they use `experts_override`).
-        Padding rows of ragged forwards never reach it: the MoE block routes real tokens only."""
+        verification, AR steps of `auto`), never the draft's. Counts exclude padding. On a store that needs
+        the union on the host anyway (a cache) the counts are used at once (the new draft set must be pinned
+        before the layer's fetch); on a store that holds every expert they stay on the device until the
+        forward ends (`end_target`: one host read for all layers)."""
+        if self.provider.holds_all:
+            self._deferred[layer] = routing.counts
+            return
+        self._counted(layer, routing.counts_host)
+
+    def resolve_counts(self) -> None:
+        """The deferred counts of the last target forward, read to the host at once."""
+        if self._deferred:
+            layers = list(self._deferred)
+            rows = torch.stack([self._deferred[layer] for layer in layers]).tolist()
+            self._deferred = {}
+            for layer, counts in zip(layers, rows):
+                self._counted(layer, counts)
+
+    def _counted(self, layer: int, counts: list[int]) -> None:
         self.last_counts[layer] = counts
         if not self.verifying:
             acc = self.prefill_counts.setdefault(layer, [0] * len(counts))
@@ -171,16 +190,19 @@ class DraftExperts:
                 self._pin(layer, new)
 
     def begin_target(self) -> None:
+        self.resolve_counts()  # a prefill's deferred counts
         self.verifying = True
         self.changed = {}
 
     def end_target(self) -> None:
         """Finish the HotTemporal refresh: the arriving experts were pinned as the forward routed them, so only
         the small routing and slot maps change (no expert is copied)."""
+        t0 = time.perf_counter()
+        self.resolve_counts()
         self.verifying = False
         if not self.changed:
+            self.refresh_s += time.perf_counter() - t0
             return
-        t0 = time.perf_counter()
         b0 = self._bytes()
         for layer, ids in self.changed.items():
             self.assign(layer, ids)

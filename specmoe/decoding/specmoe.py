@@ -127,11 +127,14 @@ def accept(seqs: list[Sequence], drafts: torch.Tensor, q: torch.Tensor | None, l
         tgt[b, :gammas[b] + 1] = coupled_pick(logits[b, :gammas[b] + 1], seqs[b].params, n)
     exact = [b for b, s in enumerate(seqs) if s.params.greedy or b in noise]
     if exact:
-        n_acc = greedy_accept(drafts, tgt[:, :drafts.shape[1] + 1], torch.tensor(gammas, device=dev))  # [B]
-        d_l, t_l, n_l, ok = drafts.tolist(), tgt.tolist(), n_acc.tolist(), finite.tolist()  # one host read
-        check_finite(ok)
+        G = drafts.shape[1]
+        n_acc = greedy_accept(drafts, tgt[:, :G + 1], torch.tensor(gammas, device=dev))  # [B]
+        # one host read: drafts [B, G] | target picks [B, T] | accepted [B] | finite [B]
+        rows = torch.cat([drafts, tgt, n_acc[:, None], finite[:, None].long()], 1).tolist()
+        check_finite([r[-1] == 1 for r in rows])
         for b in exact:
-            out[b] = d_l[b][:n_l[b]] + [t_l[b][n_l[b]]]
+            r, n = rows[b], rows[b][-2]
+            out[b] = r[:n] + [r[G + n]]
     for b, s in enumerate(seqs):
         if s.params.greedy or b in noise:
             continue

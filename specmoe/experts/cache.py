@@ -347,10 +347,11 @@ class ExpertCache(ExpertStore):
         self._flush()
         return n * self.expert_bytes
 
-    def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
-        """ForwardContext observer: accumulate routed-assignment counts per expert."""
+    def observe(self, layer: int, routing: Routing) -> None:
+        """ForwardContext observer: accumulate routed-assignment counts per expert (the host counts the fetch
+        reads anyway)."""
         row = self._s["expert_counts"][self.moe_layers.index(layer)]
-        for e, c in enumerate(counts):
+        for e, c in enumerate(routing.counts_host):
             row[e] += c
 
     def layer_hook(self, layer: int, x: torch.Tensor) -> None:

@@ -13,6 +13,7 @@ from specmoe.weights.checkpoint import Checkpoint
 
 class ResidentExperts(ExpertStore):
     """Every expert of every MoE layer packed in one [E, 3·I·D] tensor per layer: slot e holds expert e."""
+    holds_all = True
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu",
                  progress: bool = False):
@@ -33,6 +34,7 @@ class ResidentExperts(ExpertStore):
         self._views = {layer: expert_views(buf, cfg.hidden_size, cfg.expert_intermediate_size)
                        for layer, buf in self.layers.items()}
         self._identity = torch.arange(cfg.num_experts + 1, device=device)  # slot e = expert e; E (padding) -> S
+        self._groups = {layer: SlotGroup(*views, self._identity) for layer, views in self._views.items()}
         self.forward_observers: list = []  # counts accumulate on the device in fetch: no host read per layer
         self.forward_layer_hooks: list = []
         self.device = torch.device(device)
@@ -45,10 +47,21 @@ class ResidentExperts(ExpertStore):
         return [int(e) for e in ids]
 
     def fetch(self, layer: int, routing: Routing):
-        """One group: every expert, slot e = expert e; the routing counts are added up on the device."""
-        self._counts[self.moe_layers.index(layer)] += routing.counts
-        gate_up, down = self._views[layer]
-        yield SlotGroup(gate_up, down, self._identity)
+        """One group: every expert, slot e = expert e. The routed ids are kept and counted in batches on the
+        device (no op and no host read per layer)."""
+        pending = self._pending[layer]
+        pending.append(routing.ids.reshape(-1))
+        if len(pending) >= 64:
+            self._fold(layer)
+        yield self._groups[layer]
+
+    def _fold(self, layer: int) -> None:
+        pending = self._pending[layer]
+        if pending:
+            E = self.num_experts
+            ids = torch.cat(pending)
+            self._counts[self.moe_layers.index(layer)] += torch.bincount(ids, minlength=E + 1)[:E]  # E: padding
+            pending.clear()
 
     def pin(self, layer: int, ids: list[int]) -> None:
         """Everything is resident already: pinning moves nothing."""
@@ -65,6 +78,9 @@ class ResidentExperts(ExpertStore):
     def reset_stats(self) -> None:
         self._counts = torch.zeros(len(self.moe_layers), self.num_experts, dtype=torch.long,
                                    device=self.device)
+        self._pending: dict[int, list[torch.Tensor]] = {layer: [] for layer in self.moe_layers}
 
     def stats(self) -> dict:
+        for layer in self.moe_layers:
+            self._fold(layer)
         return {"offload": "none", "bytes_moved": 0, "expert_counts": self._counts.tolist()}

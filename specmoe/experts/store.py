@@ -34,6 +34,7 @@ class ExpertStore(ABC):
 
     forward_observers: list
     forward_layer_hooks: list
+    holds_all: bool = False  # every expert is resident for good (no union ever needs reading to the host)
 
     @abstractmethod
     def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
@@ -90,6 +91,7 @@ class DelegatingStore(ExpertStore):
     def __init__(self, inner: ExpertStore):
         self.inner = inner
         self.forward_observers, self.forward_layer_hooks = inner.forward_observers, inner.forward_layer_hooks
+        self.holds_all = inner.holds_all
 
     def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
         return self.inner.fetch(layer, routing)

@@ -60,7 +60,8 @@ class KVCache:
         what = f"the KV cache ({slots} slot(s) × {positions} positions × {self.num_layers} layers, {fmt_bytes(need)})"
         check_fits(what, need, self.device)
         try:
-            shape = (self.num_layers, slots, positions, self.num_kv_heads, self.head_dim)
+            num_kv, hd = self.num_kv_heads, self.head_dim
+            shape = (self.num_layers, slots, positions, num_kv, hd)
             k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, Bmax, S, Hkv, Dh]
             v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         except (RuntimeError, MemoryError) as e:
@@ -69,6 +70,10 @@ class KVCache:
             k[:, : self.max_batch, : self.max_seq] = self.k
             v[:, : self.max_batch, : self.max_seq] = self.v
         self.k, self.v = k, v
+        # per-layer views made once: [Bmax, S, Hkv, Dh] to read, [Bmax·S, Hkv, Dh] to write
+        self.k_layer, self.v_layer = list(k), list(v)
+        self.k_rows = [t.view(-1, num_kv, hd) for t in self.k_layer]
+        self.v_rows = [t.view(-1, num_kv, hd) for t in self.v_layer]
         self.lengths += [0] * (slots - self.max_batch)
         self.max_batch, self.max_seq = slots, positions
 
@@ -81,11 +86,12 @@ class KVCache:
         """k, v: [B, T, Hkv, Dh] written at the flat rows `index` [B·T] (see `write_index`). Padding tokens of a
         ragged batch write too, at positions past their sequence's new tokens: scratch that causality masks
         and the next real write overwrites."""
-        self.k[layer].view(-1, *k.shape[-2:]).index_copy_(0, index, k.reshape(-1, *k.shape[-2:]))
-        self.v[layer].view(-1, *v.shape[-2:]).index_copy_(0, index, v.reshape(-1, *v.shape[-2:]))
+        self.k_rows[layer].index_copy_(0, index, k.reshape(-1, *k.shape[-2:]))
+        self.v_rows[layer].index_copy_(0, index, v.reshape(-1, *v.shape[-2:]))
 
     def read(self, layer: int, slots: torch.Tensor, contiguous: slice | None, S: int):
         """Keys/values of the batch's slots over positions [0, S): [B, S, Hkv, Dh] each."""
+        k, v = self.k_layer[layer], self.v_layer[layer]
         if contiguous is not None:
-            return self.k[layer, contiguous, :S], self.v[layer, contiguous, :S]
-        return self.k[layer, slots, :S], self.v[layer, slots, :S]
+            return k[contiguous, :S], v[contiguous, :S]
+        return k[slots, :S], v[slots, :S]

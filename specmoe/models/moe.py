@@ -37,6 +37,12 @@ class SlotGroup:
     down: torch.Tensor
     slot_of: torch.Tensor
     complete: bool = True
+    # the grouped matmul's operands: gate_up / down transposed ([S, D, 2I], [S, I, D]); views, made once per group
+    w_in: torch.Tensor = field(init=False, repr=False)
+    w_out: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.w_in, self.w_out = self.gate_up.transpose(1, 2), self.down.transpose(1, 2)
 
 
 class Routing:
@@ -87,7 +93,8 @@ RoutingHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[to
 @dataclass
 class ForwardContext:
     """What one forward may use: where experts come from, an optional routing hook,
-    and observers called per MoE layer with (layer, ids [N, K], counts [E] list[int])."""
+    and observers called per MoE layer of target forwards with (layer, Routing): they read the counts on the
+    device, or on the host (`counts_host`, one read per layer shared by every reader)."""
     provider: ExpertProvider
     routing_hook: RoutingHook | None = None
     observers: list = field(default_factory=list)
@@ -111,24 +118,24 @@ def glu(h: torch.Tensor) -> torch.Tensor:
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
            offs: torch.Tensor | None = None) -> torch.Tensor:
     """The expert math, in one place. One expert: x [n, D], gate_up [2I, D], down [D, I] → [n, D]. Grouped:
-    gate_up [S, 2I, D], down [S, D, I] and `offs` [S] int32 (end row of each slot's tokens in x; rows past
-    offs[-1] come out zero) → x's rows each through its slot's expert, one grouped matmul per projection."""
+    `gate_up` / `down` are a group's transposed slots (SlotGroup.w_in [S, D, 2I], .w_out [S, I, D]) and
+    `offs` [S] int32 the end row of each slot's tokens in x (rows past offs[-1] are left unwritten) → x's
+    rows each through its slot's expert, one grouped matmul per projection."""
     if offs is None:
         return F.linear(glu(F.linear(x, gate_up)), down)
     if not grouped_mm_works(x.device, x.dtype):
         return _looped(x, gate_up, down, offs)
-    h = F.grouped_mm(x, gate_up.transpose(1, 2), offs=offs)  # [n, 2I]
-    return F.grouped_mm(glu(h), down.transpose(1, 2), offs=offs)  # [n, D]
+    return F.grouped_mm(glu(F.grouped_mm(x, gate_up, offs=offs)), down, offs=offs)  # [n, D]
 
 
-def _looped(x, gate_up, down, offs):
+def _looped(x, w_in, w_out, offs):
     """swiglu's grouped form where F.grouped_mm does not run (device/dtype): a loop over the used slots (one
     host read of the offsets)."""
-    out = torch.zeros(x.shape[0], down.shape[1], dtype=x.dtype, device=x.device)
+    out = torch.zeros(x.shape[0], w_out.shape[2], dtype=x.dtype, device=x.device)
     start = 0
     for s, end in enumerate(offs.tolist()):
         if end > start:
-            out[start:end] = swiglu(x[start:end], gate_up[s], down[s])
+            out[start:end] = swiglu(x[start:end], w_in[s].t(), w_out[s].t())
         start = end
     return out
 
@@ -164,7 +171,7 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         order = torch.argsort(slot, stable=True)
         per_slot = (torch.bincount(slot, minlength=S + 1)[:S] if routing.padded or not g.complete
                     else torch.bincount(slot, minlength=S))
-        ys = swiglu(x[order // K], g.gate_up, g.down, per_slot.cumsum(0, dtype=torch.int32))  # [N·K, D] sorted
+        ys = swiglu(x[order // K], g.w_in, g.w_out, per_slot.cumsum(0, dtype=torch.int32))  # [N·K, D] sorted
         if y is None:
             y = torch.empty_like(ys)
         if not g.complete:  # keep the rows other groups computed
@@ -175,7 +182,8 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     y = y.view(N, K, -1)
     if routing.padded:  # rows past the grouped op's last offset are not written: zero them
         y = y.masked_fill((routing.ids == routing.num_experts)[..., None], 0)
-    return (y * routing.weights.to(x.dtype)[..., None]).sum(1)
+    w = routing.weights if routing.weights.dtype == x.dtype else routing.weights.to(x.dtype)
+    return (y * w[..., None]).sum(1)
 
 
 class MoEBlock(nn.Module):
@@ -194,9 +202,8 @@ class MoEBlock(nn.Module):
                              norm_topk_prob=self.cfg.norm_topk_prob)
         return logits, weights, ids
 
-    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        shape = h.shape
-        x = h.reshape(-1, shape[-1])  # [N, D]
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x [N, D] (the forward's tokens, flattened) → [N, D]."""
         for hook in ctx.layer_hooks:
             hook(self.layer, x)
         logits, weights, ids = self.route(x)
@@ -209,14 +216,12 @@ class MoEBlock(nn.Module):
         ctx.expert_s += time.perf_counter() - t0
         if self.cfg.shared_expert_intermediate_size:
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
-        return out.view(shape)
+        return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
         routing = Routing(ids, weights, self.cfg.num_experts, padded=ctx.padding is not None)
         if ctx.draft_slots is not None:
             return routed_experts(x, routing, (ctx.draft_slots[self.layer],))
-        if ctx.observers:
-            real = ids if ctx.padding is None else ids[~ctx.padding[:, 0]]  # observers see real tokens only
-            for obs in ctx.observers:
-                obs(self.layer, real, routing.counts_host)
+        for obs in ctx.observers:
+            obs(self.layer, routing)
         return routed_experts(x, routing, ctx.provider.fetch(self.layer, routing))

@@ -210,6 +210,7 @@ def test_counts_ignore_padding_rows(mixtral):
     seqs = [Sequence(seq_id=i, prompt_ids=p, params=SamplingParams(), slot=i, generator=torch.Generator())
             for i, p in enumerate([[1, 2, 3, 4, 5], [6]])]  # 6 real tokens, 4 padding rows
     runner.forward(seqs, [s.prompt_ids for s in seqs])
+    d.resolve_counts()  # a resident store's counts stay on the device until read
     for layer in cfg.moe_layers:
         assert sum(d.last_counts[layer]) == 6 * cfg.top_k
 
