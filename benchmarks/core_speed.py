@@ -84,7 +84,8 @@ def main(argv=None) -> dict:
     resident.pop("tokens")
     spec_new = res["batches"][B]["new"]
     bd = spec_new["step_breakdown"]
-    draft_fwd = (bd.get("draft_nonexpert_s", 0) + bd.get("draft_experts_s", 0)) / max(1, spec_new.get("draft_forwards", 0))
+    draft_s = bd.get("draft_nonexpert_s", 0) + bd.get("draft_experts_s", 0)
+    draft_fwd = draft_s / max(1, spec_new.get("draft_forwards", 0))
     res_step = resident["decode_time_s"] / resident["decode_steps"]
     res["draft_vs_resident_step"] = {"batch": B, "draft_forward_s": draft_fwd, "resident_step_s": res_step,
                                      "ratio": draft_fwd / res_step, "resident": resident}

@@ -86,8 +86,8 @@ def main(argv=None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
     for r in (ar, spec):
-        print(f"{r['decoding']:8s} batch {r['batch']}: {r['ops_per_step']:.0f} ops/step, {r['ops_per_layer']:.1f} ops per "
-              f"layer ({r['layers']} layers), {r['host_syncs_per_step']:.1f} host syncs/step {r['sync_sites']}, "
+        print(f"{r['decoding']:8s} batch {r['batch']}: {r['ops_per_step']:.0f} ops/step, "
+              f"{r['ops_per_layer']:.1f} ops per layer ({r['layers']} layers), {r['host_syncs_per_step']:.1f} host syncs/step {r['sync_sites']}, "
               f"tau {r['tokens_per_step']:.2f}")
     print(f"SpecMoE step / AR step, ops per layer: {res['specmoe_over_ar_ops_per_layer']:.2f}x -> {out}")
     return res

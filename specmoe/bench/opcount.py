@@ -37,7 +37,8 @@ class OpCounter(TorchDispatchMode):
         self.by_op[name] += 1
         if name in SYNC_OPS:
             self._sync(name)
-        elif not self._inside_tolist and name in ("aten::_to_copy", "aten::copy_") and _device_to_cpu(func, args, kwargs):
+        elif (not self._inside_tolist and name in ("aten::_to_copy", "aten::copy_")
+              and _device_to_cpu(func, args, kwargs)):
             self._sync("device->cpu copy")
         return func(*args, **kwargs)
 

@@ -100,7 +100,8 @@ class OffloadConfig:
     cache_experts: int | None = opt(None, "device cache slots per MoE layer (default: a quarter of the experts, "
                                     "at least top-k)", type=int)
     cache_bytes: int | None = opt(None, "upper bound on the device expert working set over all MoE layers, e.g. "
-                                  "2GiB: cache slots (SpecMoE's draft experts are pinned in them) + scratch rows + staging (sets the "
+                                  "2GiB: cache slots (SpecMoE's draft experts are pinned in them) + scratch rows + "
+                                  "staging (sets the "
                                   "slots per layer from what is left; instead of cache_experts)", type=size)
     cache_policy: str = opt("lru", "expert cache policy: ondemand (nothing kept past a layer), static (hottest "
                             "~10%% per layer from a profile stay), lru, lfu", ("ondemand", "static", "lru", "lfu"))

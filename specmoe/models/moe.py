@@ -32,7 +32,8 @@ from specmoe.models.routers import route
 class SlotGroup:
     """Experts ready to compute: expert e sits in row `slot_of[e]` of `gate_up` [S, 2I, D] / `down` [S, D, I]
     (typed views of a store's slots, any batch stride); `slot_of` [E + 1] long on the device holds S for
-    experts outside this group and for E (no expert: padding). `complete`: the group holds every expert of the request (no other group follows)."""
+    experts outside this group and for E (no expert: padding). `complete`: the group holds every expert of
+    the request (no other group follows)."""
     gate_up: torch.Tensor
     down: torch.Tensor
     slot_of: torch.Tensor
