@@ -48,6 +48,13 @@ class ModelRunner:
         lens = [len(t) for t in new_tokens]
         T = max(lens)
         tokens = torch.tensor([t + [0] * (T - len(t)) for t in new_tokens], device=self.device)  # [B, T]
+        return self.forward_padded(seqs, tokens, lens, ctx=ctx, all_logits=all_logits)
+
+    @torch.inference_mode()
+    def forward_padded(self, seqs: list[Sequence], tokens: torch.Tensor, lens: list[int], *,
+                       ctx: ForwardContext | None = None, all_logits: bool = False) -> torch.Tensor:
+        """`forward` over tokens already on the device: tokens [B, T], row b real for its first lens[b]
+        positions (the rest is padding, whatever it holds)."""
         bv = self.batch_view([s.slot for s in seqs], lens)
         ctx = ctx or self.context()
         try:

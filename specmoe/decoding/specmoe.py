@@ -98,11 +98,16 @@ def step_noise(seqs: list[Sequence], gammas: list[int], vocab: int, device) -> d
             for b, (s, g) in enumerate(zip(seqs, gammas)) if not s.params.greedy and s.params.seed is not None}
 
 
-def verify(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], drafts: list[list[int]]):
-    """One target forward over the pending token + drafts of every sequence → logits [B, T, V]."""
+def verify(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], drafts: torch.Tensor,
+           gammas: list[int]):
+    """One target forward over the pending token + the first gammas[b] drafts of every sequence (drafts [B, G]
+    on the device; the input is built there, no host read) → logits [B, T, V]."""
+    G = max(gammas)
+    pending = torch.tensor([[s.output_ids[-1]] for s in seqs], device=drafts.device)  # [B, 1]
+    tokens = torch.cat([pending, drafts[:, :G]], 1) if G else pending  # [B, G + 1]
     drafter.begin_target()
     try:
-        return runner.forward(seqs, [[s.output_ids[-1]] + d for s, d in zip(seqs, drafts)], all_logits=True)
+        return runner.forward_padded(seqs, tokens, [g + 1 for g in gammas], all_logits=True)
     finally:
         drafter.end_target()
 
@@ -289,10 +294,9 @@ class SpecMoEDecoder:
         # bytes the draft itself fetched (always 0: it computes from its pinned slots); draft-guided
         # prefetch loads in the background for the verification and is counted apart
         self.draft_phase_bytes += self._bytes() - b0 - (self.drafter.prefetch_bytes - p0)
-        d_list = drafts.tolist()
         t1 = now(dev)
         e1, w1 = r.expert_s, r.provider.fetch_wait_s
-        logits = verify(self.runner, self.drafter, seqs, [d[:g] for d, g in zip(d_list, gammas)])  # [B, T, V]
+        logits = verify(self.runner, self.drafter, seqs, drafts, gammas)  # [B, T, V]
         t2 = now(dev)
         out = accept(seqs, drafts, q, logits, gammas, noise)
         for s, toks in zip(seqs, out):
