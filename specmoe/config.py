@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specmoe.errors import CheckpointError, UnsupportedModelError
 
-SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v3", "gpt_oss")
+SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what a checkpoint may declare (torch_dtype / dtype)
 _MISSING = object()
 
@@ -272,7 +272,7 @@ class ModelConfig:
             f.fail("hidden_size", f"a multiple of num_attention_heads ({n_heads}) when head_dim is absent", H)
         head_dim = f.int("head_dim", default=H // n_heads)
         L = f.int("num_hidden_layers")
-        E = f.int("n_routed_experts") if mt in ("glm4_moe", "deepseek_v3") else f.int("num_local_experts", "num_experts")
+        E = f.int("n_routed_experts") if mt in ("glm4_moe", "deepseek_v2", "deepseek_v3") else f.int("num_local_experts", "num_experts")
         top_k = f.int("num_experts_per_tok", hi=E)
         act = f.str("hidden_act", "silu")
         if act != "silu":
@@ -310,7 +310,7 @@ class ModelConfig:
                       qkv_bias=f.bool("attention_bias", False), clip_qkv=f.float("clip_qkv", None))
             if head_dim != H // n_heads:
                 raise UnsupportedModelError("OLMoE with head_dim != hidden_size / num_attention_heads")
-        else:  # glm4_moe, deepseek_v3, gpt_oss
+        else:  # glm4_moe, deepseek_v2, deepseek_v3, gpt_oss
             kw.update(families.read(mt, f, num_layers=L, num_experts=E, top_k=top_k, head_dim=head_dim, prf=prf,
                                     rope=rope if rope_type == "yarn" else None))
 

@@ -8,7 +8,7 @@ import torch
 FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 # Families built as deltas of the generic decoder; tested in tests/models/test_families.py (their own, compact
 # matrix: the FAMILIES matrices above would multiply the suite's time)
-DELTA_FAMILIES = ("glm4_moe", "deepseek_v3", "gpt_oss")
+DELTA_FAMILIES = ("glm4_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 
 
 def make_tiny_checkpoint(family: str, path, *, shard_size: str | None = None, seed: int = 0,
@@ -40,6 +40,15 @@ def make_tiny_checkpoint(family: str, path, *, shard_size: str | None = None, se
                             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                              "original_max_position_embeddings": 64, "beta_fast": 32.0,
                                              "beta_slow": 1.0, "mscale": 0.9, "mscale_all_dim": 0.7}),
+        # V2-Lite style (no q LoRA), group-limited softmax routing, no dense layer, YaRN
+        "deepseek_v2": dict(hidden_size=40, num_attention_heads=4, num_key_value_heads=4, intermediate_size=44,
+                            moe_intermediate_size=20, n_routed_experts=8, num_experts_per_tok=3, n_group=4,
+                            topk_group=2, topk_method="group_limited_greedy", first_k_dense_replace=0,
+                            n_shared_experts=2, routed_scaling_factor=1.7, q_lora_rank=None, kv_lora_rank=12,
+                            qk_rope_head_dim=8, qk_nope_head_dim=6, v_head_dim=10,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                             "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                             "beta_slow": 1.0, "mscale": 0.8, "mscale_all_dim": 0.8}),
         # sliding window 3 on layers 0 and 2; a low swiglu_limit so the clamp acts at this init scale
         "gpt_oss": dict(hidden_size=36, num_attention_heads=4, num_key_value_heads=2, head_dim=10,
                         intermediate_size=20, num_local_experts=8, num_experts_per_tok=3, sliding_window=3,
@@ -53,6 +62,7 @@ def make_tiny_checkpoint(family: str, path, *, shard_size: str | None = None, se
                "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
                "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
                "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+               "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
                "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
                "gpt_oss": ("GptOssConfig", "GptOssForCausalLM")}
     if family not in classes:

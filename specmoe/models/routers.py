@@ -7,6 +7,8 @@ Each family's rule, as transformers implements it (checked in tests/models/test_
   to the `topk_group` best of `n_group` expert groups (a group scores the sum of its two best); the
   weights are the chosen experts' plain sigmoid scores, renormalised iff `norm_topk_prob`, times
   `routed_scaling_factor`.
+- DeepSeek-V2: softmax (fp32), limited to the `topk_group` best of `n_group` groups (a group scores its
+  best expert; the others' scores set to 0) → top-k, not renormalised, times `routed_scaling_factor`.
 - GPT-OSS: top-k of the logits → softmax over those k.
 """
 from __future__ import annotations
@@ -41,6 +43,18 @@ def sigmoid_group_topk(logits: torch.Tensor, top_k: int, *, correction_bias: tor
     return weights * scale, ids
 
 
+def softmax_group_topk(logits: torch.Tensor, top_k: int, *, n_group: int, topk_group: int,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = torch.softmax(logits.float(), dim=-1)  # [N, E]
+    N, E = scores.shape
+    if topk_group < n_group:
+        best = torch.topk(scores.view(N, n_group, E // n_group).amax(dim=-1), topk_group, dim=-1, sorted=False)[1]
+        keep = torch.zeros(N, n_group, dtype=torch.bool, device=logits.device).scatter_(1, best, True)
+        scores = scores.masked_fill(~keep.repeat_interleave(E // n_group, dim=1), 0.0)
+    weights, ids = torch.topk(scores, top_k, dim=-1, sorted=False)
+    return weights * scale, ids
+
+
 def topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     values, ids = torch.topk(logits, top_k, dim=-1)  # [N, K]
     return torch.softmax(values.float(), dim=-1), ids
@@ -57,6 +71,8 @@ def route(model_type: str, logits: torch.Tensor, *, top_k: int, norm_topk_prob: 
     if model_type in ("glm4_moe", "deepseek_v3"):
         return sigmoid_group_topk(logits, top_k, correction_bias=correction_bias, n_group=n_group,
                                   topk_group=topk_group, normalize=norm_topk_prob, scale=scale)
+    if model_type == "deepseek_v2":
+        return softmax_group_topk(logits, top_k, n_group=n_group, topk_group=topk_group, scale=scale)
     if model_type == "gpt_oss":
         return topk_softmax(logits, top_k)
     raise ValueError(f"no router for {model_type}")

@@ -25,6 +25,7 @@ FAMILY_NAMES = {
     "qwen3_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "olmoe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "glm4_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "deepseek_v2": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "deepseek_v3": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "gpt_oss": FamilyNames("mlp", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router"),
 }

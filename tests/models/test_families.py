@@ -1,4 +1,4 @@
-"""GLM-4 MoE, DeepSeek-V3 and GPT-OSS as deltas of the generic decoder, against transformers' own
+"""GLM-4 MoE, DeepSeek-V2, DeepSeek-V3 and GPT-OSS as deltas of the generic decoder, against transformers' own
 implementation (tiny random checkpoints with odd sizes, written by transformers with real key names):
 logits within 1e-4 in fp32 (batched ragged and single), greedy equal, offloaded == resident bit for bit,
 SpecMoE greedy == plain greedy, and each family's own parts (MLA's latent cache, expert biases in the
@@ -99,9 +99,10 @@ def test_mla_caches_the_latent_not_keys_and_values(tiny_ckpt):
 
 
 def test_routers_match_transformers(tiny_ckpt):
-    """The sigmoid group-limited router (GLM-4, DeepSeek-V3, with a correction bias) and GPT-OSS's top-k
-    softmax, as pure functions, against transformers' router modules."""
+    """The sigmoid group-limited router (GLM-4, DeepSeek-V3, with a correction bias), DeepSeek-V2's
+    group-limited softmax and GPT-OSS's top-k softmax, as pure functions, against transformers' router modules."""
     from transformers import AutoConfig
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
@@ -109,8 +110,8 @@ def test_routers_match_transformers(tiny_ckpt):
     from specmoe.config import ModelConfig
     from specmoe.models.routers import route
     torch.manual_seed(0)
-    for family, cls in (("glm4_moe", Glm4MoeTopkRouter), ("deepseek_v3", DeepseekV3TopkRouter),
-                        ("gpt_oss", GptOssTopKRouter)):
+    for family, cls in (("glm4_moe", Glm4MoeTopkRouter), ("deepseek_v2", DeepseekV2TopkRouter),
+                        ("deepseek_v3", DeepseekV3TopkRouter), ("gpt_oss", GptOssTopKRouter)):
         path = tiny_ckpt(family)
         cfg, ours = AutoConfig.from_pretrained(path), ModelConfig.from_dir(path)
         ref = cls(cfg)
@@ -127,8 +128,8 @@ def test_routers_match_transformers(tiny_ckpt):
         ref_s, ref_order = ref_ids.sort(dim=-1)
         assert torch.equal(ids_s, ref_s), family
         assert torch.allclose(w.gather(1, order), ref_w.float().gather(1, ref_order), atol=1e-6), family
-        if bias is not None:  # the correction bias and the group limit change the picks here
-            plain = torch.nn.functional.linear(x, ref.weight).sigmoid().topk(ours.top_k, dim=-1)[1].sort(-1)[0]
+        if ours.n_group > 1:  # the group limit (and the correction bias) change the picks here
+            plain = torch.nn.functional.linear(x, ref.weight).topk(ours.top_k, dim=-1)[1].sort(-1)[0]
             assert not torch.equal(plain, ids_s), family
 
 
@@ -181,7 +182,8 @@ def test_inspect_describes_the_family(family, tiny_ckpt):
     info = describe(tiny_ckpt(family))
     cfg = LLM(tiny_ckpt(family)).config
     assert info["family"] == family
-    assert info["attention"] == {"glm4_moe": "gqa", "deepseek_v3": "mla", "gpt_oss": "sinks"}[family]
-    assert info["dense_layers"] == (0 if family == "gpt_oss" else 1)
+    assert info["attention"] == {"glm4_moe": "gqa", "deepseek_v2": "mla", "deepseek_v3": "mla",
+                                 "gpt_oss": "sinks"}[family]
+    assert info["dense_layers"] == (0 if family in ("gpt_oss", "deepseek_v2") else 1)
     assert info["shared_experts"] == (family != "gpt_oss")
     assert info["bytes_per_expert"] == cfg.expert_numel * 4  # GPT-OSS: weights and biases of one expert
