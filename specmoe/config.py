@@ -17,6 +17,8 @@ from pathlib import Path
 from specmoe.errors import CheckpointError, UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+# model_types that are another family's architecture under their own name (Kimi-K2 ships DeepSeek-V3's)
+MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what a checkpoint may declare (torch_dtype / dtype)
 _MISSING = object()
 
@@ -241,9 +243,11 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise CheckpointError(f"config.json must hold a JSON object, got {type_name(raw)}")
         mt = raw.get("model_type")
+        mt = MODEL_TYPE_ALIASES.get(mt, mt) if isinstance(mt, str) else mt
         if mt not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
-                f"unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+                f"unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
+                f"(and {', '.join(MODEL_TYPE_ALIASES)})")
         f = Fields(raw, f"config.json ({mt})")
 
         from specmoe import families  # the newer families' readers (imports this module)

@@ -98,6 +98,18 @@ def test_mla_caches_the_latent_not_keys_and_values(tiny_ckpt):
     assert cache.nbytes * 4 < full  # what caching expanded per-head K and V would take
 
 
+def test_kimi_k2_reads_as_deepseek_v3(tmp_path, tiny_ckpt, hf_model):
+    """Kimi-K2 checkpoints carry model_type "kimi_k2" with DeepSeek-V3's architecture and key names."""
+    src = tiny_ckpt("deepseek_v3")
+    dst = tmp_path / "kimi"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, "model_type": "kimi_k2"}))
+    llm = LLM(dst, dtype="float32")
+    assert llm.config.model_type == "deepseek_v3" and llm.config.mla is not None
+    assert max_logit_diff(llm, hf_model(src), PROMPTS[:2]) <= 1e-4
+
+
 def test_routers_match_transformers(tiny_ckpt):
     """The sigmoid group-limited router (GLM-4, DeepSeek-V3, with a correction bias), DeepSeek-V2's
     group-limited softmax and GPT-OSS's top-k softmax, as pure functions, against transformers' router modules."""
