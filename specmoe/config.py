@@ -1,7 +1,8 @@
 """Model configuration read from a Hugging Face config.json, checked once at the boundary.
 
 One dataclass for every supported family; per-family differences are plain fields
-(`qk_norm`, `shared_expert_intermediate_size`, ...) filled by `ModelConfig.from_hf`.
+(`qk_norm`, `shared_expert_intermediate_size`, `mla`, `yarn`, `attention_sinks`, ...) filled by
+`ModelConfig.from_hf` (GLM-4 MoE, DeepSeek-V2/V3 and GPT-OSS through `specmoe/families.py`).
 Class defaults of transformers are never trusted: every key is read from the file
 with the default the family's published checkpoints imply. Every value is checked
 for its type and range here (`Fields`), so nothing downstream meets an unchecked
