@@ -138,11 +138,11 @@ class DraftExperts:
         self.local[layer] = local
         if self.substitution == "affinity":
             self.sub[layer] = nearest_draft(self.affinity[layer], self.ids_t[layer])
-        gate_up, down = self.provider.slot_tensors(layer)
-        slot_of = [gate_up.shape[0]] * (E + 1)  # non-draft experts and E (padding): outside the group
+        slots = self.provider.slot_tensors(layer)
+        slot_of = [slots[0].shape[0]] * (E + 1)  # non-draft experts and E (padding): outside the group
         for e, s in zip(ids, self.provider.slot_index(layer, ids)):
             slot_of[e] = s
-        self.groups[layer] = SlotGroup(gate_up, down, torch.tensor(slot_of, device=self.device))
+        self.groups[layer] = SlotGroup.over(slots, torch.tensor(slot_of, device=self.device))
 
     # ------------------------------------------------------------ target forwards (counts, refresh)
     def observe(self, layer: int, routing: Routing) -> None:

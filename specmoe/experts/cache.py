@@ -48,9 +48,9 @@ PREFETCH = ("none", "oracle", "predicted")
 class _Layer:
     """Slot bookkeeping of one MoE layer (touched only by the compute thread)."""
 
-    def __init__(self, rows: torch.Tensor, num_experts: int, gate_up: torch.Tensor, down: torch.Tensor):
+    def __init__(self, rows: torch.Tensor, num_experts: int, views: tuple):
         self.rows = rows  # [S, slot bytes] uint8
-        self.gate_up, self.down = gate_up, down  # typed views of the rows: [S, 2I, D], [S, D, I]
+        self.views = views  # typed views of the rows: gate_up [S, 2I, D], down [S, D, I], biases or None
         self.slot_of: dict[int, int] = {}
         self.free = list(range(rows.shape[0]))[::-1]
         self.pinned: set[int] = set()
@@ -111,9 +111,8 @@ class ExpertCache(ExpertStore):
         self.layers: dict[int, _Layer] = {}
         for layer in self.moe_layers:
             rows = self._alloc(slots)
-            views = expert_views(typed_rows(rows, self.expert_bytes, self.dtype), cfg.hidden_size,
-                                 cfg.expert_intermediate_size)
-            self.layers[layer] = _Layer(rows, cfg.num_experts, *views)
+            views = expert_views(typed_rows(rows, self.expert_bytes, self.dtype), cfg)
+            self.layers[layer] = _Layer(rows, cfg.num_experts, views)
         self._queue: list = []  # loads not yet handed to the I/O thread
         self._scratch: list[torch.Tensor] = list(self._alloc(n_scratch)) if n_scratch else []  # free spare rows
         self.scratch_buffers = n_scratch
@@ -395,10 +394,10 @@ class ExpertCache(ExpertStore):
                 self._release(L, e)
             L.prefetched.clear()
 
-    def slot_tensors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's slots as typed views gate_up [S, 2I, D], down [S, D, I] (allocated once)."""
-        L = self._layer(layer)
-        return L.gate_up, L.down
+    def slot_tensors(self, layer: int) -> tuple:
+        """The layer's slots as typed views gate_up [S, 2I, D], down [S, D, I], biases [S, 2I] / [S, D] or None
+        (allocated once)."""
+        return self._layer(layer).views
 
     def slot_index(self, layer: int, ids: list[int]) -> list[int]:
         """Slot of each of `ids`, which must be resident (e.g. pinned)."""
@@ -414,14 +413,13 @@ class ExpertCache(ExpertStore):
         m = [self.slots] * (self.cfg.num_experts + 1)  # E: padding, no expert
         for e in experts:
             m[e] = L.slot_of[e]
-        return SlotGroup(L.gate_up, L.down, torch.tensor(m, device=self.device), complete)
+        return SlotGroup.over(L.views, torch.tensor(m, device=self.device), complete)
 
     def _spill_group(self, e: int, row: torch.Tensor) -> SlotGroup:
         """A scratch row holding expert e as a one-slot group."""
-        gate_up, down = expert_views(self._typed(row)[None], self.cfg.hidden_size, self.cfg.expert_intermediate_size)
         m = torch.ones(self.cfg.num_experts + 1, dtype=torch.long)
         m[e] = 0
-        return SlotGroup(gate_up, down, m.to(self.device), False)
+        return SlotGroup.over(expert_views(self._typed(row)[None], self.cfg), m.to(self.device), False)
 
     def fetch(self, layer: int, routing: Routing):
         """Yield slot groups covering routing.needed: the resident experts first (computed while the misses

@@ -6,6 +6,7 @@ from tqdm import tqdm
 
 from specmoe.errors import InputError
 from specmoe.experts.buffers import expert_views
+from specmoe.experts.memory import round_up
 from specmoe.experts.store import ExpertStore
 from specmoe.models.moe import Routing, SlotGroup
 from specmoe.weights.checkpoint import Checkpoint
@@ -24,23 +25,25 @@ class ResidentExperts(ExpertStore):
         bar = tqdm(total=len(cfg.moe_layers) * cfg.num_experts, desc="experts", unit="exp", disable=not progress,
                    leave=False)
         for layer in cfg.moe_layers:
-            buf = torch.empty(cfg.num_experts, cfg.expert_numel, dtype=dtype, device=device)
+            # rows 64-byte aligned, like the cache's slots (the grouped matmul wants 16-byte strides)
+            es = torch.empty(0, dtype=dtype).element_size()
+            stride = round_up(cfg.expert_numel * es, 64) // es
+            buf = torch.empty(cfg.num_experts, stride, dtype=dtype, device=device)[:, : cfg.expert_numel]
             for e in range(cfg.num_experts):
                 buf[e].copy_(ckpt.read_expert(layer, e, dtype))
                 bar.update()
             self.layers[layer] = buf
         bar.close()
         self.nbytes = sum(t.numel() * t.element_size() for t in self.layers.values())
-        self._views = {layer: expert_views(buf, cfg.hidden_size, cfg.expert_intermediate_size)
-                       for layer, buf in self.layers.items()}
+        self._views = {layer: expert_views(buf, cfg) for layer, buf in self.layers.items()}
         self._identity = torch.arange(cfg.num_experts + 1, device=device)  # slot e = expert e; E (padding) -> S
-        self._groups = {layer: SlotGroup(*views, self._identity) for layer, views in self._views.items()}
+        self._groups = {layer: SlotGroup.over(views, self._identity) for layer, views in self._views.items()}
         self.forward_observers: list = []  # counts accumulate on the device in fetch: no host read per layer
         self.forward_layer_hooks: list = []
         self.device = torch.device(device)
         self.reset_stats()
 
-    def slot_tensors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def slot_tensors(self, layer: int) -> tuple:
         return self._views[layer]
 
     def slot_index(self, layer: int, ids: list[int]) -> list[int]:

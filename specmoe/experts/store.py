@@ -16,7 +16,8 @@ from specmoe.models.moe import Routing, SlotGroup
 class ExpertStore(ABC):
     """Contract:
 
-    - `slot_tensors(layer)` is the layer's slot tensors as typed views (gate_up [S, 2I, D], down [S, D, I]), the
+    - `slot_tensors(layer)` is the layer's slot tensors as typed views (gate_up [S, 2I, D], down [S, D, I],
+      gate_up / down biases [S, 2I] / [S, D] or None), the
       same tensors for the store's lifetime; `slot_index(layer, ids)` the slot of each resident expert.
     - `fetch(layer, routing)` yields `models.moe.SlotGroup`s (slot tensors + a device map expert -> slot)
       that together hold every expert `routing.needed` names, each once (resident ones first is best),
@@ -41,7 +42,7 @@ class ExpertStore(ABC):
         ...
 
     @abstractmethod
-    def slot_tensors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def slot_tensors(self, layer: int) -> tuple:
         ...
 
     @abstractmethod
@@ -96,7 +97,7 @@ class DelegatingStore(ExpertStore):
     def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
         return self.inner.fetch(layer, routing)
 
-    def slot_tensors(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def slot_tensors(self, layer: int) -> tuple:
         return self.inner.slot_tensors(layer)
 
     def slot_index(self, layer: int, ids: list[int]) -> list[int]:

@@ -28,15 +28,18 @@ def round_positions(n: int, cap: int | None = None) -> int:
 
 
 def kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, slots: int,
-             positions: int) -> int:
-    """Bytes of keys + values of `slots` × `positions` over all layers."""
-    return 2 * num_layers * slots * positions * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+             positions: int, v_head_dim: int | None = None) -> int:
+    """Bytes of keys + values of `slots` × `positions` over all layers (values of `v_head_dim` dims, default
+    head_dim; 0: keys only, as MLA's latent cache)."""
+    dims = head_dim + (head_dim if v_head_dim is None else v_head_dim)
+    return num_layers * slots * positions * num_kv_heads * dims * torch.finfo(dtype).bits // 8
 
 
 class KVCache:
     def __init__(self, *, num_layers: int, max_batch: int, max_seq: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype, device: torch.device | str = "cpu", v_head_dim: int | None = None):
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.v_head_dim = head_dim if v_head_dim is None else v_head_dim  # 0: keys only (MLA's latent cache)
         self.dtype, self.device = dtype, torch.device(device)
         self.max_batch = self.max_seq = 0
         self.k = self.v = None
@@ -45,7 +48,8 @@ class KVCache:
 
     def bytes_for(self, slots: int, positions: int) -> int:
         """Bytes of keys + values for `slots` × `positions`."""
-        return kv_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, slots, positions)
+        return kv_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, slots, positions,
+                        self.v_head_dim)
 
     @property
     def nbytes(self) -> int:
@@ -63,17 +67,20 @@ class KVCache:
             num_kv, hd = self.num_kv_heads, self.head_dim
             shape = (self.num_layers, slots, positions, num_kv, hd)
             k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, Bmax, S, Hkv, Dh]
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape[:-1] + (self.v_head_dim,), dtype=self.dtype, device=self.device) \
+                if self.v_head_dim else None
         except (RuntimeError, MemoryError) as e:
             raise MemoryBudgetError(f"{what} does not fit: {e}") from None
         if self.k is not None:  # growth keeps every slot's keys/values
             k[:, : self.max_batch, : self.max_seq] = self.k
-            v[:, : self.max_batch, : self.max_seq] = self.v
+            if v is not None:
+                v[:, : self.max_batch, : self.max_seq] = self.v
         self.k, self.v = k, v
         # per-layer views made once: [Bmax, S, Hkv, Dh] to read, [Bmax·S, Hkv, Dh] to write
-        self.k_layer, self.v_layer = list(k), list(v)
+        self.k_layer = list(k)
+        self.v_layer = list(v) if v is not None else [None] * self.num_layers
         self.k_rows = [t.view(-1, num_kv, hd) for t in self.k_layer]
-        self.v_rows = [t.view(-1, num_kv, hd) for t in self.v_layer]
+        self.v_rows = [None if t is None else t.view(-1, num_kv, self.v_head_dim) for t in self.v_layer]
         self.lengths += [0] * (slots - self.max_batch)
         self.max_batch, self.max_seq = slots, positions
 
@@ -82,16 +89,18 @@ class KVCache:
         per forward (every layer writes at the same rows)."""
         return (slots[:, None] * self.max_seq + positions).reshape(-1)
 
-    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [B, T, Hkv, Dh] written at the flat rows `index` [B·T] (see `write_index`). Padding tokens of a
-        ragged batch write too, at positions past their sequence's new tokens: scratch that causality masks
-        and the next real write overwrites."""
+    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+        """k, v: [B, T, Hkv, Dh] written at the flat rows `index` [B·T] (see `write_index`; v None: keys only).
+        Padding tokens of a ragged batch write too, at positions past their sequence's new tokens: scratch
+        that causality masks and the next real write overwrites."""
         self.k_rows[layer].index_copy_(0, index, k.reshape(-1, *k.shape[-2:]))
-        self.v_rows[layer].index_copy_(0, index, v.reshape(-1, *v.shape[-2:]))
+        if v is not None:
+            self.v_rows[layer].index_copy_(0, index, v.reshape(-1, *v.shape[-2:]))
 
     def read(self, layer: int, slots: torch.Tensor, contiguous: slice | None, S: int):
-        """Keys/values of the batch's slots over positions [0, S): [B, S, Hkv, Dh] each."""
+        """Keys/values of the batch's slots over positions [0, S): [B, S, Hkv, Dh] each (values None when
+        the cache holds keys only)."""
         k, v = self.k_layer[layer], self.v_layer[layer]
         if contiguous is not None:
-            return k[contiguous, :S], v[contiguous, :S]
-        return k[slots, :S], v[slots, :S]
+            return k[contiguous, :S], None if v is None else v[contiguous, :S]
+        return k[slots, :S], None if v is None else v[slots, :S]

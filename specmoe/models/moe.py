@@ -1,5 +1,5 @@
 """The sparse MoE block: router → (optional routing hook) → routed experts computed over the expert
-store's slot tensors → (+ Qwen2-MoE shared expert).
+store's slot tensors → (+ shared expert: Qwen2-MoE's sigmoid-gated one, or GLM-4's / DeepSeek's plain one).
 
 Expert weights are not module parameters. An expert store exposes each MoE layer's slots as typed
 tensors (gate_up [S, 2I, D], down [S, D, I]) and hands a forward `SlotGroup`s: the slot tensors plus a
@@ -38,12 +38,26 @@ class SlotGroup:
     down: torch.Tensor
     slot_of: torch.Tensor
     complete: bool = True
+    # families with expert biases (GPT-OSS): gate_up bias [S, 2I], down bias [S, D]; None otherwise
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
     # the grouped matmul's operands: gate_up / down transposed ([S, D, 2I], [S, I, D]); views, made once per group
     w_in: torch.Tensor = field(init=False, repr=False)
     w_out: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self):
         self.w_in, self.w_out = self.gate_up.transpose(1, 2), self.down.transpose(1, 2)
+        # F.grouped_mm wants 16-byte strides: decided by the shapes and the stores' (aligned) row strides only,
+        # so a resident store and a cache take the same form (offloaded == resident, bit for bit)
+        es = self.gate_up.element_size()
+        self.grouped = all(st * es % 16 == 0 for t in (self.w_in, self.w_out) for st in t.stride() if st != 1) \
+            and all(n * es % 16 == 0 for n in self.gate_up.shape[1:])
+
+    @staticmethod
+    def over(slots: tuple, slot_of: torch.Tensor, complete: bool = True) -> "SlotGroup":
+        """A group over a store's `slot_tensors` (gate_up, down, gate_up bias or None, down bias or None)."""
+        gate_up, down, gate_up_bias, down_bias = slots
+        return SlotGroup(gate_up, down, slot_of, complete, gate_up_bias, down_bias)
 
 
 class Routing:
@@ -110,33 +124,61 @@ class ForwardContext:
     expert_s: float = 0.0
 
 
-def glu(h: torch.Tensor) -> torch.Tensor:
-    """SwiGLU's gate: h [.., 2I] = [gate; up] → silu(gate)·up [.., I]."""
-    g, u = h.chunk(2, dim=-1)
-    return F.silu(g) * u
+def glu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None, alpha: float = 1.702) -> torch.Tensor:
+    """silu(g)·u, or with `limit` GPT-OSS's clamped form: (clamp(u, ±limit) + 1) · g'·σ(α·g'),
+    g' = min(g, limit)."""
+    if limit is None:
+        return F.silu(g) * u
+    g = g.clamp(max=limit)
+    return (u.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-           offs: torch.Tensor | None = None) -> torch.Tensor:
-    """The expert math, in one place. One expert: x [n, D], gate_up [2I, D], down [D, I] → [n, D]. Grouped:
-    `gate_up` / `down` are a group's transposed slots (SlotGroup.w_in [S, D, 2I], .w_out [S, I, D]) and
-    `offs` [S] int32 the end row of each slot's tokens in x (rows past offs[-1] are left unwritten) → x's
-    rows each through its slot's expert, one grouped matmul per projection."""
-    if offs is None:
-        return F.linear(glu(F.linear(x, gate_up)), down)
-    if not grouped_mm_works(x.device, x.dtype):
-        return _looped(x, gate_up, down, offs)
-    return F.grouped_mm(glu(F.grouped_mm(x, gate_up, offs=offs)), down, offs=offs)  # [n, D]
+@dataclass(frozen=True)
+class ExpertMath:
+    """The family's expert activation: SwiGLU, or GPT-OSS's clamped variant (`limit`, `alpha`)."""
+    limit: float | None = None
+    alpha: float = 1.702
+
+    @staticmethod
+    def of(cfg: ModelConfig) -> "ExpertMath":
+        return ExpertMath(cfg.swiglu_limit, cfg.swiglu_alpha)
 
 
-def _looped(x, w_in, w_out, offs):
-    """swiglu's grouped form where F.grouped_mm does not run (device/dtype): a loop over the used slots (one
-    host read of the offsets)."""
-    out = torch.zeros(x.shape[0], w_out.shape[2], dtype=x.dtype, device=x.device)
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
+           down_bias: torch.Tensor | None = None, math: ExpertMath = ExpertMath()) -> torch.Tensor:
+    """The expert math, in one place (one expert): x [n, D], gate_up [2I, D], down [D, I] (views, any row
+    stride), optional biases [2I] and [D], the activation `glu` → [n, D]."""
+    g, u = F.linear(x, gate_up, gate_up_bias).chunk(2, dim=-1)  # [n, I] each
+    return F.linear(glu(g, u, math.limit, math.alpha), down, down_bias)
+
+
+def swiglu_grouped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torch.Tensor | None,
+                   math: ExpertMath) -> torch.Tensor:
+    """`swiglu` over a group's slots: x [n, D] rows sorted by slot, `offs` [S] int32 the end row of each slot's
+    rows (rows past offs[-1] are left unwritten), `slot` [n] the slot of each row (for the biases) → [n, D],
+    one grouped matmul per projection."""
+    if not (g.grouped and grouped_mm_works(x.device, x.dtype)):
+        return _looped(x, g, offs, math)
+    h = F.grouped_mm(x, g.w_in, offs=offs)  # [n, 2I]
+    if g.gate_up_bias is not None:
+        h = h + g.gate_up_bias[slot.clamp(max=g.gate_up_bias.shape[0] - 1)]
+    a, b = h.chunk(2, dim=-1)
+    y = F.grouped_mm(glu(a, b, math.limit, math.alpha), g.w_out, offs=offs)  # [n, D]
+    if g.down_bias is not None:
+        y = y + g.down_bias[slot.clamp(max=g.down_bias.shape[0] - 1)]
+    return y
+
+
+def _looped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, math: ExpertMath) -> torch.Tensor:
+    """swiglu_grouped where F.grouped_mm does not run (device/dtype): a loop over the used slots (one host read
+    of the offsets)."""
+    out = torch.zeros(x.shape[0], g.down.shape[1], dtype=x.dtype, device=x.device)
     start = 0
     for s, end in enumerate(offs.tolist()):
         if end > start:
-            out[start:end] = swiglu(x[start:end], w_in[s].t(), w_out[s].t())
+            out[start:end] = swiglu(x[start:end], g.gate_up[s], g.down[s],
+                                    None if g.gate_up_bias is None else g.gate_up_bias[s],
+                                    None if g.down_bias is None else g.down_bias[s], math)
         start = end
     return out
 
@@ -158,7 +200,8 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
     return _GROUPED_MM[key]
 
 
-def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup]) -> torch.Tensor:
+def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup],
+                   math: ExpertMath = ExpertMath()) -> torch.Tensor:
     """Routed-expert output [N, D] for x [N, D]: per group, its assignments sorted by slot (stable: each slot's
     tokens in token order) go through `swiglu`'s grouped form; each assignment's result lands in its own row,
     and the K results of a token are summed in routing order, so the output does not depend on which slot
@@ -172,7 +215,9 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         order = torch.argsort(slot, stable=True)
         per_slot = (torch.bincount(slot, minlength=S + 1)[:S] if routing.padded or not g.complete
                     else torch.bincount(slot, minlength=S))
-        ys = swiglu(x[order // K], g.w_in, g.w_out, per_slot.cumsum(0, dtype=torch.int32))  # [N·K, D] sorted
+        biased = g.gate_up_bias is not None
+        ys = swiglu_grouped(x[order // K], g, per_slot.cumsum(0, dtype=torch.int32), slot[order] if biased else None,
+                            math)  # [N·K, D] sorted by slot
         if y is None:
             y = torch.empty_like(ys)
         if not g.complete:  # keep the rows other groups computed
@@ -191,16 +236,22 @@ class MoEBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.cfg, self.layer = cfg, layer
-        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.math = ExpertMath.of(cfg)
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
+        if cfg.score_correction_bias:
+            self.correction_bias = nn.Parameter(torch.zeros(cfg.num_experts))
         if cfg.shared_expert_intermediate_size:
             self.shared = DenseMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
-            self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+            if cfg.shared_expert_gate:
+                self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor):
         """x [N, D] → logits [N, E], weights [N, K] fp32, ids [N, K]."""
-        logits = self.router(x)
-        weights, ids = route(self.cfg.model_type, logits, top_k=self.cfg.top_k,
-                             norm_topk_prob=self.cfg.norm_topk_prob)
+        cfg, w = self.cfg, self.router.weight
+        logits = F.linear(x if x.dtype == w.dtype else x.to(w.dtype), w, self.router.bias)  # sigmoid routers: fp32 w
+        weights, ids = route(cfg.model_type, logits, top_k=cfg.top_k, norm_topk_prob=cfg.norm_topk_prob,
+                             correction_bias=self.correction_bias if cfg.score_correction_bias else None,
+                             n_group=cfg.n_group, topk_group=cfg.topk_group, scale=cfg.routed_scaling_factor)
         return logits, weights, ids
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -216,13 +267,14 @@ class MoEBlock(nn.Module):
         out = self.experts_forward(x, weights, ids, ctx)
         ctx.expert_s += time.perf_counter() - t0
         if self.cfg.shared_expert_intermediate_size:
-            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+            shared = self.shared(x)
+            out = out + (torch.sigmoid(self.shared_gate(x)) * shared if self.cfg.shared_expert_gate else shared)
         return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
         routing = Routing(ids, weights, self.cfg.num_experts, padded=ctx.padding is not None)
         if ctx.draft_slots is not None:
-            return routed_experts(x, routing, (ctx.draft_slots[self.layer],))
+            return routed_experts(x, routing, (ctx.draft_slots[self.layer],), self.math)
         for obs in ctx.observers:
             obs(self.layer, routing)
-        return routed_experts(x, routing, ctx.provider.fetch(self.layer, routing))
+        return routed_experts(x, routing, ctx.provider.fetch(self.layer, routing), self.math)

@@ -104,7 +104,7 @@ def test_draft_reads_pinned_slots_in_place(mixtral, tokens, offload):
     layer = cfg.moe_layers[1]
     d.assign(layer, d.ids[layer])
     group = d.groups[layer]
-    gate_up, down = store.slot_tensors(layer)
+    gate_up, down, _, _ = store.slot_tensors(layer)
     assert group.gate_up.data_ptr() == gate_up.data_ptr() and group.down.data_ptr() == down.data_ptr()
     _assert_slots_hold(d, resident, layer)
     g = torch.Generator().manual_seed(1)

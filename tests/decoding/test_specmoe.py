@@ -55,7 +55,7 @@ class CountingProvider(ExpertStore):
         self.forward_observers, self.forward_layer_hooks = inner.forward_observers, inner.forward_layer_hooks
         self.pinned: dict[int, set[int]] = {}
         self.bytes_moved = self.fetches = self.pins = 0
-        gate_up, down = inner.slot_tensors(inner.moe_layers[0])
+        gate_up, down, _, _ = inner.slot_tensors(inner.moe_layers[0])
         self.expert_bytes = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
 
     def pin(self, layer: int, ids: list[int]) -> None:
