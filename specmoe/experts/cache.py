@@ -423,7 +423,8 @@ class ExpertCache(ExpertStore):
 
     def fetch(self, layer: int, routing: Routing):
         """Yield slot groups covering routing.needed: the resident experts first (computed while the misses
-        load), then the misses once loaded, then experts streamed through scratch rows one at a time."""
+        load), then the misses as they arrive (each group: the next load and any later one already done, so
+        compute overlaps the loads still running), then experts streamed through scratch rows one at a time."""
         L = self._layer(layer)
         ids = routing.needed
         s = self._s
@@ -464,12 +465,16 @@ class ExpertCache(ExpertStore):
                 t0 = time.perf_counter()
                 yield self._group(L, hits, complete=not misses)
                 s["expert_compute_s"] += time.perf_counter() - t0
-            if jobs:
-                for e, buf, fut in jobs:
+            waiting = list(jobs)
+            while waiting:  # each group: the next load plus every later one already finished, computed while
+                ready = []  # the rest load
+                while waiting and (not ready or waiting[0][2].done()):
+                    e, _, fut = waiting.pop(0)
                     self._wait(fut)
                     done.add(e)
+                    ready.append(e)
                 t0 = time.perf_counter()
-                yield self._group(L, [e for e, _, _ in jobs], complete=not hits and not later)
+                yield self._group(L, ready, complete=not hits and not later and len(ready) == len(jobs))
                 s["expert_compute_s"] += time.perf_counter() - t0
             while spilled:
                 e, buf, fut = spilled.pop()
