@@ -23,7 +23,7 @@ def register(sub) -> None:
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests that may wait for a KV slot; beyond it: 429 with Retry-After")
     p.add_argument("--request-timeout", type=float, default=600.0,
-                   help="seconds a request may run before it is aborted (504)")
+                   help="seconds from a request's arrival after which it is aborted (504)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     add_option_args(p)
     p.set_defaults(func=run)

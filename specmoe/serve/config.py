@@ -12,8 +12,8 @@ class ServeConfig:
     """`model_name`: the id clients pass as `model` (None: the checkpoint directory's name, the demo model's
     is specmoe-tiny-moe). `api_key`: when set, /v1/* needs `Authorization: Bearer <key>` (/health and
     /metrics stay open). `max_waiting`: requests admitted to the queue but not yet running; beyond it a
-    request is answered 429 with Retry-After. `request_timeout_s`: a request still running after this long
-    is aborted (its slot freed) and answered 504. `max_n`: the largest `n` a request may ask for."""
+    request is answered 429 with Retry-After. `request_timeout_s`: a request not done this long after its
+    arrival is aborted (its slot freed) and answered 504. `max_n`: the largest `n` a request may ask for."""
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None

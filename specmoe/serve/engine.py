@@ -69,9 +69,12 @@ class Group:
     deadline: float | None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.perf_counter)
-    first_token_at: list[float | None] = field(default_factory=list)
-    last_token_at: list[float | None] = field(default_factory=list)
-    unfinished: int = 0
+    first_token_at: list[float | None] = field(init=False)  # per request, for TTFT and inter-token latency
+    last_token_at: list[float | None] = field(init=False)
+
+    def __post_init__(self):
+        self.first_token_at = [None] * len(self.requests)
+        self.last_token_at = [None] * len(self.requests)
 
     async def deltas(self):
         """Every delta of the group until all its requests finished."""
@@ -127,8 +130,6 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         deadline = time.perf_counter() + self.timeout_s if self.timeout_s else None
         g = Group(requests=requests, loop=loop, deadline=deadline)
-        g.first_token_at = [None] * len(requests)
-        g.last_token_at = [None] * len(requests)
         with self._cv:
             if not self.alive:
                 raise EngineUnavailable(self.error or "the engine is not running")
