@@ -51,7 +51,7 @@ class ModelRunner:
         contiguous = slice(slots[0], slots[0] + B) if slots == list(range(slots[0], slots[0] + B)) else None
         key_len = max(self.cache.lengths[s] + n for s, n in zip(slots, new_lens))
         return BatchView(slots=torch.tensor(slots, device=self.device), positions=positions, valid=valid,
-                         contiguous=contiguous, key_len=key_len)
+                         contiguous=contiguous, key_len=key_len, real_tokens=sum(new_lens))
 
     @torch.inference_mode()
     def forward(self, seqs: list[Sequence], new_tokens: list[list[int]], *, ctx: ForwardContext | None = None,

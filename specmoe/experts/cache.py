@@ -408,18 +408,18 @@ class ExpertCache(ExpertStore):
             raise InputError(f"experts {missing} of layer {layer} are not resident")
         return [L.slot_of[e] for e in ids]
 
-    def _group(self, L: _Layer, experts: list[int], complete: bool) -> SlotGroup:
-        """The layer's slots with a map of `experts` (others -> S)."""
+    def _group(self, L: _Layer, experts: list[int], complete: bool, counts: list[int]) -> SlotGroup:
+        """The layer's slots with a map of `experts` (others -> S); `counts`: the routing's host counts."""
         m = [self.slots] * (self.cfg.num_experts + 1)  # E: padding, no expert
         for e in experts:
             m[e] = L.slot_of[e]
-        return SlotGroup.over(L.views, torch.tensor(m, device=self.device), complete)
+        return SlotGroup.over(L.views, torch.tensor(m, device=self.device), complete, sum(counts[e] for e in experts))
 
-    def _spill_group(self, e: int, row: torch.Tensor) -> SlotGroup:
+    def _spill_group(self, e: int, row: torch.Tensor, counts: list[int]) -> SlotGroup:
         """A scratch row holding expert e as a one-slot group."""
         m = torch.ones(self.cfg.num_experts + 1, dtype=torch.long)
         m[e] = 0
-        return SlotGroup.over(expert_views(self._typed(row)[None], self.cfg), m.to(self.device), False)
+        return SlotGroup.over(expert_views(self._typed(row)[None], self.cfg), m.to(self.device), False, counts[e])
 
     def fetch(self, layer: int, routing: Routing):
         """Yield slot groups covering routing.needed: the resident experts first (computed while the misses
@@ -463,7 +463,7 @@ class ExpertCache(ExpertStore):
         try:
             if hits:
                 t0 = time.perf_counter()
-                yield self._group(L, hits, complete=not misses)
+                yield self._group(L, hits, not misses, routing.counts_host)
                 s["expert_compute_s"] += time.perf_counter() - t0
             waiting = list(jobs)
             while waiting:  # each group: the next load plus every later one already finished, computed while
@@ -474,13 +474,13 @@ class ExpertCache(ExpertStore):
                     done.add(e)
                     ready.append(e)
                 t0 = time.perf_counter()
-                yield self._group(L, ready, complete=not hits and not later and len(ready) == len(jobs))
+                yield self._group(L, ready, not hits and not later and len(ready) == len(jobs), routing.counts_host)
                 s["expert_compute_s"] += time.perf_counter() - t0
             while spilled:
                 e, buf, fut = spilled.pop()
                 self._wait(fut)
                 t0 = time.perf_counter()
-                yield self._spill_group(e, buf)
+                yield self._spill_group(e, buf, routing.counts_host)
                 s["expert_compute_s"] += time.perf_counter() - t0
                 spilled.done(buf)  # the consumer is done with it: the next spilled expert may overwrite it
         finally:

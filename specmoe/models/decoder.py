@@ -38,6 +38,7 @@ class BatchView:
     contiguous: slice | None = None
     key_len: int = 0  # S: positions attended over (max position + 1)
     write_index: torch.Tensor | None = None  # [B·T] KV rows the tokens write (set once per forward)
+    real_tokens: int | None = None  # tokens that are not padding (host int; needed with `valid`)
 
 
 class Attention(nn.Module):
@@ -139,6 +140,7 @@ class Transformer(nn.Module):
         masks = {w: self.attention_mask(bv, w) for w in {layer.window for layer in self.layers}}
         bv.write_index = cache.write_index(bv.slots, bv.positions)
         ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
+        ctx.real_tokens = None if bv.valid is None else bv.real_tokens
         for layer in self.layers:
             x = layer(x, cos, sin, masks, cache, bv, ctx)
         x = x.view(B, T, -1)

@@ -38,6 +38,8 @@ class SlotGroup:
     down: torch.Tensor
     slot_of: torch.Tensor
     complete: bool = True
+    # assignments of the request that fall on this group (a host count the store knows), None: every real one
+    rows: int | None = None
     # families with expert biases (GPT-OSS): gate_up bias [S, 2I], down bias [S, D]; None otherwise
     gate_up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
@@ -54,10 +56,10 @@ class SlotGroup:
             and all(n * es % 16 == 0 for n in self.gate_up.shape[1:])
 
     @staticmethod
-    def over(slots: tuple, slot_of: torch.Tensor, complete: bool = True) -> "SlotGroup":
+    def over(slots: tuple, slot_of: torch.Tensor, complete: bool = True, rows: int | None = None) -> "SlotGroup":
         """A group over a store's `slot_tensors` (gate_up, down, gate_up bias or None, down bias or None)."""
         gate_up, down, gate_up_bias, down_bias = slots
-        return SlotGroup(gate_up, down, slot_of, complete, gate_up_bias, down_bias)
+        return SlotGroup(gate_up, down, slot_of, complete, rows, gate_up_bias, down_bias)
 
 
 class Routing:
@@ -67,9 +69,11 @@ class Routing:
     only by whoever needs them (an offloading cache must know the union to fetch it; a resident store
     never reads it)."""
 
-    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, num_experts: int, padded: bool = False):
+    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, num_experts: int, padded: bool = False,
+                 real_tokens: int | None = None):
         self.ids, self.weights, self.num_experts = ids, weights, num_experts
         self.padded = padded  # some ids are E (padding tokens: no expert)
+        self.real_tokens = ids.shape[0] if real_tokens is None else real_tokens  # tokens that are not padding
         self._counts: torch.Tensor | None = None
         self._host: list[int] | None = None
 
@@ -117,6 +121,7 @@ class ForwardContext:
     layer_hooks: list = field(default_factory=list)
     # [B·T, 1] True at the padding tokens of a ragged forward, None when all are real; set by Transformer.forward
     padding: torch.Tensor | None = None
+    real_tokens: int | None = None  # how many tokens are not padding (host int), None: all
     # layer -> the resident slots this forward computes from (SpecMoE's draft: its pinned draft experts, read
     # in place); the provider and the observers are not asked, and no host read happens
     draft_slots: dict[int, SlotGroup] | None = None
@@ -210,24 +215,25 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     flat = routing.ids.reshape(-1)  # [N·K]
     y = None  # [N·K, D] per assignment, in routing order
     for g in groups:
+        n = routing.real_tokens * K if g.rows is None else g.rows  # the group's assignments sort first
+        if n == 0:
+            continue
         S = g.gate_up.shape[0]
         slot = g.slot_of[flat]  # [N·K]; S for experts of other groups and for padding
         order = torch.argsort(slot, stable=True)
-        per_slot = (torch.bincount(slot, minlength=S + 1)[:S] if routing.padded or not g.complete
-                    else torch.bincount(slot, minlength=S))
+        if n < N * K:
+            order = order[:n]
+        per_slot = (torch.bincount(slot, minlength=S + 1)[:S] if n < N * K else torch.bincount(slot, minlength=S))
         biased = g.gate_up_bias is not None
         ys = swiglu_grouped(x[order // K], g, per_slot.cumsum(0, dtype=torch.int32), slot[order] if biased else None,
-                            math)  # [N·K, D] sorted by slot
-        if y is None:
-            y = torch.empty_like(ys)
-        if not g.complete:  # keep the rows other groups computed
-            ys = torch.where((slot[order] < S)[:, None], ys, y[order])
+                            math)  # [n, D] sorted by slot
+        if y is None:  # rows no group computes (padding) stay 0
+            y = torch.empty(N * K, ys.shape[1], dtype=ys.dtype, device=ys.device) if n == N * K \
+                else torch.zeros(N * K, ys.shape[1], dtype=ys.dtype, device=ys.device)
         y.index_copy_(0, order, ys)
     if y is None:  # nothing routed (every token is padding)
         return torch.zeros_like(x)
     y = y.view(N, K, -1)
-    if routing.padded:  # rows past the grouped op's last offset are not written: zero them
-        y = y.masked_fill((routing.ids == routing.num_experts)[..., None], 0)
     w = routing.weights if routing.weights.dtype == x.dtype else routing.weights.to(x.dtype)
     return (y * w[..., None]).sum(1)
 
@@ -272,7 +278,8 @@ class MoEBlock(nn.Module):
         return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
-        routing = Routing(ids, weights, self.cfg.num_experts, padded=ctx.padding is not None)
+        routing = Routing(ids, weights, self.cfg.num_experts, padded=ctx.padding is not None,
+                          real_tokens=ctx.real_tokens)
         if ctx.draft_slots is not None:
             return routed_experts(x, routing, (ctx.draft_slots[self.layer],), self.math)
         for obs in ctx.observers:
