@@ -158,13 +158,15 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate_up_b
 
 
 def swiglu_grouped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torch.Tensor | None,
-                   math: ExpertMath) -> torch.Tensor:
+                   math: ExpertMath, n: int | None = None) -> torch.Tensor:
     """`swiglu` over a group's slots: x [n, D] rows sorted by slot, `offs` [S] int32 the end row of each slot's
-    rows (rows past offs[-1] are left unwritten), `slot` [n] the slot of each row (for the biases) → [n, D],
-    one grouped matmul per projection."""
+    rows (rows past offs[-1] are left unwritten; with `n`, the rows from n on are zeroed before the activation),
+    `slot` [n] the slot of each row (for the biases) → [n, D], one grouped matmul per projection."""
     if not (g.grouped and grouped_mm_works(x.device, x.dtype)):
         return _looped(x, g, offs, math)
     h = F.grouped_mm(x, g.w_in, offs=offs)  # [n, 2I]
+    if n is not None and n < h.shape[0]:
+        h[n:] = 0  # rows past offs[-1] are left unwritten: no activation over garbage (denormals crawl)
     if g.gate_up_bias is not None:
         h = h + g.gate_up_bias[slot.clamp(max=g.gate_up_bias.shape[0] - 1)]
     a, b = h.chunk(2, dim=-1)
@@ -221,15 +223,17 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         S = g.gate_up.shape[0]
         slot = g.slot_of[flat]  # [N·K]; S for experts of other groups and for padding
         order = torch.argsort(slot, stable=True)
-        if n < N * K:
-            order = order[:n]
         per_slot = (torch.bincount(slot, minlength=S + 1)[:S] if n < N * K else torch.bincount(slot, minlength=S))
         biased = g.gate_up_bias is not None
+        # every group multiplies all N·K rows (the grouped matmul's blocking, hence its bits, depends on the row
+        # count: the same for every store and group split), of which the first n are this group's
         ys = swiglu_grouped(x[order // K], g, per_slot.cumsum(0, dtype=torch.int32), slot[order] if biased else None,
-                            math)  # [n, D] sorted by slot
+                            math, n)  # [N·K, D] sorted by slot; rows from n on are not this group's
         if y is None:  # rows no group computes (padding) stay 0
             y = torch.empty(N * K, ys.shape[1], dtype=ys.dtype, device=ys.device) if n == N * K \
                 else torch.zeros(N * K, ys.shape[1], dtype=ys.dtype, device=ys.device)
+        if n < N * K:
+            order, ys = order[:n], ys[:n]
         y.index_copy_(0, order, ys)
     if y is None:  # nothing routed (every token is padding)
         return torch.zeros_like(x)
