@@ -64,19 +64,41 @@ class Tier(ABC):
 
 class EmulatedLink:
     """Holds each transfer to `latency_us + nbytes / (gbps·1e9)` seconds (GB/s = 10^9 bytes/s).
-    Transfers are serialised, like one PCIe link."""
+    Transfers are serialised, like one PCIe link.
+
+    Pacing sleeps to the transfer's deadline, so the interpreter is free while a transfer is held and the
+    compute thread runs undisturbed (a busy-wait held the GIL and slowed it ~20x). `time.sleep` wakes up a
+    little late; the link learns that oversleep (a moving average) and sleeps that much less, and only the
+    last few microseconds, if any are left, are spun. `held_s` / `spin_s` / `late_s` count the seconds
+    transfers were held, spent spinning, and overshot their deadline."""
+
+    SPIN_MAX_S = 20e-6  # never spin longer than this: a longer remainder is slept
 
     def __init__(self, gbps: float | None, latency_us: float | None):
         self.gbps, self.latency_us = gbps, latency_us or 0.0
         self.lock = threading.Lock()
+        self.oversleep = 50e-6  # learned: how late time.sleep wakes up on this machine
+        self.held_s = self.spin_s = self.late_s = 0.0
+
+    def duration(self, nbytes: int) -> float:
+        return self.latency_us * 1e-6 + (nbytes / (self.gbps * 1e9) if self.gbps else 0.0)
 
     def hold(self, nbytes: int, t0: float) -> None:
-        target = t0 + self.latency_us * 1e-6 + (nbytes / (self.gbps * 1e9) if self.gbps else 0.0)
-        rest = target - time.perf_counter()
-        if rest > 2e-3:
-            time.sleep(rest - 1e-3)  # sleep most of it, spin the last millisecond for precision
-        while time.perf_counter() < target:
-            pass
+        """Return at t0 + duration(nbytes) (not before), without holding the GIL while waiting."""
+        deadline = t0 + self.duration(nbytes)
+        now = time.perf_counter()
+        while deadline - now > self.SPIN_MAX_S:
+            want = max(deadline - now - self.oversleep, 0.0)
+            time.sleep(want)
+            after = time.perf_counter()
+            self.oversleep += 0.1 * ((after - now - want) - self.oversleep)
+            now = after
+        spin0 = now
+        while now < deadline:
+            now = time.perf_counter()
+        self.spin_s += now - spin0
+        self.late_s += max(0.0, now - deadline)
+        self.held_s += now - t0
 
 
 class HostTier(Tier):
