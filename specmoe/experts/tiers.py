@@ -1,14 +1,17 @@
 """Backing tiers: where an expert's bytes live when they are not in a device slot.
 
-A tier copies one expert into a destination buffer with one transfer:
-- `HostTier`: every expert packed in host RAM ([E, 3·I·D] per layer, pinned when the
-  compute device is CUDA), optionally behind an *emulated link* that throttles each
-  transfer to latency + bytes / bandwidth (labelled as emulation in every stats dict);
-- `DiskTier`: experts read on demand from the aligned repack file (see repack.py) with
-  one `preadv` per expert, through `O_DIRECT` so the page cache is bypassed and the read
-  really hits the SSD; every read is verified against the expert's checksum (integrity.py).
-  Where the filesystem refuses O_DIRECT it falls back, with a warning, to buffered reads
-  followed by `posix_fadvise(DONTNEED)`.
+A tier holds every expert in its *storage format* (experts/formats.py: the checkpoint's dtype, or int8 /
+int4 made by `specmoe quantize`) and fills a slot with the *compute dtype*: one transfer of the stored
+bytes, decoded (upcast or dequantised) on arrival. `bytes_moved` counts stored bytes.
+- `HostTier`: every expert's stored bytes in host RAM ([E, stored bytes] per layer, pinned when the
+  compute device is CUDA), optionally behind an *emulated link* that throttles each transfer to
+  latency + stored bytes / bandwidth (labelled as emulation in every stats dict);
+- `DiskTier`: experts read on demand from the aligned repack file (see repack.py) with one `preadv`
+  per expert, through `O_DIRECT` so the page cache is bypassed and the read really hits the SSD; every
+  read is verified against the expert's checksum (integrity.py). Where the stored bytes are the slot's
+  bytes (same dtype) the read lands straight in the slot; otherwise it lands in the tier's aligned
+  staging row, is verified there, and is decoded into the slot. Where the filesystem refuses O_DIRECT
+  it falls back, with a warning, to buffered reads followed by `posix_fadvise(DONTNEED)`.
 """
 from __future__ import annotations
 
@@ -18,30 +21,44 @@ import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
 from specmoe.errors import CheckpointError, IntegrityError
+from specmoe.experts.formats import ExpertFormat, ExpertShape, Plain
 from specmoe.experts.integrity import checksum
 from specmoe.experts.memory import aligned_empty, check_fits, round_up
-from specmoe.experts.repack import Repacked
+from specmoe.experts.repack import Repacked, expert_bytes_of
 from specmoe.weights.checkpoint import Checkpoint
 
 
 class Tier(ABC):
     """A backing tier. Contract: `read_into(layer, e, dst, verify=)` fills `dst` (a uint8 CPU row of at least
-    `stride` bytes) with expert e packed as [gate; up; down] in `dtype`, with one transfer; `verify(layer, e,
-    dst)` checks what a read left in `dst` (a no-op where there is nothing to check) and raises
-    IntegrityError; `read_into(..., verify=False)` leaves that to the caller, which may run it on another
-    thread, overlapped with the next read. `reads` / `read_s` / `verify_s` count reads and the seconds spent
-    reading and verifying."""
+    `stride` bytes) with expert e packed as [gate; up; down] in the compute `dtype` (`expert_bytes` bytes),
+    from one transfer of its `stored_bytes` in the storage format `fmt`; `verify(layer, e, dst)` checks what
+    a read left in `dst` (a no-op where there is nothing to check, or where the read verified the stored
+    bytes itself before decoding them) and raises IntegrityError; `read_into(..., verify=False)` leaves
+    that to the caller, which may run it on another thread, overlapped with the next read. `reads` /
+    `read_s` / `verify_s` count reads and the seconds spent reading and verifying."""
     kind: str
-    dtype: torch.dtype
-    expert_bytes: int
+    dtype: torch.dtype  # compute dtype: what a slot holds
+    fmt: ExpertFormat  # storage format: what the tier holds and moves
+    expert_bytes: int  # bytes of one expert in a slot (compute dtype)
     direct_io: bool = False
     reads: int = 0
     read_s: float = 0.0
     verify_s: float = 0.0
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes one expert moves from this tier (its stored size)."""
+        return self.fmt.stored_bytes
+
+    @property
+    def identity(self) -> bool:
+        """The stored bytes are the slot's bytes: no decode on arrival."""
+        return self.fmt.identity(self.dtype)
 
     @property
     def stride(self) -> int:
@@ -105,39 +122,46 @@ class HostTier(Tier):
     kind = "host"
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, *, pin: bool, link: EmulatedLink | None = None,
-                 budget: int | None = None, progress: bool = False):
+                 budget: int | None = None, progress: bool = False, fmt: ExpertFormat | None = None,
+                 reader: Callable[[int, int], torch.Tensor] | None = None):
+        """`fmt`: the storage format (default: `dtype` itself); `reader(layer, e)`: an expert's stored bytes
+        (default: encoded from the checkpoint; the factory passes the repack's reader for quantized
+        formats)."""
         from tqdm import tqdm
         cfg = ckpt.config
         self.dtype, self.link = dtype, link
+        self.fmt = fmt if fmt is not None else Plain(ExpertShape.of(cfg), dtype)
         self.numel = cfg.expert_numel
         self.expert_bytes = self.numel * torch.empty((), dtype=dtype).element_size()
-        total = self.expert_bytes * cfg.num_experts * len(cfg.moe_layers)
+        read = reader or (lambda layer, e: torch.from_numpy(expert_bytes_of(ckpt, layer, e, self.fmt)))
+        total = self.stored_bytes * cfg.num_experts * len(cfg.moe_layers)
         check_fits("the host expert tier (all experts in host RAM)", total, torch.device("cpu"), budget=budget)
         self.nbytes = total
         self.layers: dict[int, torch.Tensor] = {}
         bar = tqdm(total=len(cfg.moe_layers) * cfg.num_experts, desc="host experts", unit="exp",
                    disable=not progress, leave=False)
         for layer in cfg.moe_layers:
-            buf = torch.empty(cfg.num_experts, self.numel, dtype=dtype, pin_memory=pin)  # [E, 3·I·D]
+            buf = torch.empty(cfg.num_experts, self.stored_bytes, dtype=torch.uint8, pin_memory=pin)
             for e in range(cfg.num_experts):
-                buf[e].copy_(ckpt.read_expert(layer, e, dtype))
+                buf[e].copy_(read(layer, e))
                 bar.update()
             self.layers[layer] = buf
         bar.close()
 
     def source(self, layer: int, e: int) -> torch.Tensor:
-        """The expert's host buffer (pinned on CUDA), for an async device copy."""
+        """The expert's stored bytes in host RAM (pinned on CUDA), for an async device copy (identity only)."""
         return self.layers[layer][e]
 
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
-        """Copy into `dst`, a uint8 row of at least expert_bytes (CPU)."""
+        """Decode into `dst`, a uint8 row of at least expert_bytes (CPU); the link is held for the stored bytes."""
         t0 = time.perf_counter()
+        out = dst[: self.expert_bytes].view(self.dtype)
         if self.link is not None:
             with self.link.lock:
-                dst[: self.expert_bytes].view(self.dtype).copy_(self.layers[layer][e])
-                self.link.hold(self.expert_bytes, t0)
+                self.fmt.decode(self.layers[layer][e], out)
+                self.link.hold(self.stored_bytes, t0)
         else:
-            dst[: self.expert_bytes].view(self.dtype).copy_(self.layers[layer][e])
+            self.fmt.decode(self.layers[layer][e], out)
 
     def close(self) -> None:
         self.layers = {}  # the (pinned) host copies go now, not when the engine is collected
@@ -146,13 +170,17 @@ class HostTier(Tier):
 class DiskTier(Tier):
     kind = "disk"
 
-    def __init__(self, rp: Repacked):
+    def __init__(self, rp: Repacked, dtype: torch.dtype | None = None):
+        """`dtype`: the compute dtype slots hold (default: the repack's own, read straight into slots)."""
         self.rp = rp
-        self.dtype, self.numel = rp.dtype, rp.expert_numel
-        self.expert_bytes = rp.expert_bytes
+        self.fmt = rp.fmt
+        self.dtype = dtype if dtype is not None else rp.fmt.dtype
+        self.numel = rp.expert_numel
+        self.expert_bytes = self.numel * torch.empty((), dtype=self.dtype).element_size()
         self.nbytes = 0
         self.direct_io = False
         self.fd = -1
+        self._stage = None if self.identity else aligned_empty(rp.stride)  # a decoded read lands here first
         if hasattr(os, "O_DIRECT"):
             fd = -1
             try:
@@ -179,16 +207,20 @@ class DiskTier(Tier):
 
     @property
     def stride(self) -> int:
-        return self.rp.stride
+        """A slot row: the repack's whole aligned stride when reads land in it, else the decoded expert."""
+        return self.rp.stride if self.identity else round_up(self.expert_bytes, 64)
 
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
-        """One pread of the padded expert into `dst` (an ALIGN-aligned uint8 CPU row of `stride` bytes);
-        a failed or short read raises IntegrityError, and so does a checksum mismatch (`verify`)."""
-        if dst.numel() < self.stride or (self.direct_io and dst.data_ptr() % 4096):
+        """One pread of the padded stored expert, into `dst` (an ALIGN-aligned uint8 CPU row of `stride`
+        bytes) when no decode is needed, else into the staging row, verified and decoded into `dst`; a failed
+        or short read raises IntegrityError, and so does a checksum mismatch (`verify`; always before a
+        decode). Called by one thread at a time (the I/O thread)."""
+        if dst.numel() < self.stride or (self.identity and self.direct_io and dst.data_ptr() % 4096):
             raise ValueError("disk reads need an aligned destination of stride bytes")
         rp = self.rp
         off = rp.offset(layer, e)
-        row = dst[: self.stride].numpy()
+        land = dst if self.identity else self._stage
+        row = land[: rp.stride].numpy()
         t0 = time.perf_counter()
         try:
             n = os.preadv(self.fd, [row], off)
@@ -196,25 +228,34 @@ class DiskTier(Tier):
             raise IntegrityError(f"cannot read layer {layer} expert {e} from the expert repack file {rp.file}: "
                                  f"{exc.strerror or exc}; {rp.hint}") from None
         t1 = time.perf_counter()
-        if n != self.stride:
+        if n != rp.stride:
             raise IntegrityError(f"short read of layer {layer} expert {e} from the expert repack file {rp.file}: "
-                                 f"{n} of {self.stride} bytes at offset {off} (truncated or replaced while in "
+                                 f"{n} of {rp.stride} bytes at offset {off} (truncated or replaced while in "
                                  f"use?); {rp.hint}")
         if not self.direct_io:
-            os.posix_fadvise(self.fd, off, self.stride, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self.fd, off, rp.stride, os.POSIX_FADV_DONTNEED)
         self.read_s += t1 - t0
         self.reads += 1
-        if verify:
-            self.verify(layer, e, dst)
+        if self.identity:
+            if verify:
+                self.verify(layer, e, dst)
+        else:
+            self._check(layer, e, land)
+            self.fmt.decode(land, dst[: self.expert_bytes].view(self.dtype))
 
     def verify(self, layer: int, e: int, dst: torch.Tensor) -> None:
-        """The expert's checksum (stored at repack time) against the bytes a read left in `dst`."""
+        """The expert's checksum (stored at repack time) against the bytes a read left in `dst` (a decoding
+        tier verified the stored bytes before decoding them: nothing left to check)."""
+        if self.identity:
+            self._check(layer, e, dst)
+
+    def _check(self, layer: int, e: int, buf: torch.Tensor) -> None:
         t0 = time.perf_counter()
         rp = self.rp
-        if checksum(dst[: self.stride].numpy()) != rp.sums[rp.index(layer, e)]:
+        if checksum(buf[: rp.stride].numpy()) != rp.sums[rp.index(layer, e)]:
             off = rp.offset(layer, e)
             raise IntegrityError(f"expert repack file {rp.file} is corrupt: layer {layer} expert {e} (bytes "
-                                 f"{off}-{off + self.stride}) fails its checksum; {rp.hint}")
+                                 f"{off}-{off + rp.stride}) fails its checksum; {rp.hint}")
         self.verify_s += time.perf_counter() - t0
 
     def close(self) -> None:
