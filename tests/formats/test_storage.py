@@ -1,0 +1,74 @@
+"""Storage format vs compute dtype, end to end: a bf16 checkpoint computed in fp32 keeps bf16 experts in its
+tiers and moves bf16 bytes; int8 / int4 experts move their stored bytes and decode on arrival, so offloaded
+== resident bit for bit and speculative greedy == AR greedy on the quantized model."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specmoe import LLM, SamplingParams
+from specmoe.weights.checkpoint import Checkpoint
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16]]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def bf16_ckpt(tmp_path_factory):
+    from tests.conftest import make_tiny_checkpoint
+    p = make_tiny_checkpoint("qwen3_moe", tmp_path_factory.mktemp("bf16"), dtype=torch.bfloat16)
+    assert Checkpoint(p).storage_dtype == torch.bfloat16
+    return p
+
+
+def run(llm):
+    return llm.logits(PROMPTS), [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize("tier", [dict(offload="host"), dict(offload="disk"),
+                                  dict(offload="host", link_gbps=5.0, link_latency_us=5.0)])
+def test_bf16_checkpoint_in_fp32_moves_bf16_bytes(bf16_ckpt, tmp_path, tier):
+    ref = LLM(bf16_ckpt, dtype="float32")
+    ref_logits, ref_tokens = run(ref)
+    llm = LLM(bf16_ckpt, dtype="float32", cache_experts=2, repack_dir=tmp_path, **tier)
+    logits, tokens = run(llm)
+    assert torch.equal(logits, ref_logits) and tokens == ref_tokens  # offloaded == resident, in fp32
+    s = llm.stats
+    cfg = llm.config
+    assert llm.dtype == torch.float32 and s["expert_format"] == "bfloat16"
+    assert s["bytes_per_expert"] == cfg.expert_numel * 2 and s["compute_bytes_per_expert"] == cfg.expert_numel * 4
+    assert s["fetches"] > 0 and s["bytes_moved"] == s["fetches"] * cfg.expert_numel * 2
+    if tier["offload"] == "host":  # the host copy is bf16 too
+        assert llm.expert_memory.parts["host_tier"] == cfg.num_experts * len(cfg.moe_layers) * cfg.expert_numel * 2
+    else:  # the repack file holds bf16 experts
+        assert list(tmp_path.glob("experts-bfloat16-*.bin")) and not list(tmp_path.glob("experts-float32-*"))
+        assert s["io_reads"] == s["fetches"]
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int4-g64"])
+def test_quantized_offloaded_equals_resident_and_specmoe_equals_ar(bf16_ckpt, tmp_path, fmt):
+    res = LLM(bf16_ckpt, dtype="float32", expert_format=fmt, repack_dir=tmp_path)
+    ref_logits, ref_tokens = run(res)
+    plain_logits, _ = run(LLM(bf16_ckpt, dtype="float32"))
+    assert not torch.equal(ref_logits, plain_logits)  # the quantized model is another model
+    assert (ref_logits - plain_logits).abs().max() < 0.5 * plain_logits.abs().max()
+    for tier in ("host", "disk"):
+        llm = LLM(bf16_ckpt, dtype="float32", expert_format=fmt, offload=tier, cache_experts=3, repack_dir=tmp_path)
+        logits, tokens = run(llm)
+        assert torch.equal(logits, ref_logits) and tokens == ref_tokens
+        s = llm.stats
+        assert s["expert_format"] == ("int4-g32" if fmt == "int4" else fmt)
+        assert s["fetches"] > 0 and s["bytes_moved"] == s["fetches"] * s["bytes_per_expert"]
+        assert s["bytes_per_expert"] < llm.config.expert_numel * 2 * (0.6 if fmt == "int8" else 0.35)
+    spec = LLM(bf16_ckpt, dtype="float32", expert_format=fmt, offload="disk", cache_experts=4, repack_dir=tmp_path,
+               decoding="specmoe", draft_experts=3, num_draft_tokens=3)
+    assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == ref_tokens
+    s = spec.stats
+    assert s["drafted_tokens"] > 0 and s["accepted_tokens"] < s["drafted_tokens"]  # drafts made, some rejected
+
+
+def test_formats_use_separate_repack_files(bf16_ckpt, tmp_path):
+    for fmt in ("checkpoint", "int8", "int4"):
+        LLM(bf16_ckpt, offload="disk", expert_format=fmt, repack_dir=tmp_path, cache_experts=2)
+    names = sorted(p.name.split("-")[1] for p in tmp_path.glob("experts-*.bin"))
+    assert names == ["bfloat16", "int4", "int8"]
