@@ -153,7 +153,10 @@ class Int8(ExpertFormat):
         soff = 0
         for qm, om in zip(self._parts(q), self._parts(out)):
             r = qm.shape[0]
-            om.copy_(qm.to(torch.float32) * s[soff:soff + r, None])
+            if om.dtype == torch.float32:
+                torch.mul(qm, s[soff:soff + r, None], out=om)
+            else:
+                om.copy_(torch.mul(qm, s[soff:soff + r, None]))  # int8 x fp32 -> fp32, then one rounding
             soff += r
 
 
@@ -198,8 +201,10 @@ class Int4(ExpertFormat):
         G = self.group
         packed = src[: self.n_groups * G // 2]
         s = src[self.q_bytes:self.stored_bytes].view(torch.float16)
-        n = torch.stack((packed & 0xF, packed >> 4), dim=-1).view(self.n_groups, G)
-        vals = (n.to(torch.float32) - 8.0) * s.to(torch.float32)[:, None]  # [groups, G]
+        n = torch.empty(packed.numel(), 2, dtype=torch.uint8, device=packed.device)
+        torch.bitwise_and(packed, 0xF, out=n[:, 0])
+        torch.bitwise_right_shift(packed, 4, out=n[:, 1])
+        vals = n.view(self.n_groups, G).to(torch.float32).sub_(8.0).mul_(s.to(torch.float32)[:, None])
         flat = vals.view(-1)
         off = goff = 0
         for (r, c), g in zip(self.shape.mats, self.groups):
