@@ -38,7 +38,8 @@ def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, 
         return ResidentExperts(ckpt, dtype, device, progress=progress, reader=reader), plan
     from specmoe.experts.cache import ExpertCache
     from specmoe.experts.tiers import DiskTier, EmulatedLink, HostTier
-    direct = cfg.offload == "disk" and fmt.identity(dtype)  # disk reads land straight in the slots
+    # CUDA disk reads land straight in pinned staging rows; CPU ones go through the tier's staging row (tiers.py)
+    direct = cfg.offload == "disk" and fmt.identity(dtype) and device.type == "cuda"
     stride = round_up(fmt.stored_bytes) if direct else round_up(expert_bytes, 64)
     # CUDA: a tier whose bytes are not the slot's decodes on the host into pinned staging rows first
     staging = device.type == "cuda" and (cfg.offload == "disk" or not fmt.identity(dtype))
@@ -63,7 +64,7 @@ def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, 
             link = {"link_gbps": cfg.link_gbps, "link_latency_us": cfg.link_latency_us or 0.0}
     else:
         from specmoe.experts.repack import open_repack
-        tier = DiskTier(open_repack(ckpt, fmt, cfg.repack_dir, progress=progress), dtype)
+        tier = DiskTier(open_repack(ckpt, fmt, cfg.repack_dir, progress=progress), dtype, direct=direct)
     assert tier.stride == stride, "plan and tier disagree on the slot size"
     cache = ExpertCache(tier, mc, slots=plan.slots, policy=cfg.cache_policy, prefetch=cfg.prefetch, device=device,
                         memory_budget=cfg.memory_budget, link=link, scratch_buffers=SCRATCH_BUFFERS)

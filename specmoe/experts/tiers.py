@@ -8,10 +8,13 @@ bytes, decoded (upcast or dequantised) on arrival. `bytes_moved` counts stored b
   latency + stored bytes / bandwidth (labelled as emulation in every stats dict);
 - `DiskTier`: experts read on demand from the aligned repack file (see repack.py) with one `preadv`
   per expert, through `O_DIRECT` so the page cache is bypassed and the read really hits the SSD; every
-  read is verified against the expert's checksum (integrity.py). Where the stored bytes are the slot's
-  bytes (same dtype) the read lands straight in the slot; otherwise it lands in the tier's aligned
-  staging row, is verified there, and is decoded into the slot. Where the filesystem refuses O_DIRECT
-  it falls back, with a warning, to buffered reads followed by `posix_fadvise(DONTNEED)`.
+  read is verified against the expert's checksum (integrity.py). A read lands in the tier's one aligned
+  staging row, is verified there, and is decoded (or copied) into the slot: O_DIRECT reads straight into
+  the CPU slots the model computes from slowed the whole compute thread 6-10x on the development
+  machine (non-expert layers included; benchmarks/quant_bench.py's notes), while the extra copy costs
+  about a memory pass. `direct=True` (CUDA: the destination is a pinned staging buffer) reads straight
+  into the destination when no decode is needed. Where the filesystem refuses O_DIRECT it falls back,
+  with a warning, to buffered reads followed by `posix_fadvise(DONTNEED)`.
 """
 from __future__ import annotations
 
@@ -170,17 +173,19 @@ class HostTier(Tier):
 class DiskTier(Tier):
     kind = "disk"
 
-    def __init__(self, rp: Repacked, dtype: torch.dtype | None = None):
-        """`dtype`: the compute dtype slots hold (default: the repack's own, read straight into slots)."""
+    def __init__(self, rp: Repacked, dtype: torch.dtype | None = None, *, direct: bool = False):
+        """`dtype`: the compute dtype slots hold (default: the repack's own); `direct`: read straight into the
+        destination where no decode is needed (else through the staging row)."""
         self.rp = rp
         self.fmt = rp.fmt
         self.dtype = dtype if dtype is not None else rp.fmt.dtype
+        self.direct = direct and self.fmt.identity(self.dtype)
         self.numel = rp.expert_numel
         self.expert_bytes = self.numel * torch.empty((), dtype=self.dtype).element_size()
         self.nbytes = 0
         self.direct_io = False
         self.fd = -1
-        self._stage = None if self.identity else aligned_empty(rp.stride)  # a decoded read lands here first
+        self._stage = None if self.direct else aligned_empty(rp.stride)  # a staged read lands here first
         if hasattr(os, "O_DIRECT"):
             fd = -1
             try:
@@ -208,18 +213,18 @@ class DiskTier(Tier):
     @property
     def stride(self) -> int:
         """A slot row: the repack's whole aligned stride when reads land in it, else the decoded expert."""
-        return self.rp.stride if self.identity else round_up(self.expert_bytes, 64)
+        return self.rp.stride if self.direct else round_up(self.expert_bytes, 64)
 
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
-        """One pread of the padded stored expert, into `dst` (an ALIGN-aligned uint8 CPU row of `stride`
-        bytes) when no decode is needed, else into the staging row, verified and decoded into `dst`; a failed
-        or short read raises IntegrityError, and so does a checksum mismatch (`verify`; always before a
-        decode). Called by one thread at a time (the I/O thread)."""
-        if dst.numel() < self.stride or (self.identity and self.direct_io and dst.data_ptr() % 4096):
+        """One pread of the padded stored expert, into `dst` (`direct`: an ALIGN-aligned uint8 CPU row of
+        `stride` bytes), else into the staging row, verified and decoded into `dst`; a failed or short read
+        raises IntegrityError, and so does a checksum mismatch (`verify`; always before a decode). Called by
+        one thread at a time (the I/O thread)."""
+        if dst.numel() < self.stride or (self.direct and self.direct_io and dst.data_ptr() % 4096):
             raise ValueError("disk reads need an aligned destination of stride bytes")
         rp = self.rp
         off = rp.offset(layer, e)
-        land = dst if self.identity else self._stage
+        land = dst if self.direct else self._stage
         row = land[: rp.stride].numpy()
         t0 = time.perf_counter()
         try:
@@ -236,7 +241,7 @@ class DiskTier(Tier):
             os.posix_fadvise(self.fd, off, rp.stride, os.POSIX_FADV_DONTNEED)
         self.read_s += t1 - t0
         self.reads += 1
-        if self.identity:
+        if self.direct:
             if verify:
                 self.verify(layer, e, dst)
         else:
@@ -246,7 +251,7 @@ class DiskTier(Tier):
     def verify(self, layer: int, e: int, dst: torch.Tensor) -> None:
         """The expert's checksum (stored at repack time) against the bytes a read left in `dst` (a decoding
         tier verified the stored bytes before decoding them: nothing left to check)."""
-        if self.identity:
+        if self.direct:
             self._check(layer, e, dst)
 
     def _check(self, layer: int, e: int, buf: torch.Tensor) -> None:

@@ -72,3 +72,32 @@ def test_formats_use_separate_repack_files(bf16_ckpt, tmp_path):
         LLM(bf16_ckpt, offload="disk", expert_format=fmt, repack_dir=tmp_path, cache_experts=2)
     names = sorted(p.name.split("-")[1] for p in tmp_path.glob("experts-*.bin"))
     assert names == ["bfloat16", "int4", "int8"]
+
+
+def test_disk_reads_direct_and_staged_give_the_same_expert_and_catch_corruption(tiny_ckpt, tmp_path):
+    """CPU slots are filled through the tier's staging row (reads straight into slots slowed compute);
+    `direct=True` (CUDA staging buffers) reads straight into the destination. Both verify the checksum."""
+    from specmoe.errors import IntegrityError
+    from specmoe.experts.memory import aligned_empty
+    from specmoe.experts.repack import open_repack
+    from specmoe.experts.tiers import DiskTier
+    ck = Checkpoint(tiny_ckpt("mixtral"))
+    rp = open_repack(ck, torch.float32, tmp_path)
+    direct, staged = DiskTier(rp, direct=True), DiskTier(rp)
+    assert direct.direct and not staged.direct and direct.stride == rp.stride
+    want = ck.read_expert(1, 3, torch.float32)
+    for tier in (direct, staged):
+        buf = aligned_empty(tier.stride)
+        tier.read_into(1, 3, buf)
+        assert torch.equal(buf[: tier.expert_bytes].view(torch.float32), want)
+    with open(rp.file, "r+b") as f:  # flip one byte of layer 1 expert 3
+        f.seek(rp.offset(1, 3) + 100)
+        b = f.read(1)
+        f.seek(rp.offset(1, 3) + 100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(IntegrityError, match="layer 1 expert 3"):
+        staged.read_into(1, 3, aligned_empty(staged.stride))
+    buf = aligned_empty(direct.stride)
+    direct.read_into(1, 3, buf, verify=False)
+    with pytest.raises(IntegrityError, match="layer 1 expert 3"):
+        direct.verify(1, 3, buf)
