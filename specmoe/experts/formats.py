@@ -25,6 +25,7 @@ block).
 from __future__ import annotations
 
 import math
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -59,6 +60,23 @@ class ExpertShape:
 
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
+
+
+CHUNK = 1 << 18  # elements dequantised per pass: the fp32 temporary stays ~1 MiB, reused, cache-resident
+_scratch = threading.local()  # per thread (the I/O thread and the compute thread decode concurrently)
+
+
+def _temp(name: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A reusable per-thread scratch buffer (a fresh multi-MiB temporary costs page faults on every decode:
+    ~10x the arithmetic on a busy machine)."""
+    key = (name, dtype, str(device))
+    buf = getattr(_scratch, "bufs", None)
+    if buf is None:
+        buf = _scratch.bufs = {}
+    t = buf.get(key)
+    if t is None or t.numel() < n:
+        t = buf[key] = torch.empty(max(n, CHUNK), dtype=dtype, device=device)
+    return t[:n]
 
 
 class ExpertFormat(ABC):
@@ -152,11 +170,16 @@ class Int8(ExpertFormat):
         s = src[self.q_bytes:self.stored_bytes].view(torch.float32)
         soff = 0
         for qm, om in zip(self._parts(q), self._parts(out)):
-            r = qm.shape[0]
-            if om.dtype == torch.float32:
-                torch.mul(qm, s[soff:soff + r, None], out=om)
-            else:
-                om.copy_(torch.mul(qm, s[soff:soff + r, None]))  # int8 x fp32 -> fp32, then one rounding
+            r, c = qm.shape
+            step = max(1, CHUNK // c)  # rows per pass
+            for i in range(0, r, step):
+                j = min(r, i + step)
+                if om.dtype == torch.float32:
+                    torch.mul(qm[i:j], s[soff + i:soff + j, None], out=om[i:j])
+                else:  # int8 x fp32 in fp32, then one rounding to the compute dtype
+                    tmp = _temp("int8", (j - i) * c, torch.float32, out.device).view(j - i, c)
+                    torch.mul(qm[i:j], s[soff + i:soff + j, None], out=tmp)
+                    om[i:j].copy_(tmp)
             soff += r
 
 
@@ -199,17 +222,23 @@ class Int4(ExpertFormat):
 
     def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
         G = self.group
-        packed = src[: self.n_groups * G // 2]
         s = src[self.q_bytes:self.stored_bytes].view(torch.float16)
-        n = torch.empty(packed.numel(), 2, dtype=torch.uint8, device=packed.device)
-        torch.bitwise_and(packed, 0xF, out=n[:, 0])
-        torch.bitwise_right_shift(packed, 4, out=n[:, 1])
-        vals = n.view(self.n_groups, G).to(torch.float32).sub_(8.0).mul_(s.to(torch.float32)[:, None])
-        flat = vals.view(-1)
+        step = max(1, CHUNK // G)  # groups per pass
         off = goff = 0
         for (r, c), g in zip(self.shape.mats, self.groups):
-            out[off:off + r * c].copy_(flat[goff * G: goff * G + r * c])
-            off, goff = off + r * c, goff + g
+            numel = r * c
+            for i in range(0, g, step):
+                k = min(g, i + step) - i  # groups in this pass
+                packed = src[(goff + i) * G // 2:(goff + i + k) * G // 2]
+                n = _temp("nibbles", k * G, torch.uint8, out.device).view(-1, 2)
+                torch.bitwise_and(packed, 0xF, out=n[:, 0])
+                torch.bitwise_right_shift(packed, 4, out=n[:, 1])
+                vals = _temp("int4", k * G, torch.float32, out.device).view(k, G)
+                vals.copy_(n.view(k, G))
+                vals.sub_(8.0).mul_(s[goff + i:goff + i + k, None])
+                m = min(k * G, numel - i * G)  # the matrix's last group may be padding
+                out[off + i * G: off + i * G + m].copy_(vals.view(-1)[:m])
+            off, goff = off + numel, goff + g
 
 
 def canonical(name: str) -> str:

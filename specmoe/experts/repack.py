@@ -172,19 +172,19 @@ def open_repack(ckpt: Checkpoint, fmt: ExpertFormat | torch.dtype, repack_dir: s
                 progress: bool = False) -> Repacked:
     """Return a validated repack of `ckpt`'s experts in storage format `fmt` (a dtype: the packed expert in
     that dtype), repacking (or quantizing) once if none exists."""
-    dtype = fmt = as_format(ckpt, fmt)
-    base = file_base(ckpt, dtype)
+    fmt = as_format(ckpt, fmt)
+    base = file_base(ckpt, fmt)
     dirs = candidate_dirs(ckpt, repack_dir)
     unusable = []  # this checkpoint's repacks that must be rebuilt (unreadable, old format, data file gone)
     for d in dirs:
         clean_stale_temps(d, base)
         if (d / f"{base}.json").is_file():
-            rp = validate(ckpt, d / f"{base}.json", dtype)
+            rp = validate(ckpt, d / f"{base}.json", fmt)
             if isinstance(rp, Repacked):
-                _remove_legacy(ckpt, dtype, dirs)
+                _remove_legacy(ckpt, fmt, dirs)
                 return rp
             unusable.append(rp)
-    lay = layout(ckpt, dtype)
+    lay = layout(ckpt, fmt)
     need = len(lay["moe_layers"]) * lay["num_experts"] * lay["stride"]
     reasons = []
     for d in dirs:
@@ -199,12 +199,12 @@ def open_repack(ckpt: Checkpoint, fmt: ExpertFormat | torch.dtype, repack_dir: s
             if reasons:
                 warnings.warn(f"cannot write the expert repack in {'; '.join(reasons)}; repacking into {d}",
                               stacklevel=3)
-            man = repack(ckpt, d, dtype, progress=progress)
-            rp = validate(ckpt, man, dtype)
+            man = repack(ckpt, d, fmt, progress=progress)
+            rp = validate(ckpt, man, fmt)
             if not isinstance(rp, Repacked):
                 raise CheckpointError(f"the expert repack just written to {man} does not read back; "
                                       f"{hint(man.with_suffix('.bin'), man)}")
-            _remove_legacy(ckpt, dtype, dirs)
+            _remove_legacy(ckpt, fmt, dirs)
             return rp
         reasons.append(f"{d} ({why})")
     hint_ = "pass repack_dir=DIR (--repack-dir) pointing at a writable directory with room"
@@ -259,11 +259,11 @@ def _write_file(path: Path, data) -> None:
         os.close(fd)
 
 
-def repack(ckpt: Checkpoint, d: Path, dtype: ExpertFormat | torch.dtype, *, progress: bool = False) -> Path:
+def repack(ckpt: Checkpoint, d: Path, fmt: ExpertFormat | torch.dtype, *, progress: bool = False) -> Path:
     """Write `<base>.bin` + manifest into `d` atomically (temp files, fsync, rename; manifest last)."""
     from tqdm import tqdm
-    lay = layout(ckpt, dtype)
-    base = file_base(ckpt, dtype)
+    lay = layout(ckpt, fmt)
+    base = file_base(ckpt, fmt)
     tmp_bin = d / f".{base}.bin.{os.getpid()}.tmp"
     tmp_man = d / f".{base}.json.{os.getpid()}.tmp"
     total = len(lay["moe_layers"]) * lay["num_experts"]
@@ -273,10 +273,11 @@ def repack(ckpt: Checkpoint, d: Path, dtype: ExpertFormat | torch.dtype, *, prog
         sums = []
         buf = np.zeros(lay["stride"], dtype=np.uint8)  # the padding stays zero
         fd = os.open(tmp_bin, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        with tqdm(total=total, desc=f"repack experts ({lay['dtype']})", unit="exp", disable=not progress, leave=False) as bar:
+        with tqdm(total=total, desc=f"repack experts ({lay['dtype']})", unit="exp", disable=not progress,
+                  leave=False) as bar:
             for layer in lay["moe_layers"]:
                 for e in range(lay["num_experts"]):
-                    buf[: lay["expert_bytes"]] = expert_bytes_of(ckpt, layer, e, dtype)
+                    buf[: lay["expert_bytes"]] = expert_bytes_of(ckpt, layer, e, fmt)
                     sums.append(integrity.checksum(buf))
                     _write_all(fd, buf)
                     bar.update()
@@ -327,9 +328,9 @@ def _well_formed(man, lay: dict, data_file: str) -> bool:
             and all(isinstance(v, dict) for v in man["checkpoint_files"].values()))
 
 
-def validate(ckpt: Checkpoint, manifest_path: Path, dtype: ExpertFormat | torch.dtype) -> Repacked | str:
+def validate(ckpt: Checkpoint, manifest_path: Path, fmt: ExpertFormat | torch.dtype) -> Repacked | str:
     """The opened repack, or why it must be rebuilt (unreadable, old format, data file missing)."""
-    lay = layout(ckpt, dtype)
+    lay = layout(ckpt, fmt)
     try:
         man = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as e:
@@ -371,7 +372,8 @@ def validate(ckpt: Checkpoint, manifest_path: Path, dtype: ExpertFormat | torch.
             tmp.unlink(missing_ok=True)
     rp = Repacked(file=f, manifest=manifest_path, moe_layers=tuple(lay["moe_layers"]),
                   num_experts=lay["num_experts"], expert_numel=lay["expert_numel"],
-                  expert_bytes=lay["expert_bytes"], stride=lay["stride"], fmt=as_format(ckpt, dtype), sums=tuple(man["sums"]))
+                  expert_bytes=lay["expert_bytes"], stride=lay["stride"], fmt=as_format(ckpt, fmt),
+                  sums=tuple(man["sums"]))
     buf = np.zeros(rp.stride, dtype=np.uint8)
     with open(f, "rb") as fh:
         for layer, e in sample_ids(lay["moe_layers"], lay["num_experts"]):
@@ -380,7 +382,7 @@ def validate(ckpt: Checkpoint, manifest_path: Path, dtype: ExpertFormat | torch.
             if integrity.checksum(np.frombuffer(fh.read(rp.stride), dtype=np.uint8)) != want:
                 raise IntegrityError(f"expert repack file {f} is corrupt: layer {layer} expert {e} fails its "
                                      f"checksum; {fix}")
-            buf[: rp.expert_bytes] = expert_bytes_of(ckpt, layer, e, dtype)
+            buf[: rp.expert_bytes] = expert_bytes_of(ckpt, layer, e, fmt)
             if integrity.checksum(buf) != want:
                 raise changed(f"layer {layer} expert {e} differs from the repack")
     return rp
