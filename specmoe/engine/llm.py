@@ -87,8 +87,9 @@ class LLM:
         if c is None or c.max_batch < slots or c.max_seq < want or c.nbytes > 2 * c.bytes_for(slots, want):
             cfg = self.config
             self._cache = None  # free the old one first
+            heads, kdim, vdim = cfg.kv_cache_dims
             self._cache = KVCache(num_layers=cfg.num_layers, max_batch=slots, max_seq=want,
-                                  num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=self.dtype,
+                                  num_kv_heads=heads, head_dim=kdim, v_head_dim=vdim, dtype=self.dtype,
                                   device=self.device)
         self._cache.lengths = [0] * self._cache.max_batch
         return self._cache
@@ -100,7 +101,8 @@ class LLM:
         cfg = self.config
         i = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + plist[i].max_tokens)
         n = min(self.max_model_len, len(prompt_ids[i]) + plist[i].max_tokens) + look
-        one = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, 1, n)
+        heads, kdim, vdim = cfg.kv_cache_dims
+        one = kv_bytes(cfg.num_layers, heads, kdim, self.dtype, 1, n, vdim)
         check_fits(f"the KV cache of request {i} ({len(prompt_ids[i])} prompt + {plist[i].max_tokens} max_tokens "
                    f"+ {look} lookahead = {n} positions × {cfg.num_layers} layers)", one, self.device)
         room = device_memory(self.device)[1] + (self._cache.nbytes if self._cache is not None else 0)

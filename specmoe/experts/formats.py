@@ -40,9 +40,11 @@ DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat1
 
 @dataclass(frozen=True)
 class ExpertShape:
-    """The three matrices of one expert, as (rows, cols) in packed order: gate [I, D], up [I, D], down [D, I]."""
+    """The three matrices of one expert, as (rows, cols) in packed order: gate [I, D], up [I, D], down [D, I];
+    with `bias` (GPT-OSS) the biases [gate (I); up (I); down (D)] follow them."""
     hidden: int  # D
     inter: int  # I
+    bias: bool = False
 
     @property
     def mats(self) -> tuple[tuple[int, int], ...]:
@@ -50,12 +52,20 @@ class ExpertShape:
         return (I, D), (I, D), (D, I)
 
     @property
-    def numel(self) -> int:
+    def weights(self) -> int:
         return 3 * self.hidden * self.inter
+
+    @property
+    def bias_numel(self) -> int:
+        return 2 * self.inter + self.hidden if self.bias else 0
+
+    @property
+    def numel(self) -> int:
+        return self.weights + self.bias_numel
 
     @classmethod
     def of(cls, cfg) -> "ExpertShape":
-        return cls(hidden=cfg.hidden_size, inter=cfg.expert_intermediate_size)
+        return cls(hidden=cfg.hidden_size, inter=cfg.expert_intermediate_size, bias=cfg.expert_bias)
 
 
 def _align(n: int, a: int) -> int:
@@ -138,23 +148,26 @@ class Plain(ExpertFormat):
 
 
 class Int8(ExpertFormat):
-    """int8 weights (all three matrices, packed order), padded to 16 bytes, then one fp32 scale per row."""
+    """int8 weights (all three matrices, packed order), padded to 16 bytes, then one fp32 scale per row, then
+    the expert biases (if any) in fp32."""
     name = "int8"
 
     def __init__(self, shape: ExpertShape):
         self.shape = shape
         self.rows = sum(r for r, _ in shape.mats)
-        self.q_bytes = _align(shape.numel, 16)
+        self.q_bytes = _align(shape.weights, 16)
+        self.bias_at = self.q_bytes + 4 * self.rows
 
     @property
     def stored_bytes(self) -> int:
-        return self.q_bytes + 4 * self.rows
+        return self.bias_at + 4 * self.shape.bias_numel
 
     def encode(self, w: torch.Tensor) -> torch.Tensor:
         w = w.reshape(-1).float()
         out = torch.zeros(self.stored_bytes, dtype=torch.uint8)
-        q = out[: self.shape.numel].view(torch.int8)
-        s = out[self.q_bytes:].view(torch.float32)
+        q = out[: self.shape.weights].view(torch.int8)
+        s = out[self.q_bytes:self.bias_at].view(torch.float32)
+        _encode_bias(self.shape, w, out[self.bias_at:])
         qoff = soff = 0
         for m in self._parts(w):
             r, c = m.shape
@@ -166,8 +179,9 @@ class Int8(ExpertFormat):
         return out
 
     def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
-        q = src[: self.shape.numel].view(torch.int8)
-        s = src[self.q_bytes:self.stored_bytes].view(torch.float32)
+        q = src[: self.shape.weights].view(torch.int8)
+        s = src[self.q_bytes:self.bias_at].view(torch.float32)
+        _decode_bias(self.shape, src[self.bias_at:self.stored_bytes], out)
         soff = 0
         for qm, om in zip(self._parts(q), self._parts(out)):
             r, c = qm.shape
@@ -185,7 +199,7 @@ class Int8(ExpertFormat):
 
 class Int4(ExpertFormat):
     """4-bit weights two per byte (low nibble = even index), each matrix padded to whole groups, then one
-    fp16 scale per group."""
+    fp16 scale per group, then the expert biases (if any) in fp32."""
 
     def __init__(self, shape: ExpertShape, group: int = 32):
         if group not in (32, 64):
@@ -194,10 +208,11 @@ class Int4(ExpertFormat):
         self.groups = [math.ceil(r * c / group) for r, c in shape.mats]  # per matrix
         self.n_groups = sum(self.groups)
         self.q_bytes = _align(self.n_groups * group // 2, 16)
+        self.bias_at = _align(self.q_bytes + 2 * self.n_groups, 4)
 
     @property
     def stored_bytes(self) -> int:
-        return self.q_bytes + 2 * self.n_groups
+        return self.bias_at + 4 * self.shape.bias_numel
 
     def encode(self, w: torch.Tensor) -> torch.Tensor:
         w = w.reshape(-1).float()
@@ -217,12 +232,14 @@ class Int4(ExpertFormat):
         n = (torch.round(groups * inv[:, None]).clamp_(-7, 7) + 8).to(torch.uint8).view(-1)
         out = torch.zeros(self.stored_bytes, dtype=torch.uint8)
         out[: n.numel() // 2] = n[0::2] | (n[1::2] << 4)
-        out[self.q_bytes:].view(torch.float16).copy_(scale.half())
+        out[self.q_bytes:self.q_bytes + 2 * self.n_groups].view(torch.float16).copy_(scale.half())
+        _encode_bias(self.shape, w, out[self.bias_at:])
         return out
 
     def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
         G = self.group
-        s = src[self.q_bytes:self.stored_bytes].view(torch.float16)
+        s = src[self.q_bytes:self.q_bytes + 2 * self.n_groups].view(torch.float16)
+        _decode_bias(self.shape, src[self.bias_at:self.stored_bytes], out)
         step = max(1, CHUNK // G)  # groups per pass
         off = goff = 0
         for (r, c), g in zip(self.shape.mats, self.groups):
@@ -239,6 +256,17 @@ class Int4(ExpertFormat):
                 m = min(k * G, numel - i * G)  # the matrix's last group may be padding
                 out[off + i * G: off + i * G + m].copy_(vals.view(-1)[:m])
             off, goff = off + numel, goff + g
+
+
+def _encode_bias(shape: ExpertShape, w: torch.Tensor, dst: torch.Tensor) -> None:
+    """Expert biases are few: kept exact, in fp32."""
+    if shape.bias_numel:
+        dst.view(torch.float32).copy_(w[shape.weights:].float())
+
+
+def _decode_bias(shape: ExpertShape, src: torch.Tensor, out: torch.Tensor) -> None:
+    if shape.bias_numel:
+        out[shape.weights:].copy_(src.view(torch.float32))
 
 
 def canonical(name: str) -> str:

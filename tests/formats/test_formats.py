@@ -102,3 +102,15 @@ def test_fp8_block_dequant_exact_against_transformers():
     assert torch.equal(dequantize_fp8_blocks(w2, s2, (128, 128), torch.float32), ref2)
     with pytest.raises(InputError, match="FP8 scales"):
         dequantize_fp8_blocks(w2, s2[:1], (128, 128))
+
+
+@pytest.mark.parametrize("name", ["checkpoint", "int8", "int4-g64"])
+def test_expert_biases_are_kept_exact(name):
+    shape = ExpertShape(hidden=36, inter=20, bias=True)  # GPT-OSS packs [gate; up; down; biases]
+    f = make_format(name, shape, torch.float32)
+    w = torch.randn(shape.numel, generator=torch.Generator().manual_seed(3))
+    assert shape.numel == 3 * 36 * 20 + 2 * 20 + 36
+    out = torch.empty(shape.numel)
+    f.decode(f.encode(w), out)
+    assert torch.equal(out[shape.weights:], w[shape.weights:])
+    assert (out[: shape.weights] - w[: shape.weights]).abs().max() < 0.5 * w.abs().max()

@@ -101,3 +101,13 @@ def test_disk_reads_direct_and_staged_give_the_same_expert_and_catch_corruption(
     direct.read_into(1, 3, buf, verify=False)
     with pytest.raises(IntegrityError, match="layer 1 expert 3"):
         direct.verify(1, 3, buf)
+
+
+def test_quantized_gpt_oss_experts_with_biases(tiny_ckpt, tmp_path):
+    """A family whose experts carry biases (packed after the weights): int8 offloaded == int8 resident."""
+    ck = tiny_ckpt("gpt_oss")
+    res = LLM(ck, expert_format="int8", repack_dir=tmp_path)
+    ref = run(res)
+    llm = LLM(ck, expert_format="int8", offload="disk", cache_experts=3, repack_dir=tmp_path)
+    logits, tokens = run(llm)
+    assert torch.equal(logits, ref[0]) and tokens == ref[1] and llm.stats["fetches"] > 0
