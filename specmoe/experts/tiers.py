@@ -8,8 +8,10 @@ bytes, decoded (upcast or dequantised) on arrival. `bytes_moved` counts stored b
   latency + stored bytes / bandwidth (labelled as emulation in every stats dict);
 - `DiskTier`: experts read on demand from the aligned repack file (see repack.py) with one `preadv`
   per expert, through `O_DIRECT` so the page cache is bypassed and the read really hits the SSD; every
-  read is verified against the expert's checksum (integrity.py). A read lands in the tier's one aligned
-  staging row, is verified there, and is decoded (or copied) into the slot: O_DIRECT reads straight into
+  read is verified against the expert's checksum (integrity.py). A read lands in an aligned staging row
+  of the tier, is verified there, and is decoded (or copied) into the slot, on the I/O thread or, for up
+  to STAGE_ROWS reads at a time, by `verify` on the compute thread while the I/O thread reads the next
+  expert (the cache calls it before using a slot): O_DIRECT reads straight into
   the CPU slots the model computes from slowed the whole compute thread 6-10x on the development
   machine (non-expert layers included; benchmarks/quant_bench.py's notes), while the extra copy costs
   about a memory pass. `direct=True` (CUDA: the destination is a pinned staging buffer) reads straight
@@ -172,6 +174,7 @@ class HostTier(Tier):
 
 class DiskTier(Tier):
     kind = "disk"
+    STAGE_ROWS = 2  # reads whose decode the compute thread finishes while the next read runs
 
     def __init__(self, rp: Repacked, dtype: torch.dtype | None = None, *, direct: bool = False):
         """`dtype`: the compute dtype slots hold (default: the repack's own); `direct`: read straight into the
@@ -185,7 +188,13 @@ class DiskTier(Tier):
         self.nbytes = 0
         self.direct_io = False
         self.fd = -1
-        self._stage = None if self.direct else aligned_empty(rp.stride)  # a staged read lands here first
+        # staged reads: one row for reads finished on the I/O thread, STAGE_ROWS for reads whose checksum and
+        # decode are left to `verify` (the compute thread, overlapped with the I/O thread's next read)
+        self._stage = None if self.direct else aligned_empty(rp.stride)
+        self._rows = [] if self.direct else [aligned_empty(rp.stride) for _ in range(self.STAGE_ROWS)]
+        self._free = list(range(len(self._rows)))
+        self._pending: dict[int, int] = {}  # destination address -> staging row awaiting `verify`
+        self._lock = threading.Lock()
         if hasattr(os, "O_DIRECT"):
             fd = -1
             try:
@@ -217,14 +226,43 @@ class DiskTier(Tier):
 
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
         """One pread of the padded stored expert, into `dst` (`direct`: an ALIGN-aligned uint8 CPU row of
-        `stride` bytes), else into the staging row, verified and decoded into `dst`; a failed or short read
-        raises IntegrityError, and so does a checksum mismatch (`verify`; always before a decode). Called by
-        one thread at a time (the I/O thread)."""
+        `stride` bytes), else into a staging row, verified and decoded into `dst`: here (`verify=True`, or
+        when every deferred row is taken), else by `verify(layer, e, dst)`, which the caller must run before
+        using `dst`. A failed or short read raises IntegrityError, and so does a checksum mismatch. Called by
+        one thread at a time (the I/O thread); `verify` may run on another."""
         if dst.numel() < self.stride or (self.direct and self.direct_io and dst.data_ptr() % 4096):
             raise ValueError("disk reads need an aligned destination of stride bytes")
+        idx = None
+        if not self.direct:
+            with self._lock:
+                old = self._pending.pop(dst.data_ptr(), None)  # an earlier read into dst never finished
+                if old is not None:
+                    self._free.append(old)
+                if not verify and self._free:
+                    idx = self._free.pop()
+        try:
+            self._read(layer, e, dst if self.direct else self._stage if idx is None else self._rows[idx])
+        except BaseException:
+            if idx is not None:
+                with self._lock:
+                    self._free.append(idx)
+            raise
+        if self.direct:
+            if verify:
+                self._check(layer, e, dst)
+        elif idx is None:
+            self._finish(layer, e, self._stage, dst)
+        else:
+            with self._lock:
+                self._pending[dst.data_ptr()] = idx
+
+    def _finish(self, layer: int, e: int, land: torch.Tensor, dst: torch.Tensor) -> None:
+        self._check(layer, e, land)
+        self.fmt.decode(land, dst[: self.expert_bytes].view(self.dtype))
+
+    def _read(self, layer: int, e: int, land: torch.Tensor) -> None:
         rp = self.rp
         off = rp.offset(layer, e)
-        land = dst if self.direct else self._stage
         row = land[: rp.stride].numpy()
         t0 = time.perf_counter()
         try:
@@ -241,18 +279,22 @@ class DiskTier(Tier):
             os.posix_fadvise(self.fd, off, rp.stride, os.POSIX_FADV_DONTNEED)
         self.read_s += t1 - t0
         self.reads += 1
-        if self.direct:
-            if verify:
-                self.verify(layer, e, dst)
-        else:
-            self._check(layer, e, land)
-            self.fmt.decode(land, dst[: self.expert_bytes].view(self.dtype))
 
     def verify(self, layer: int, e: int, dst: torch.Tensor) -> None:
-        """The expert's checksum (stored at repack time) against the bytes a read left in `dst` (a decoding
-        tier verified the stored bytes before decoding them: nothing left to check)."""
+        """Finish a `read_into(..., verify=False)`: the expert's checksum (stored at repack time) against the
+        bytes read, then (staged reads) the decode into `dst`. Nothing to do for a read finished already."""
         if self.direct:
             self._check(layer, e, dst)
+            return
+        with self._lock:
+            idx = self._pending.pop(dst.data_ptr(), None)
+        if idx is None:
+            return
+        try:
+            self._finish(layer, e, self._rows[idx], dst)
+        finally:
+            with self._lock:
+                self._free.append(idx)
 
     def _check(self, layer: int, e: int, buf: torch.Tensor) -> None:
         t0 = time.perf_counter()

@@ -97,10 +97,22 @@ def test_disk_reads_direct_and_staged_give_the_same_expert_and_catch_corruption(
         f.write(bytes([b[0] ^ 0xFF]))
     with pytest.raises(IntegrityError, match="layer 1 expert 3"):
         staged.read_into(1, 3, aligned_empty(staged.stride))
-    buf = aligned_empty(direct.stride)
-    direct.read_into(1, 3, buf, verify=False)
-    with pytest.raises(IntegrityError, match="layer 1 expert 3"):
-        direct.verify(1, 3, buf)
+    for tier in (direct, staged):  # deferred: `verify` checks (and decodes) later, on the caller's thread
+        buf = aligned_empty(tier.stride)
+        tier.read_into(1, 3, buf, verify=False)
+        with pytest.raises(IntegrityError, match="layer 1 expert 3"):
+            tier.verify(1, 3, buf)
+    # deferred staged reads: decoded only by `verify`, two at a time, the third finished on the I/O thread
+    bufs = [aligned_empty(staged.stride) for _ in range(3)]
+    for i, b in enumerate(bufs):
+        b.zero_()
+        staged.read_into(0, i, b, verify=False)
+    assert len(staged._pending) == 2 and not bufs[0].any() and not bufs[1].any()
+    assert torch.equal(bufs[2][: staged.expert_bytes].view(torch.float32), ck.read_expert(0, 2, torch.float32))
+    for i, b in enumerate(bufs):
+        staged.verify(0, i, b)
+        assert torch.equal(b[: staged.expert_bytes].view(torch.float32), ck.read_expert(0, i, torch.float32))
+    assert not staged._pending and len(staged._free) == 2
 
 
 def test_quantized_gpt_oss_experts_with_biases(tiny_ckpt, tmp_path):
