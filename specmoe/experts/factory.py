@@ -47,7 +47,8 @@ def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, 
     plan = plan_offload(mc, offload=cfg.offload, slot_bytes=stride, expert_bytes=expert_bytes,
                         cuda=device.type == "cuda", draft_experts=draft_experts, cache_experts=cfg.cache_experts,
                         cache_bytes=cfg.cache_bytes, memory_budget=cfg.memory_budget,
-                        stored_bytes=fmt.stored_bytes, staging=staging)
+                        stored_bytes=fmt.stored_bytes, staging=staging,
+                        tier_staging=0 if direct or cfg.offload != "disk" else DiskTier.staging_for(fmt.stored_bytes))
     link = None
     if cfg.offload == "host":
         emulate = cfg.link_gbps is not None or cfg.link_latency_us is not None
@@ -69,7 +70,8 @@ def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, 
     cache = ExpertCache(tier, mc, slots=plan.slots, policy=cfg.cache_policy, prefetch=cfg.prefetch, device=device,
                         memory_budget=cfg.memory_budget, link=link, scratch_buffers=SCRATCH_BUFFERS)
     assert (cache.nbytes, cache.scratch_bytes, cache.staging_bytes) == (
-        plan.parts["expert_cache_slots"], plan.parts["scratch"], plan.parts["staging"]), "plan and cache disagree"
+        plan.parts["expert_cache_slots"], plan.parts["scratch"], plan.parts["staging"] - tier.staging_bytes), \
+        "plan and cache disagree"
     if model is not None:
         cache.attach_model(model)
     if cfg.cache_policy == "static":

@@ -70,6 +70,11 @@ class Tier(ABC):
         """Bytes of one expert's slot row (the disk tier reads whole aligned strides into it)."""
         return round_up(self.expert_bytes, 64)
 
+    @property
+    def staging_bytes(self) -> int:
+        """Host buffers of the tier's own that reads land in before a slot (0 where none)."""
+        return 0
+
     @abstractmethod
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
         ...
@@ -218,6 +223,15 @@ class DiskTier(Tier):
                 raise CheckpointError(f"cannot open the expert repack file {rp.file}: {e.strerror or e}; "
                                       f"{rp.hint}") from None
         self.reset_io_stats()
+
+    @staticmethod
+    def staging_for(stored_bytes: int) -> int:
+        """Bytes of a staged tier's rows: one for reads finished on the I/O thread + STAGE_ROWS deferred."""
+        return (1 + DiskTier.STAGE_ROWS) * round_up(stored_bytes)
+
+    @property
+    def staging_bytes(self) -> int:
+        return 0 if self.direct else self.staging_for(self.stored_bytes)
 
     @property
     def stride(self) -> int:
