@@ -59,7 +59,7 @@ def test_real_micro_benchmark_runs(cache_dir):
     assert json.loads((cache_dir / "machine.json").read_text())[autodtype.machine_key(torch.bfloat16)]["fast"] is fast
 
 
-def test_auto_on_slow_cpu_computes_fp32_from_bf16_storage(cache_dir, monkeypatch, tiny_ckpt, tmp_path):
+def test_auto_on_slow_cpu_computes_fp32_from_bf16_storage(cache_dir, monkeypatch, tmp_path):
     from tests.conftest import make_tiny_checkpoint
     fake_measure(monkeypatch, half_s=3.0)
     p = make_tiny_checkpoint("mixtral", tmp_path / "m", dtype=torch.bfloat16)
