@@ -1,0 +1,361 @@
+"""A calibrated step-time model (the roofline idea of SpecMoEOff, with coefficients measured here).
+
+Time of one forward over n tokens:
+
+    T(n) = t_ne(n) + Σ_layers (layer_fixed + expert_layer(n, union_l, misses_l))
+    t_ne(n)  = ne_fixed + ne_per_token · n            per-forward overhead + non-expert compute (all layers)
+    expert_layer = max(compute, fetch + compute / union) when it misses (the engine computes resident experts
+                   while misses load, then each miss after its load), compute otherwise
+    compute  = union · exp_fixed + n·K · exp_per_row  (each used expert once over its tokens)
+    fetch    = read_latency + misses · read_s         (one I/O thread, like one link)
+
+A plain step is one forward over B tokens; a speculative step is the draft forwards (one per drafted
+position over the sequences still drafting, draft experts only, no fetches) plus one verification forward
+over B + Σγ_b tokens. Unions and misses come from recent routing (`RoutingStats`: per-layer EMA of how
+often each expert is picked per token) and the resident set at the start of the step.
+
+The coefficients come from short micro-measurements (`calibrate`: forwards by row count with the expert
+computation stubbed out and with every expert resident, one expert FFN by row count at the model's shapes,
+cold fetches of 1 and 4 experts from the store), cached per machine + model + tier as JSON in the user cache directory, and
+are refined online: per step kind and batch bucket an EMA of measured / predicted time, and per step kind
+an EMA of measured / predicted misses (tokens of one sequence route alike, so a verification's union is
+smaller than independent tokens would give).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specmoe.decoding.breakdown import now
+
+CALIBRATION_VERSION = 2
+KINDS = ("plain", "spec")
+
+
+@dataclass
+class Coefficients:
+    """Seconds; see the module docstring for the model they enter."""
+    ne_fixed: float
+    ne_per_token: float
+    layer_fixed: float       # the expert path's own overhead per MoE layer (routing sort, host read, scatter)
+    exp_fixed: float
+    exp_per_row: float
+    read_s: float            # each expert read from the backing tier after the first (0: every expert resident)
+    read_latency_s: float    # added once per layer that misses (I/O thread wake-up, first-byte latency)
+    expert_bytes: int
+    moe_layers: int
+    top_k: int
+    num_experts: int
+    source: str = "measured"  # "measured" | "cached" | a hardware profile's name
+
+    @property
+    def read_gbps(self) -> float | None:
+        return self.expert_bytes / self.read_s / 1e9 if self.read_s > 0 else None
+
+
+def cache_root() -> Path:
+    """The user cache directory ($XDG_CACHE_HOME/specmoe or ~/.cache/specmoe)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specmoe"
+
+
+def machine_key() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()}|{cpu}|{os.cpu_count()}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+
+
+def calibration_key(*, model_fingerprint: str, dtype, device, tier: str) -> str:
+    raw = f"v{CALIBRATION_VERSION}|{machine_key()}|{model_fingerprint}|{dtype}|{device}|{tier}"
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares a + b·x with a, b >= 0."""
+    b, a = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    b = max(float(b), 0.0)
+    a = max(float(np.mean(ys) - b * np.mean(xs)), 0.0)
+    return a, b
+
+
+def _best(f, repeats: int = 3) -> float:
+    f()  # warm-up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+class _OneBuffer:
+    """A stand-in expert store for calibration: every expert is the same resident random buffer."""
+
+    def __init__(self, buf: torch.Tensor):
+        self.buf = buf
+
+    def fetch(self, layer: int, ids: list[int]):
+        for e in ids:
+            yield e, self.buf
+
+
+@torch.inference_mode()
+def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64)) -> dict:
+    """Forwards over n tokens (one per sequence, a few positions of context), timed twice: with every
+    routed-expert computation replaced by zeros (→ the per-forward overhead and non-expert compute: attention,
+    norms, routers, shared experts, lm_head) and through the real expert path with every expert resident
+    (→ the expert path's per-layer overhead once the FFNs are subtracted). {"rows", "nonexpert", "full",
+    "unions"}: seconds and mean union sizes per row count."""
+    from specmoe.decoding.runner import ModelRunner
+    from specmoe.models.kv_cache import KVCache
+    from specmoe.models.moe import ForwardContext
+    cfg = model.cfg
+    dtype = model.head_weight().dtype
+    cache = KVCache(num_layers=cfg.num_layers, max_batch=max(rows), max_seq=16, num_kv_heads=cfg.num_kv_heads,
+                    head_dim=cfg.head_dim, dtype=dtype, device=device)
+    cache.lengths = [4] * max(rows)
+    runner = ModelRunner(model, None, cache, device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    out = {"rows": list(rows), "nonexpert": [], "full": [], "unions": []}
+    store = _OneBuffer(buf)
+    for n in rows:
+        tokens = torch.randint(cfg.vocab_size, (n, 1), generator=g).to(device)
+        bv = runner.batch_view(list(range(n)), [1] * n)
+        unions: list[int] = []
+
+        def zero():
+            model(tokens, cache, bv, ForwardContext(provider=None,
+                                                    experts_override=lambda layer, x, w, i: torch.zeros_like(x)))
+            now(device)
+
+        def full():
+            unions.clear()
+            model(tokens, cache, bv, ForwardContext(provider=store, observers=[
+                lambda layer, ids, counts: unions.append(sum(c > 0 for c in counts))]))
+            now(device)
+        out["nonexpert"].append(_best(zero))
+        out["full"].append(_best(full))
+        out["unions"].append(sum(unions) / max(1, len(unions)))
+    return out
+
+
+@torch.inference_mode()
+def measure_expert(cfg, dtype, device, rows=(1, 4, 16, 64)) -> tuple[float, float]:
+    """(fixed, per row) seconds of one expert FFN at the model's shapes."""
+    from specmoe.models.moe import expert_ffn
+    D, I = cfg.hidden_size, cfg.expert_intermediate_size
+    g = torch.Generator(device="cpu").manual_seed(0)
+    buf = (torch.randn(3 * I * D, generator=g) * 0.02).to(device=device, dtype=dtype)
+    ts = []
+    for n in rows:
+        x = torch.randn(n, D, generator=g).to(device=device, dtype=dtype)
+        ts.append(_best(lambda: (expert_ffn(x, buf, D, I), now(device))))
+    return _fit(list(rows), ts)
+
+
+def measure_reads(store, cfg) -> tuple[float, float]:
+    """(seconds per expert, latency) of cold fetches of 1 and 4 experts through the store (its I/O thread,
+    checksum verification included), taken on experts that are not resident. (0, 0) for resident stores."""
+    layer = cfg.moe_layers[-1]
+    ts = {}
+    for k in (1, 4):
+        best = math.inf
+        for _ in range(2):
+            store.evict_all()
+            res = store.resident(layer)
+            ids = [e for e in range(cfg.num_experts) if e not in res][:k]
+            if len(ids) < k:
+                return 0.0, 0.0
+            t0 = time.perf_counter()
+            for _e, _buf in store.fetch(layer, ids):
+                pass
+            best = min(best, time.perf_counter() - t0)
+        ts[k] = best
+    store.evict_all()
+    per = max((ts[4] - ts[1]) / 3, ts[1] * 0.1)
+    return per, max(ts[1] - per, 0.0)
+
+
+def calibrate(model, store, device, *, tier: str) -> Coefficients:
+    cfg = model.cfg
+    dtype = model.head_weight().dtype
+    e0, e1 = measure_expert(cfg, dtype, device)
+    buf = (torch.randn(cfg.expert_numel, generator=torch.Generator().manual_seed(1)) * 0.02).to(device=device,
+                                                                                              dtype=dtype)
+    fw = measure_forwards(model, device, buf)
+    ne0, ne1 = _fit(fw["rows"], fw["nonexpert"])
+    L = len(cfg.moe_layers)
+    over = [(f - z - L * (u * e0 + n * cfg.top_k * e1)) / L
+            for n, f, z, u in zip(fw["rows"], fw["full"], fw["nonexpert"], fw["unions"])]
+    read, lat = measure_reads(store, cfg) if tier != "none" else (0.0, 0.0)
+    esize = torch.empty((), dtype=dtype).element_size()
+    return Coefficients(ne_fixed=ne0, ne_per_token=ne1, layer_fixed=max(0.0, float(np.median(over))), exp_fixed=e0,
+                        exp_per_row=e1, read_s=read, read_latency_s=lat, expert_bytes=cfg.expert_numel * esize,
+                        moe_layers=L, top_k=cfg.top_k, num_experts=cfg.num_experts)
+
+
+def load_or_calibrate(model, store, device, *, tier: str, key: str, refresh: bool = False) -> Coefficients:
+    """Coefficients from `<cache>/costmodel/<key>.json`, or measured now and written there."""
+    f = cache_root() / "costmodel" / f"{key}.json"
+    if f.is_file() and not refresh:
+        try:
+            d = json.loads(f.read_text())
+            d["source"] = "cached"
+            return Coefficients(**d)
+        except (OSError, ValueError, TypeError):
+            pass  # unreadable or from another version: measure again
+    c = calibrate(model, store, device, tier=tier)
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(c), indent=1))
+        tmp.replace(f)
+    except OSError:
+        pass  # a read-only cache directory only costs a re-measurement next time
+    return c
+
+
+class RoutingStats:
+    """Per-layer EMA of p_e = how often expert e is picked per token (Σ_e p_e = top-k), from the target
+    forwards' routing counts (a ForwardContext observer)."""
+
+    def __init__(self, layers: list[int], num_experts: int, top_k: int, alpha: float = 0.3):
+        self.layers, self.alpha, self.top_k = list(layers), alpha, top_k
+        self.index = {layer: i for i, layer in enumerate(self.layers)}
+        self.p = np.full((len(self.layers), num_experts), top_k / num_experts)
+        self.pending: dict[int, list[int]] = {}
+        self.union_seen: dict[int, int] = {}
+
+    def observe(self, layer: int, ids, counts: list[int]) -> None:
+        self.pending[layer] = counts
+
+    def flush(self) -> dict[int, int]:
+        """Fold the counts seen since the last flush into the EMA; returns {layer: union size} of them."""
+        unions = {}
+        for layer, counts in self.pending.items():
+            c = np.asarray(counts, float)
+            n = c.sum() / self.top_k  # tokens routed (each picks top-k experts)
+            unions[layer] = int((c > 0).sum())
+            if n > 0:
+                i = self.index[layer]
+                self.p[i] = (1 - self.alpha) * self.p[i] + self.alpha * np.minimum(c / n, 1.0)
+        self.pending = {}
+        return unions
+
+    def hottest(self, n: int) -> np.ndarray:
+        """[L, E] mask of each layer's n most picked experts."""
+        order = np.argsort(-self.p, axis=1, kind="stable")[:, :n]
+        m = np.zeros_like(self.p, dtype=bool)
+        np.put_along_axis(m, order, True, axis=1)
+        return m
+
+
+def bucket(B: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(B, 1))))
+
+
+@dataclass
+class Refinement:
+    """Online corrections: EMA of measured/predicted step time per (kind, batch bucket) and of measured /
+    predicted misses per kind."""
+    alpha: float = 0.25
+    time: dict = field(default_factory=dict)
+    misses: dict = field(default_factory=dict)
+
+    def ema(self, table: dict, key, ratio: float) -> None:
+        ratio = min(max(ratio, 0.05), 20.0)
+        old = table.get(key)
+        table[key] = ratio if old is None else (1 - self.alpha) * old + self.alpha * ratio
+
+
+class CostModel:
+    """Predicts plain and speculative step times (module docstring); `refine` folds measured steps in."""
+
+    def __init__(self, coef: Coefficients, routing: RoutingStats, *, draft_experts: int):
+        self.c, self.routing, self.nd = coef, routing, draft_experts
+        self.ref = Refinement()
+
+    # -------------------------------------------------------------- pieces
+    def expected_union(self, n: np.ndarray, resident: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """Expected (union, misses) per layer [C, L] for forwards of n [C] independent tokens; `resident`
+        [L, E] bool. Misses are scaled by the kind's measured/predicted EMA."""
+        p = np.clip(self.routing.p, 0.0, 1.0)[None]  # [1, L, E]
+        hit = 1.0 - (1.0 - p) ** np.asarray(n, float)[:, None, None]  # [C, L, E]
+        union = hit.sum(-1)
+        miss = (hit * ~resident[None]).sum(-1) * self.ref.misses.get(kind, 1.0)
+        return union, np.minimum(miss, union)
+
+    def forward_time(self, n: np.ndarray, union: np.ndarray, miss: np.ndarray) -> np.ndarray:
+        """Seconds of target forwards over n [C] tokens with per-layer union / misses [C, L]."""
+        c = self.c
+        n = np.asarray(n, float)
+        comp = union * c.exp_fixed + (n * c.top_k)[:, None] * c.exp_per_row  # [C, L]
+        fetch = c.read_latency_s + miss * c.read_s
+        per_layer = np.where(miss > 0, np.maximum(comp, fetch + comp / np.maximum(union, 1.0)), comp)
+        return c.ne_fixed + c.ne_per_token * n + (c.layer_fixed + per_layer).sum(-1)
+
+    def draft_time(self, rows: np.ndarray) -> np.ndarray:
+        """Seconds of draft forwards over rows [...] tokens each (draft experts only: the faster of the grouped
+        and the dense form, no fetches); 0 rows cost nothing."""
+        c = self.c
+        r = np.asarray(rows, float)
+        used = np.minimum(self.nd, r * c.top_k)
+        grouped = used * c.exp_fixed + r * c.top_k * c.exp_per_row
+        dense = self.nd * (c.exp_fixed + r * c.exp_per_row)
+        t = c.ne_fixed + c.ne_per_token * r + c.moe_layers * np.minimum(grouped, dense)
+        return np.where(r > 0, t, 0.0)
+
+    # -------------------------------------------------------------- steps
+    def plain(self, B: int, resident: np.ndarray, *, refined: bool = True) -> float:
+        union, miss = self.expected_union(np.array([B]), resident, "plain")
+        t = float(self.forward_time(np.array([B]), union, miss)[0])
+        return t * (self._ratio("plain", B) if refined else 1.0)
+
+    def spec(self, gammas: np.ndarray, resident: np.ndarray, *, refined: bool = True) -> np.ndarray:
+        """Seconds of speculative steps, one per row of gammas [C, B] (γ_b drafted tokens for sequence b);
+        `resident` includes the draft set."""
+        g = np.atleast_2d(np.asarray(gammas))
+        C, B = g.shape
+        G = int(g.max()) if g.size else 0
+        rows = np.stack([(g > j).sum(1) for j in range(G)], 1) if G else np.zeros((C, 0))  # [C, G]
+        draft = self.draft_time(rows).sum(1) if G else np.zeros(C)
+        n = B + g.sum(1)
+        union, miss = self.expected_union(n, resident, "spec")
+        t = draft + self.forward_time(n, union, miss)
+        return t * (self._ratio("spec", B) if refined else 1.0)
+
+    def _ratio(self, kind: str, B: int) -> float:
+        """Measured/predicted time of the kind at B's bucket; a bucket not measured yet takes the kind's ratio
+        over every bucket (mostly the machine's speed, e.g. its load), then the other kind's."""
+        t = self.ref.time
+        return t.get((kind, bucket(B)), t.get((kind, 0), t.get(("spec" if kind == "plain" else "plain", 0), 1.0)))
+
+    def refine(self, kind: str, B: int, measured_s: float, raw_predicted_s: float, *,
+               measured_misses: float | None = None, predicted_misses: float | None = None) -> None:
+        """Fold in one measured step (`raw_predicted_s`: the prediction without the time refinement)."""
+        if raw_predicted_s > 0 and measured_s > 0:
+            for b in (bucket(B), 0):  # 0: every bucket
+                self.ref.ema(self.ref.time, (kind, b), measured_s / raw_predicted_s)
+        if measured_misses is not None and predicted_misses and predicted_misses > 0.5:
+            r = measured_misses / predicted_misses * self.ref.misses.get(kind, 1.0)
+            self.ref.ema(self.ref.misses, kind, r)
+
+    def stats(self) -> dict:
+        return {"coefficients": {**asdict(self.c), "read_gbps": self.c.read_gbps},
+                "time_refinement": {f"{k}@{b or 'all'}": v for (k, b), v in sorted(self.ref.time.items())},
+                "miss_refinement": dict(self.ref.misses)}
