@@ -100,6 +100,7 @@ class Plan:
     plain_rate: float            # predicted tokens/s of the plain step and of the best speculative plan
     spec_rate: float
     reason: str = "model"        # "model" | "forced" | "schedule" | "explore"
+    spec_gammas: list[int] | None = None  # the best speculative plan's γ_b, chosen or not
 
 
 class Controller:
@@ -156,13 +157,14 @@ class Controller:
         if want == "plain" or cands[i].sum() == 0:
             self.since_spec += 1
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
-            return Plan("plain", None, 1.0, t_plain, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason)
+            return Plan("plain", None, 1.0, t_plain, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
+                        cands[i].astype(int).tolist())
         self.since_spec = 0
         raw = float(cm.spec(cands[i:i + 1], spec_resident, refined=False)[0])
         _, miss = cm.expected_union(np.array([B + cands[i].sum()]), spec_resident, "spec")
         theta = 0.0 if reason in ("forced", "schedule") else float(THETAS[i]) if i < len(THETAS) else 0.0
         return Plan("spec", cands[i].astype(int).tolist(), theta, float(t_spec[i]), raw, float(miss.sum()),
-                    plain_rate, spec_rate, reason)
+                    plain_rate, spec_rate, reason, cands[i].astype(int).tolist())
 
     def stopper(self, plan: Plan, seqs, gammas: list[int]):
         """The draft's `on_logits` hook for this step: records each greedy row's confidence and stops it once
