@@ -108,7 +108,7 @@ class Controller:
     callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
     drafts every sequence's full γ (what decoding="specmoe" does) but for the p_min floor (0 turns it off)."""
 
-    def __init__(self, cost: CostModel, gamma_max: int, *, p_min: float = 0.05, explore_every: int = 32):
+    def __init__(self, cost: CostModel, gamma_max: int, *, p_min: float = 0.05, explore_every: int = 64):
         self.cost, self.g = cost, gamma_max
         self.acc = Acceptance(gamma_max)
         self.p_min, self.explore_every = p_min, explore_every
@@ -116,8 +116,25 @@ class Controller:
         self.schedule = None
         self.steps = self.stops = 0
         self.since_spec = 0
+        self.coasting = (0, 0)  # (batch size, steps left) of a plain call reused without planning
+        self.coast_steps, self.coast_below = 3, 0.8
         self.choices = {"plain": 0, "spec": 0}
         self.reasons: dict[str, int] = {}
+
+    def coast(self, B: int) -> bool:
+        """True when this step repeats the last plain call without planning: after a plan that chose plain by a
+        clear margin (or forced plain), the next `coast_steps` steps at the same batch size do (the
+        controller's own cost stays a small share of a plain step)."""
+        b, left = self.coasting
+        if b != B or left <= 0 or self.schedule is not None:
+            self.coasting = (0, 0)
+            return False
+        self.coasting = (b, left - 1)
+        self.steps += 1
+        self.since_spec += 1
+        self.choices["plain"] += 1
+        self.reasons["coast"] = self.reasons.get("coast", 0) + 1
+        return True
 
     def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray) -> Plan:
         """`limits[b]`: the most sequence b may draft; `resident` / `spec_resident` [L, E]: resident experts for
@@ -125,15 +142,16 @@ class Controller:
         B = len(seq_ids)
         lim = np.asarray(limits)
         cm = self.cost
-        t_plain = cm.plain(B, resident)
         t_plain_raw = cm.plain(B, resident, refined=False)
+        t_plain = t_plain_raw * cm._ratio("plain", B)
         plain_rate = B / t_plain
         P = self.acc.position()[None, :] * self.acc.seq_factor(seq_ids)[:, None]  # [B, G]
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
         P = np.where(np.arange(self.g)[None, :] < lim[:, None], P, 0.0)
         cands = np.concatenate([(P[None] >= THETAS[:, None, None]).sum(-1), lim[None]])  # [C, B]
         gain = np.array([(P * (np.arange(self.g)[None, :] < c[:, None])).sum() for c in cands])
-        t_spec = cm.spec(cands, spec_resident)
+        t_spec_raw = cm.spec(cands, spec_resident, refined=False)
+        t_spec = t_spec_raw * cm._ratio("spec", B)
         rates = (B + gain) / t_spec
         rates[cands.sum(1) == 0] = 0.0  # a speculative step that drafts nothing is a plain step
         i = int(np.argmax(rates))
@@ -149,18 +167,20 @@ class Controller:
             reason = "model"
             want = "spec" if spec_rate > plain_rate else "plain"
             if (want == "plain" and cands[i].sum() > 0 and self.since_spec >= self.explore_every
-                    and spec_rate >= 0.8 * plain_rate):
+                    and spec_rate >= 0.9 * plain_rate):
                 want, reason = "spec", "explore"  # keep the acceptance estimates alive near the break-even
         self.steps += 1
         self.choices[want] += 1
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
         if want == "plain" or cands[i].sum() == 0:
             self.since_spec += 1
+            if reason == "forced" or (reason == "model" and spec_rate < self.coast_below * plain_rate):
+                self.coasting = (B, self.coast_steps)  # a clear call: the next steps reuse it without planning
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
             return Plan("plain", None, 1.0, t_plain, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
                         cands[i].astype(int).tolist())
         self.since_spec = 0
-        raw = float(cm.spec(cands[i:i + 1], spec_resident, refined=False)[0])
+        raw = float(t_spec_raw[i])
         _, miss = cm.expected_union(np.array([B + cands[i].sum()]), spec_resident, "spec")
         theta = 0.0 if reason in ("forced", "schedule") else float(THETAS[i]) if i < len(THETAS) else 0.0
         return Plan("spec", cands[i].astype(int).tolist(), theta, float(t_spec[i]), raw, float(miss.sum()),

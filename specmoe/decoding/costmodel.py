@@ -244,18 +244,15 @@ class RoutingStats:
     def observe(self, layer: int, ids, counts: list[int]) -> None:
         self.pending[layer] = counts
 
-    def flush(self) -> dict[int, int]:
-        """Fold the counts seen since the last flush into the EMA; returns {layer: union size} of them."""
-        unions = {}
-        for layer, counts in self.pending.items():
-            c = np.asarray(counts, float)
-            n = c.sum() / self.top_k  # tokens routed (each picks top-k experts)
-            unions[layer] = int((c > 0).sum())
-            if n > 0:
-                i = self.index[layer]
-                self.p[i] = (1 - self.alpha) * self.p[i] + self.alpha * np.minimum(c / n, 1.0)
+    def flush(self) -> None:
+        """Fold the counts seen since the last flush into the EMA."""
+        if not self.pending:
+            return
+        idx = [self.index[layer] for layer in self.pending]
+        c = np.array(list(self.pending.values()), float)  # [l, E]
+        n = c.sum(1, keepdims=True) / self.top_k  # tokens routed (each picks top-k experts)
+        self.p[idx] = (1 - self.alpha) * self.p[idx] + self.alpha * np.minimum(c / np.maximum(n, 1e-9), 1.0)
         self.pending = {}
-        return unions
 
     def hottest(self, n: int) -> np.ndarray:
         """[L, E] mask of each layer's n most picked experts."""
@@ -332,8 +329,8 @@ class CostModel:
         g = np.atleast_2d(np.asarray(gammas))
         C, B = g.shape
         G = int(g.max()) if g.size else 0
-        rows = np.stack([(g > j).sum(1) for j in range(G)], 1) if G else np.zeros((C, 0))  # [C, G]
-        draft = self.draft_time(rows).sum(1) if G else np.zeros(C)
+        rows = (g[:, :, None] > np.arange(G)[None, None, :]).sum(1)  # [C, G] sequences drafting position j
+        draft = self.draft_time(rows).sum(1)
         n = B + g.sum(1)
         union, miss = self.expected_union(n, resident, "spec")
         t = draft + self.forward_time(n, union, miss)

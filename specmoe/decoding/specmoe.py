@@ -182,7 +182,8 @@ class SpecMoEDecoder:
         self.controller_s = 0.0
         self.draft_phase_bytes = 0
         self.breakdown = StepBreakdown()
-        self.predictions: list[tuple] = []  # (kind, B, predicted s, raw predicted s, measured s)
+        # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
+        self.predictions: list[tuple] = []
         self.plain_run, self.dormant, self.unpins = 0, False, 0
         self.pf = {"tp": 0, "fp": 0, "fn": 0}  # draft-guided prefetch picks vs what verification needed
 
@@ -202,6 +203,9 @@ class SpecMoEDecoder:
         if self.ctl is None:
             return self._spec_step(seqs, limits)
         t = time.perf_counter()
+        if self.ctl.coast(len(seqs)):
+            self.controller_s += time.perf_counter() - t
+            return self._plain_step(seqs)
         plan = self._plan(seqs, limits)
         self.controller_s += time.perf_counter() - t
         dev = self.runner.device
@@ -216,7 +220,8 @@ class SpecMoEDecoder:
         self.ctl.cost.refine(plan.kind, len(seqs), dt, plan.raw_s, measured_misses=misses,
                              predicted_misses=plan.predicted_misses)
         if len(self.predictions) < 20000:
-            self.predictions.append((plan.kind, len(seqs), plan.predicted_s, plan.raw_s, dt))
+            self.predictions.append((plan.kind, len(seqs), plan.predicted_s, plan.raw_s, dt, plan.plain_rate,
+                                     plan.spec_rate))
         return out
 
     def _plan(self, seqs: list[Sequence], limits: list[int]):
