@@ -85,7 +85,7 @@ def plan_rows(model: str | None, *, profiles: list[str], batches, draft_experts:
         else:
             h = PROFILES[name]
             bytes_per = torch.empty((), dtype=resolve_dtype(dtype, default=cfg.dtype)).element_size()
-            coef, desc = coefficients(h, cfg, bytes_per), f"{h.description} — {h.source}"
+            coef, desc = coefficients(h, cfg, bytes_per, draft_experts), f"{h.description} — {h.source}"
         rows = predict(coef, routing_from_profile(cfg, counts), batches=batches, draft_experts=draft_experts,
                        gamma=gamma, cache_slots=slots, acceptance=acceptance)
         out["profiles"][name] = {"description": desc, "read_gbps": coef.read_gbps, "rows": rows}

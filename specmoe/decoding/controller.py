@@ -101,6 +101,9 @@ class Plan:
     spec_rate: float
     reason: str = "model"        # "model" | "forced" | "schedule" | "explore"
     spec_gammas: list[int] | None = None  # the best speculative plan's γ_b, chosen or not
+    draft_raw_s: float = 0.0     # the chosen speculative step's raw draft and verification predictions
+    verify_raw_s: float = 0.0
+    verify_tokens: int = 0
 
 
 class Controller:
@@ -136,22 +139,23 @@ class Controller:
         self.reasons["coast"] = self.reasons.get("coast", 0) + 1
         return True
 
-    def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray) -> Plan:
+    def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
+             setup_s: float = 0.0) -> Plan:
         """`limits[b]`: the most sequence b may draft; `resident` / `spec_resident` [L, E]: resident experts for
-        a plain step / a speculative one (with the draft set)."""
+        a plain step / a speculative one (with the draft set); `setup_s`: seconds a speculative step would
+        first spend making the draft set resident."""
         B = len(seq_ids)
         lim = np.asarray(limits)
         cm = self.cost
-        t_plain_raw = cm.plain(B, resident, refined=False)
-        t_plain = t_plain_raw * cm._ratio("plain", B)
+        t_plain_raw, t_plain = cm.plain_parts(B, resident)
         plain_rate = B / t_plain
         P = self.acc.position()[None, :] * self.acc.seq_factor(seq_ids)[:, None]  # [B, G]
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
         P = np.where(np.arange(self.g)[None, :] < lim[:, None], P, 0.0)
         cands = np.concatenate([(P[None] >= THETAS[:, None, None]).sum(-1), lim[None]])  # [C, B]
         gain = np.array([(P * (np.arange(self.g)[None, :] < c[:, None])).sum() for c in cands])
-        t_spec_raw = cm.spec(cands, spec_resident, refined=False)
-        t_spec = t_spec_raw * cm._ratio("spec", B)
+        d_raw, v_raw, t_spec = cm.spec_parts(cands, spec_resident)
+        t_spec = t_spec + setup_s  # making the draft set resident first (its first step, or after a plain stretch)
         rates = (B + gain) / t_spec
         rates[cands.sum(1) == 0] = 0.0  # a speculative step that drafts nothing is a plain step
         i = int(np.argmax(rates))
@@ -180,11 +184,12 @@ class Controller:
             return Plan("plain", None, 1.0, t_plain, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
                         cands[i].astype(int).tolist())
         self.since_spec = 0
-        raw = float(t_spec_raw[i])
+        raw = float(d_raw[i] + v_raw[i])
         _, miss = cm.expected_union(np.array([B + cands[i].sum()]), spec_resident, "spec")
         theta = 0.0 if reason in ("forced", "schedule") else float(THETAS[i]) if i < len(THETAS) else 0.0
         return Plan("spec", cands[i].astype(int).tolist(), theta, float(t_spec[i]), raw, float(miss.sum()),
-                    plain_rate, spec_rate, reason, cands[i].astype(int).tolist())
+                    plain_rate, spec_rate, reason, cands[i].astype(int).tolist(), float(d_raw[i]), float(v_raw[i]),
+                    int(B + cands[i].sum()))
 
     def stopper(self, plan: Plan, seqs, gammas: list[int]):
         """The draft's `on_logits` hook for this step: records each greedy row's confidence and stops it once

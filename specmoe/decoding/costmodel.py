@@ -17,8 +17,9 @@ often each expert is picked per token) and the resident set at the start of the 
 The coefficients come from short micro-measurements (`calibrate`: forwards by row count with the expert
 computation stubbed out and with every expert resident, one expert FFN by row count at the model's shapes,
 cold fetches of 1 and 4 experts from the store), cached per machine + model + tier as JSON in the user cache directory, and
-are refined online: per step kind and batch bucket an EMA of measured / predicted time, and per step kind
-an EMA of measured / predicted misses (tokens of one sequence route alike, so a verification's union is
+are refined online: an EMA of measured / predicted time of target forwards per token-count bucket (plain
+steps and verifications alike) and of draft phases per batch bucket, and per step kind an EMA of measured /
+predicted misses (tokens of one sequence route alike, so a verification's union is
 smaller than independent tokens would give).
 """
 from __future__ import annotations
@@ -34,10 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from specmoe.decoding.breakdown import now
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 KINDS = ("plain", "spec")
 
 
@@ -47,6 +49,8 @@ class Coefficients:
     ne_fixed: float
     ne_per_token: float
     layer_fixed: float       # the expert path's own overhead per MoE layer (routing sort, host read, scatter)
+    draft_fixed: float       # one draft forward (N draft experts per layer as two dense GEMMs): fixed, per token
+    draft_per_token: float
     exp_fixed: float
     exp_per_row: float
     read_s: float            # each expert read from the backing tier after the first (0: every expert resident)
@@ -115,12 +119,13 @@ class _OneBuffer:
 
 
 @torch.inference_mode()
-def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64)) -> dict:
+def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_experts: int = 4) -> dict:
     """Forwards over n tokens (one per sequence, a few positions of context), timed twice: with every
     routed-expert computation replaced by zeros (→ the per-forward overhead and non-expert compute: attention,
     norms, routers, shared experts, lm_head) and through the real expert path with every expert resident
-    (→ the expert path's per-layer overhead once the FFNs are subtracted). {"rows", "nonexpert", "full",
-    "unions"}: seconds and mean union sizes per row count."""
+    (→ the expert path's per-layer overhead once the FFNs are subtracted), and as a draft forward computes
+    (N draft experts per layer in the dense form). {"rows", "nonexpert", "full", "draft", "unions"}: seconds
+    and mean union sizes per row count."""
     from specmoe.decoding.runner import ModelRunner
     from specmoe.models.kv_cache import KVCache
     from specmoe.models.moe import ForwardContext
@@ -131,8 +136,20 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64)) -> dict:
     cache.lengths = [4] * max(rows)
     runner = ModelRunner(model, None, cache, device)
     g = torch.Generator(device="cpu").manual_seed(0)
-    out = {"rows": list(rows), "nonexpert": [], "full": [], "unions": []}
+    out = {"rows": list(rows), "nonexpert": [], "full": [], "unions": [], "draft": []}
     store = _OneBuffer(buf)
+    D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
+    nd = max(1, min(draft_experts, E))
+    w1 = buf[: 2 * I * D].view(2 * I, D).repeat(nd, 1)  # [Nd·2I, D]
+    w2 = buf[2 * I * D:].view(D, I).repeat(1, nd)        # [D, Nd·I]
+    sub = torch.arange(E, device=device) % nd
+
+    def draft_experts(layer, x, w, ids):  # the draft's dense form: substitute, weight per draft expert, 2 GEMMs
+        loc = sub[ids]
+        dense = torch.zeros(x.shape[0], nd + 1, dtype=x.dtype, device=x.device).scatter_add_(
+            1, loc, w.to(x.dtype))[:, :nd]
+        g, u = F.linear(x, w1).view(x.shape[0], nd, -1).chunk(2, dim=-1)
+        return F.linear((F.silu(g) * u * dense[..., None]).reshape(x.shape[0], -1), w2)
     for n in rows:
         tokens = torch.randint(cfg.vocab_size, (n, 1), generator=g).to(device)
         bv = runner.batch_view(list(range(n)), [1] * n)
@@ -148,7 +165,11 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64)) -> dict:
             model(tokens, cache, bv, ForwardContext(provider=store, observers=[
                 lambda layer, ids, counts: unions.append(sum(c > 0 for c in counts))]))
             now(device)
+        def drafted():
+            model(tokens, cache, bv, ForwardContext(provider=None, experts_override=draft_experts))
+            now(device)
         out["nonexpert"].append(_best(zero))
+        out["draft"].append(_best(drafted))
         out["full"].append(_best(full))
         out["unions"].append(sum(unions) / max(1, len(unions)))
     return out
@@ -191,25 +212,28 @@ def measure_reads(store, cfg) -> tuple[float, float]:
     return per, max(ts[1] - per, 0.0)
 
 
-def calibrate(model, store, device, *, tier: str) -> Coefficients:
+def calibrate(model, store, device, *, tier: str, draft_experts: int = 4) -> Coefficients:
     cfg = model.cfg
     dtype = model.head_weight().dtype
     e0, e1 = measure_expert(cfg, dtype, device)
     buf = (torch.randn(cfg.expert_numel, generator=torch.Generator().manual_seed(1)) * 0.02).to(device=device,
                                                                                               dtype=dtype)
-    fw = measure_forwards(model, device, buf)
+    fw = measure_forwards(model, device, buf, draft_experts=draft_experts)
     ne0, ne1 = _fit(fw["rows"], fw["nonexpert"])
+    d0, d1 = _fit(fw["rows"], fw["draft"])
     L = len(cfg.moe_layers)
     over = [(f - z - L * (u * e0 + n * cfg.top_k * e1)) / L
             for n, f, z, u in zip(fw["rows"], fw["full"], fw["nonexpert"], fw["unions"])]
     read, lat = measure_reads(store, cfg) if tier != "none" else (0.0, 0.0)
     esize = torch.empty((), dtype=dtype).element_size()
-    return Coefficients(ne_fixed=ne0, ne_per_token=ne1, layer_fixed=max(0.0, float(np.median(over))), exp_fixed=e0,
+    return Coefficients(ne_fixed=ne0, ne_per_token=ne1, layer_fixed=max(0.0, float(np.median(over))),
+                        draft_fixed=d0, draft_per_token=d1, exp_fixed=e0,
                         exp_per_row=e1, read_s=read, read_latency_s=lat, expert_bytes=cfg.expert_numel * esize,
                         moe_layers=L, top_k=cfg.top_k, num_experts=cfg.num_experts)
 
 
-def load_or_calibrate(model, store, device, *, tier: str, key: str, refresh: bool = False) -> Coefficients:
+def load_or_calibrate(model, store, device, *, tier: str, key: str, draft_experts: int = 4,
+                      refresh: bool = False) -> Coefficients:
     """Coefficients from `<cache>/costmodel/<key>.json`, or measured now and written there."""
     f = cache_root() / "costmodel" / f"{key}.json"
     if f.is_file() and not refresh:
@@ -219,7 +243,7 @@ def load_or_calibrate(model, store, device, *, tier: str, key: str, refresh: boo
             return Coefficients(**d)
         except (OSError, ValueError, TypeError):
             pass  # unreadable or from another version: measure again
-    c = calibrate(model, store, device, tier=tier)
+    c = calibrate(model, store, device, tier=tier, draft_experts=draft_experts)
     try:
         f.parent.mkdir(parents=True, exist_ok=True)
         tmp = f.with_suffix(".tmp")
@@ -307,25 +331,26 @@ class CostModel:
         return c.ne_fixed + c.ne_per_token * n + (c.layer_fixed + per_layer).sum(-1)
 
     def draft_time(self, rows: np.ndarray) -> np.ndarray:
-        """Seconds of draft forwards over rows [...] tokens each (draft experts only: the faster of the grouped
-        and the dense form, no fetches); 0 rows cost nothing."""
+        """Seconds of draft forwards over rows [...] tokens each (draft experts only, no fetches: the measured
+        dense form, an upper bound where the draft's grouped form is faster); 0 rows cost nothing."""
         c = self.c
         r = np.asarray(rows, float)
-        used = np.minimum(self.nd, r * c.top_k)
-        grouped = used * c.exp_fixed + r * c.top_k * c.exp_per_row
-        dense = self.nd * (c.exp_fixed + r * c.exp_per_row)
-        t = c.ne_fixed + c.ne_per_token * r + c.moe_layers * np.minimum(grouped, dense)
-        return np.where(r > 0, t, 0.0)
+        return np.where(r > 0, c.draft_fixed + c.draft_per_token * r, 0.0)
 
     # -------------------------------------------------------------- steps
-    def plain(self, B: int, resident: np.ndarray, *, refined: bool = True) -> float:
+    def plain_parts(self, B: int, resident: np.ndarray) -> tuple[float, float]:
+        """(raw seconds, refined seconds) of a plain step: one target forward over B tokens."""
         union, miss = self.expected_union(np.array([B]), resident, "plain")
         t = float(self.forward_time(np.array([B]), union, miss)[0])
-        return t * (self._ratio("plain", B) if refined else 1.0)
+        return t, t * self.ratio("fwd", B)
 
-    def spec(self, gammas: np.ndarray, resident: np.ndarray, *, refined: bool = True) -> np.ndarray:
-        """Seconds of speculative steps, one per row of gammas [C, B] (γ_b drafted tokens for sequence b);
-        `resident` includes the draft set."""
+    def plain(self, B: int, resident: np.ndarray, *, refined: bool = True) -> float:
+        raw, ref = self.plain_parts(B, resident)
+        return ref if refined else raw
+
+    def spec_parts(self, gammas: np.ndarray, resident: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row of gammas [C, B] (γ_b drafted tokens for sequence b; `resident` includes the draft set):
+        raw draft seconds, raw verification seconds [C] and the refined total [C]."""
         g = np.atleast_2d(np.asarray(gammas))
         C, B = g.shape
         G = int(g.max()) if g.size else 0
@@ -333,26 +358,38 @@ class CostModel:
         draft = self.draft_time(rows).sum(1)
         n = B + g.sum(1)
         union, miss = self.expected_union(n, resident, "spec")
-        t = draft + self.forward_time(n, union, miss)
-        return t * (self._ratio("spec", B) if refined else 1.0)
+        verify = self.forward_time(n, union, miss)
+        fwd = np.array([self.ratio("fwd", int(k)) for k in n])
+        return draft, verify, draft * self.ratio("draft", B) + verify * fwd
 
-    def _ratio(self, kind: str, B: int) -> float:
-        """Measured/predicted time of the kind at B's bucket; a bucket not measured yet takes the kind's ratio
-        over every bucket (mostly the machine's speed, e.g. its load), then the other kind's."""
+    def spec(self, gammas: np.ndarray, resident: np.ndarray, *, refined: bool = True) -> np.ndarray:
+        d, v, ref = self.spec_parts(gammas, resident)
+        return ref if refined else d + v
+
+    def ratio(self, part: str, n: int) -> float:
+        """Measured / predicted time of a part ("fwd": target forwards by token count; "draft": draft phases by
+        batch size) at n's bucket; an unmeasured bucket takes the nearest measured one (mostly the machine's
+        speed, e.g. its load), a draft phase never measured takes the forwards' ratio (both are mostly the
+        non-expert model)."""
         t = self.ref.time
-        return t.get((kind, bucket(B)), t.get((kind, 0), t.get(("spec" if kind == "plain" else "plain", 0), 1.0)))
+        b = bucket(n)
+        if (part, b) in t:
+            return t[(part, b)]
+        near = [k for k in t if k[0] == part]
+        if near:
+            return t[min(near, key=lambda k: (abs(math.log2(k[1]) - math.log2(b)), k[1]))]
+        return self.ratio("fwd", n) if part == "draft" and any(k[0] == "fwd" for k in t) else 1.0
 
-    def refine(self, kind: str, B: int, measured_s: float, raw_predicted_s: float, *,
-               measured_misses: float | None = None, predicted_misses: float | None = None) -> None:
-        """Fold in one measured step (`raw_predicted_s`: the prediction without the time refinement)."""
+    def refine(self, part: str, n: int, measured_s: float, raw_predicted_s: float) -> None:
+        """Fold in one measured part of a step (`raw_predicted_s`: its prediction without refinement)."""
         if raw_predicted_s > 0 and measured_s > 0:
-            for b in (bucket(B), 0):  # 0: every bucket
-                self.ref.ema(self.ref.time, (kind, b), measured_s / raw_predicted_s)
-        if measured_misses is not None and predicted_misses and predicted_misses > 0.5:
-            r = measured_misses / predicted_misses * self.ref.misses.get(kind, 1.0)
-            self.ref.ema(self.ref.misses, kind, r)
+            self.ref.ema(self.ref.time, (part, bucket(n)), measured_s / raw_predicted_s)
+
+    def refine_misses(self, kind: str, measured: float, predicted: float) -> None:
+        if predicted > 0.5:
+            self.ref.ema(self.ref.misses, kind, measured / predicted * self.ref.misses.get(kind, 1.0))
 
     def stats(self) -> dict:
         return {"coefficients": {**asdict(self.c), "read_gbps": self.c.read_gbps},
-                "time_refinement": {f"{k}@{b or 'all'}": v for (k, b), v in sorted(self.ref.time.items())},
+                "time_refinement": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.time.items())},
                 "miss_refinement": dict(self.ref.misses)}

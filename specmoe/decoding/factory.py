@@ -27,9 +27,11 @@ def controller_of(engine):
     if "controller" not in memo:
         cfg, off, mcfg = engine.spec_cfg, engine.offload_cfg, engine.config
         tier = off.offload if off.offload != "host" else f"host|{off.link_gbps}|{off.link_latency_us}"
+        nd = min(cfg.draft_experts, mcfg.num_experts)
         key = calibration_key(model_fingerprint=engine.ckpt.fingerprint(), dtype=engine.dtype, device=engine.device,
-                              tier=tier)
-        coef = load_or_calibrate(engine.model, engine.provider, engine.device, tier=off.offload, key=key)
+                              tier=f"{tier}|N={nd}")
+        coef = load_or_calibrate(engine.model, engine.provider, engine.device, tier=off.offload, key=key,
+                                 draft_experts=nd)
         routing = RoutingStats(list(mcfg.moe_layers), mcfg.num_experts, mcfg.top_k)
         cost = CostModel(coef, routing, draft_experts=min(cfg.draft_experts, mcfg.num_experts))
         memo["controller"] = Controller(cost, cfg.num_draft_tokens)

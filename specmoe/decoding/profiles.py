@@ -53,7 +53,7 @@ def _gemm(h: Hardware, rows: float, params: float, bytes_per: int) -> tuple[floa
     return params * bytes_per / (h.mem_gbps * 1e9) + h.launch_us * 1e-6, 2 * params / h.flops
 
 
-def coefficients(h: Hardware, cfg, bytes_per: int = 2) -> Coefficients:
+def coefficients(h: Hardware, cfg, bytes_per: int = 2, draft_experts: int = 4) -> Coefficients:
     """Cost-model coefficients of `cfg` on `h` (bf16 unless told)."""
     D, hd = cfg.hidden_size, cfg.head_dim
     attn = D * (cfg.num_heads + 2 * cfg.num_kv_heads) * hd + cfg.num_heads * hd * D
@@ -65,7 +65,12 @@ def coefficients(h: Hardware, cfg, bytes_per: int = 2) -> Coefficients:
     e0, e1 = _gemm(h, 1, cfg.expert_numel, bytes_per)
     e0 += 2 * h.launch_us * 1e-6
     eb = cfg.expert_numel * bytes_per
+    # a draft forward: the non-expert model + per MoE layer N draft experts as two dense GEMMs (+ 4 small ops)
+    nd = draft_experts
+    d0 = ne0 + len(cfg.moe_layers) * (nd * cfg.expert_numel * bytes_per / (h.mem_gbps * 1e9) + 6 * h.launch_us * 1e-6)
+    d1 = ne1 + len(cfg.moe_layers) * nd * 2 * cfg.expert_numel / h.flops
     return Coefficients(ne_fixed=ne0, ne_per_token=ne1, layer_fixed=h.sync_us * 1e-6 + 8 * h.launch_us * 1e-6,
+                        draft_fixed=d0, draft_per_token=d1,
                         exp_fixed=e0, exp_per_row=e1, read_s=eb / (h.link_gbps * 1e9),
                         read_latency_s=h.link_latency_us * 1e-6, expert_bytes=eb, moe_layers=len(cfg.moe_layers),
                         top_k=cfg.top_k, num_experts=cfg.num_experts, source=h.name)

@@ -185,6 +185,11 @@ class SpecMoEDecoder:
         # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
         self.predictions: list[tuple] = []
         self.plain_run, self.dormant, self.unpins = 0, False, 0
+        self.last_parts, self.last_setup = (0.0, 0.0), False
+        if controller is not None:
+            # a draft set pinned by an earlier run stays pinned in the cache; auto's plain steps need the slots
+            for layer in drafter.cfg.moe_layers:
+                runner.provider.pin(layer, [])
         self.pf = {"tp": 0, "fp": 0, "fn": 0}  # draft-guided prefetch picks vs what verification needed
 
     def _observe(self, layer: int, ids, counts: list[int]) -> None:
@@ -216,9 +221,15 @@ class SpecMoEDecoder:
         else:
             out = self._spec_step(seqs, plan.gammas, plan)
         dt = now(dev) - t0
-        misses = (self._bytes() - b0) / self.ctl.cost.c.expert_bytes
-        self.ctl.cost.refine(plan.kind, len(seqs), dt, plan.raw_s, measured_misses=misses,
-                             predicted_misses=plan.predicted_misses)
+        cm = self.ctl.cost
+        cm.refine_misses(plan.kind, (self._bytes() - b0) / cm.c.expert_bytes, plan.predicted_misses)
+        if plan.kind == "plain":
+            cm.refine("fwd", len(seqs), dt, plan.raw_s)
+        else:  # the setup of a draft set is not a draft phase: refine from steps without one
+            d, v = self.last_parts
+            if not self.last_setup:
+                cm.refine("draft", len(seqs), d, plan.draft_raw_s)
+            cm.refine("fwd", plan.verify_tokens, v, plan.verify_raw_s)
         if len(self.predictions) < 20000:
             self.predictions.append((plan.kind, len(seqs), plan.predicted_s, plan.raw_s, dt, plan.plain_rate,
                                      plan.spec_rate))
@@ -237,7 +248,10 @@ class SpecMoEDecoder:
                 spec_res[i, self.drafter.ids[layer]] = True
         else:
             spec_res = res | cm.routing.hottest(self.drafter.n)
-        return self.ctl.plan([s.seq_id for s in seqs], limits, res, spec_res)
+        setup = 0.0
+        if not self.drafter.ready or self.dormant:  # the draft set's experts not resident now load first
+            setup = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * len(cfg.moe_layers)
+        return self.ctl.plan([s.seq_id for s in seqs], limits, res, spec_res, setup)
 
     # ------------------------------------------------------------ draft set residency on plain stretches
     def _unpin(self) -> None:
@@ -283,10 +297,11 @@ class SpecMoEDecoder:
     def _spec_step(self, seqs: list[Sequence], gammas: list[int], plan=None) -> dict[int, list[int]]:
         dev = self.runner.device
         self.plain_run = 0
+        self.last_setup = not self.drafter.ready or self.dormant
+        ts = now(dev)
         if not self.drafter.ready:
-            t = now(dev)
             self.drafter.setup()
-            self.breakdown.setup(now(dev) - t)
+            self.breakdown.setup(now(dev) - ts)
         elif self.dormant:
             self._repin()
         gammas = list(gammas)
@@ -315,6 +330,7 @@ class SpecMoEDecoder:
         for s, toks in zip(seqs, out):
             self.runner.commit(s, len(toks))  # K/V of the pending token + the accepted drafts
         t3 = now(dev)
+        self.last_parts = (t1 - ts, t3 - t1)  # (draft phase with any setup, verification + acceptance)
         self.breakdown.draft(t1 - t0, e1 - e0)
         self.breakdown.target(t2 - t1, r.expert_s - e1, r.provider.fetch_wait_s - w1, self.drafter.refresh_s - f0)
         self.breakdown.accept(t3 - t2)

@@ -115,7 +115,8 @@ def test_calibration_is_cached_per_key_and_rebuilt_when_corrupt(tiny_ckpt, tmp_p
 
 
 def synthetic(read_s: float, *, ne=2e-3, exp=1e-4, E=16, L=4, K=2, N=4, gamma=4):
-    c = Coefficients(ne_fixed=ne, ne_per_token=ne / 50, layer_fixed=1e-4, exp_fixed=exp, exp_per_row=exp / 20,
+    c = Coefficients(ne_fixed=ne, ne_per_token=ne / 50, layer_fixed=1e-4, draft_fixed=ne + L * N * exp,
+                     draft_per_token=ne / 50 + L * N * exp / 20, exp_fixed=exp, exp_per_row=exp / 20,
                      read_s=read_s, read_latency_s=read_s / 4, expert_bytes=1 << 20, moe_layers=L, top_k=K,
                      num_experts=E)
     cm = CostModel(c, RoutingStats(list(range(L)), E, K), draft_experts=N)
@@ -143,11 +144,16 @@ def test_per_sequence_gamma_follows_each_sequences_acceptance():
 
 
 def test_cost_model_refines_from_measured_steps():
-    ctl, res, _ = synthetic(read_s=1e-3)
+    ctl, res, spec_res = synthetic(read_s=1e-3)
     cm = ctl.cost
     raw = cm.plain(4, res, refined=False)
     for _ in range(30):
-        cm.refine("plain", 4, 2 * raw, raw)
+        cm.refine("fwd", 4, 2 * raw, raw)
     assert cm.plain(4, res) == pytest.approx(2 * raw, rel=0.05)
     assert cm.plain(64, res) / cm.plain(64, res, refined=False) == pytest.approx(2, rel=0.05), \
-        "an unmeasured bucket takes the kind's ratio"
+        "an unmeasured bucket takes the nearest measured one"
+    d, v, ref = cm.spec_parts(np.array([[3, 0, 0, 0]]), spec_res)  # 7 tokens verified: the forwards' ratio
+    assert ref[0] == pytest.approx(2 * (d[0] + v[0]), rel=0.05), "an unmeasured draft phase takes the forwards' ratio"
+    for _ in range(30):
+        cm.refine("draft", 4, 3 * d[0], d[0])
+    assert cm.spec_parts(np.array([[3, 0, 0, 0]]), spec_res)[2][0] == pytest.approx(3 * d[0] + 2 * v[0], rel=0.05)
