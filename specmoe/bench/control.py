@@ -45,12 +45,13 @@ class ControlConfig:
     widened: bool = True
     widened_batches: tuple[int, ...] = (1, 4, 16, 64)
     widened_max_tokens: int = 8
-    phi_links: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    phi_links: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
     phi_batch: int = 16
     phi_systems: tuple[str, ...] = ("ondemand", "lru", "overlap")
     steady_batch: int = 16
     steady_requests: int = 64
     threads: int = 1
+    repeats: int = 2                  # measured runs per point, the fastest kept (a shared machine)
     progress: bool = True
     sections: tuple[str, ...] = ("systems", "phi", "steady")
     bench: dict = field(default_factory=dict)  # BenchConfig overrides (cache_fraction, prompt_tokens, ...)
@@ -235,7 +236,7 @@ def run_control(cfg: ControlConfig, bench: BenchConfig | None = None, *, command
     from specmoe.engine.tokenizer import Tokenizer
     torch.set_num_threads(cfg.threads)
     bcfg = replace(bench or BenchConfig(), out=cfg.out, threads=cfg.threads, progress=cfg.progress, peers=(),
-                   repeats=1, instrument=True, time_budget_s=None, **cfg.bench)
+                   repeats=cfg.repeats, instrument=True, time_budget_s=None, **cfg.bench)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     path = Path(bcfg.model) if bcfg.model else default_model_path()
