@@ -28,7 +28,7 @@ from specmoe.bench import systems as S
 from specmoe.bench.config import BenchConfig
 from specmoe.bench.machine import _load, machine_info
 from specmoe.bench.measure import jsonable
-from specmoe.bench.runner import Bench, cache_dir, load_prompts, minfo_vocab, model_info
+from specmoe.bench.runner import Bench, cache_dir, load_prompts, minfo_vocab, model_info, repack_dir
 
 BASELINES = ("ondemand", "static", "lru", "lfu", "overlap")
 FORCED = {"auto-plain": "plain", "auto-spec": "spec"}
@@ -53,7 +53,7 @@ class ControlConfig:
     threads: int = 1
     repeats: int = 2                  # measured runs per point, the fastest kept (a shared machine)
     progress: bool = True
-    sections: tuple[str, ...] = ("systems", "phi", "steady")
+    sections: tuple[str, ...] = ("systems", "plaincost", "phi", "steady")
     bench: dict = field(default_factory=dict)  # BenchConfig overrides (cache_fraction, prompt_tokens, ...)
 
 
@@ -229,6 +229,39 @@ def steady_section(cb: ControlBench, cfg: ControlConfig, path, minfo, prompts) -
                     "between steps; fixed: one batch of `slots` requests run to the end"}
 
 
+def plain_cost_section(cb: ControlBench, cfg: ControlConfig, path, minfo, prompts, *, batch: int = 4,
+                       rounds: int = 20) -> dict:
+    """What auto's plain steps cost next to AR steps: LRU (decoding="ar") and auto forced to plain steps, same
+    tier and cache, measured alternately (ABAB...) so both see the same machine; median per-step decode time."""
+    from specmoe.bench.measure import measure
+    from specmoe.bench.runner import cold
+    setting = next(s for s in cb.settings(minfo) if s.tier == "disk")
+    llms = {}
+    for name in ("lru", "auto-plain"):
+        cb.force = FORCED.get(name)
+        opts = S.system_options(_sys(name), setting, expert_bytes=minfo["expert_bytes"],
+                                num_moe_layers=minfo["moe_layers"],
+                                overrides={"repack_dir": str(repack_dir(cb.cfg, path))})
+        llms[name] = cb.make_llm(path, opts, batch)
+        measure(llms[name], prompts[:2], 2, instrument=False)  # warm-up (and the controller's calibration)
+    cb.force = None
+    per_step: dict[str, list[float]] = {n: [] for n in llms}
+    same_bytes = True
+    for _ in range(rounds):
+        got = {}
+        for name, llm in llms.items():
+            cold(llm)
+            r = measure(llm, prompts[:batch], cfg.max_tokens, instrument=False)
+            per_step[name].append(r["stats"]["decode_time_s"] / r["decode_steps"])
+            got[name] = (r["stats"]["bytes_moved"], r["stats"]["hits"], r["stats"]["misses"])
+        same_bytes &= got["lru"] == got["auto-plain"]
+    med = {n: float(np.median(v)) for n, v in per_step.items()}
+    paired = float(np.median(np.array(per_step["auto-plain"]) / np.array(per_step["lru"])))
+    return {"batch": batch, "rounds": rounds, "median_step_s": med, "ratio": med["auto-plain"] / med["lru"],
+            "paired_median_ratio": paired,
+            "same_bytes_hits_misses": same_bytes, "step_s": per_step}
+
+
 def run_control(cfg: ControlConfig, bench: BenchConfig | None = None, *, command: str | None = None) -> dict:
     import torch
 
@@ -249,6 +282,18 @@ def run_control(cfg: ControlConfig, bench: BenchConfig | None = None, *, command
     res = {"schema": 1, "kind": "control", "command": command, "config": jsonable(cfg.__dict__),
            "bench_config": jsonable(bcfg.__dict__), "machine": machine_info(path), "prompts": pinfo,
            "models": {"main": minfo}}
+    keys = {"systems": "systems", "plaincost": "plain_step_cost", "phi": "phi_sweep", "steady": "steady_state"}
+    old = out / "control.json"
+    if old.is_file() and set(cfg.sections) != set(keys):  # a partial run keeps the other sections' results
+        prev = json.loads(old.read_text())
+        res["kept_from_earlier_run"] = {"command": prev.get("command"), "sections": []}
+        for sec, key in keys.items():
+            if sec not in cfg.sections and key in prev:
+                res[key] = prev[key]
+                res["kept_from_earlier_run"]["sections"].append(sec)
+        for k in ("plot", "models"):
+            if k in prev and "phi" not in cfg.sections:
+                res[k] = {**prev[k], **res[k]} if isinstance(prev[k], dict) else prev[k]
     models = [("main", path, minfo, cfg.batches, cfg.max_tokens)]
     if cfg.widened and "systems" in cfg.sections:
         from specmoe.bench.widen import widened_copy
@@ -262,6 +307,9 @@ def run_control(cfg: ControlConfig, bench: BenchConfig | None = None, *, command
     try:
         if "systems" in cfg.sections:
             res["systems"] = systems_section(cb, cfg, models, prompts)
+            write(res, out)
+        if "plaincost" in cfg.sections:
+            res["plain_step_cost"] = plain_cost_section(cb, cfg, path, minfo, prompts)
             write(res, out)
         if "phi" in cfg.sections:
             res["phi_sweep"] = phi_section(cb, cfg, path, minfo, prompts)
@@ -330,6 +378,9 @@ def report(res: dict) -> str:
              f"Command: `{res.get('command')}`; {res['machine'].get('cpu_model')}, load average at start "
              f"{res['machine'].get('loadavg_at_start')}, at end {res.get('loadavg_at_end')} (a shared machine: "
              f"ratios of back-to-back runs); {res.get('elapsed_s', 0):.0f} s.", ""]
+    kept = res.get("kept_from_earlier_run")
+    if kept and kept.get("sections"):
+        lines += [f"Sections {', '.join(kept['sections'])} are from an earlier run: `{kept.get('command')}`.", ""]
     sy = res.get("systems")
     if sy:
         lines += ["## Systems (disk tier) and step-time prediction", "",
@@ -348,6 +399,16 @@ def report(res: dict) -> str:
                 f"{_f(e.get('plain_step_median_abs_err'), '{:.0%}')} ({_f(e.get('plain_step_median_abs_err_raw'), '{:.0%}')}) | "
                 f"{_f(e.get('spec_step_median_abs_err'), '{:.0%}')} ({_f(e.get('spec_step_median_abs_err_raw'), '{:.0%}')}) |")
         lines.append("")
+    pc = res.get("plain_step_cost")
+    if pc:
+        lines += ["## What auto's plain steps cost", "",
+                  f"LRU (plain AR) and `auto` forced to plain steps, same tier and cache, batch {pc['batch']}, "
+                  f"{pc['rounds']} alternating rounds: median decode time per step "
+                  f"{pc['median_step_s']['lru'] * 1e3:.2f} ms vs {pc['median_step_s']['auto-plain'] * 1e3:.2f} ms "
+                  f"(auto ÷ AR = {pc['ratio']:.3f}; median of the per-round ratios "
+                  f"{pc.get('paired_median_ratio', pc['ratio']):.3f}); identical expert bytes, hits and misses in "
+                  "every round: "
+                  f"{'yes' if pc['same_bytes_hits_misses'] else 'no'}.", ""]
     ph = res.get("phi_sweep")
     if ph:
         lines += [f"## φ sweep (demo model, host tier behind the EMULATED link, batch {ph['batch']})", "",

@@ -53,7 +53,8 @@ def register(sub) -> None:
                         "measured step time, the φ sweep over emulated link speeds, steady state (control.json, "
                         "control.md, phi_sweep.png in --out)")
     p.add_argument("--control-sections", type=_names, default=None,
-                   help="with --control: comma-separated subset of systems,phi,steady")
+                   help="with --control: comma-separated subset of systems,plaincost,phi,steady (the other sections "
+                        "of an existing control.json are kept)")
     p.add_argument("--list", action="store_true", help="list the registered systems and whether this build runs them")
     p.add_argument("--json", action="store_true", help="print the headline rows as JSON")
     p.set_defaults(func=run, preset=None)

@@ -121,6 +121,8 @@ class Controller:
         self.since_spec = 0
         self.coasting = (0, 0)  # (batch size, steps left) of a plain call reused without planning
         self.coast_steps, self.coast_below = 3, 0.8
+        # speculate only on a predicted gain of this margin: near a tie the noisier, setup-paying choice loses
+        self.spec_margin = 1.1
         self.choices = {"plain": 0, "spec": 0}
         self.reasons: dict[str, int] = {}
 
@@ -169,7 +171,7 @@ class Controller:
             i = len(cands) - 1  # every sequence its full γ
         if want is None:
             reason = "model"
-            want = "spec" if spec_rate > plain_rate else "plain"
+            want = "spec" if spec_rate > self.spec_margin * plain_rate else "plain"
             if (want == "plain" and cands[i].sum() > 0 and self.since_spec >= self.explore_every
                     and spec_rate >= 0.9 * plain_rate):
                 want, reason = "spec", "explore"  # keep the acceptance estimates alive near the break-even
