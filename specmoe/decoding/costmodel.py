@@ -128,20 +128,22 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_ex
     and mean union sizes per row count."""
     from specmoe.decoding.runner import ModelRunner
     from specmoe.models.kv_cache import KVCache
-    from specmoe.models.moe import ForwardContext
+    from specmoe.models.moe import ForwardContext, expert_views
     cfg = model.cfg
     dtype = model.head_weight().dtype
-    cache = KVCache(num_layers=cfg.num_layers, max_batch=max(rows), max_seq=16, num_kv_heads=cfg.num_kv_heads,
-                    head_dim=cfg.head_dim, dtype=dtype, device=device)
+    heads, kdim, vdim = cfg.kv_cache_dims
+    cache = KVCache(num_layers=cfg.num_layers, max_batch=max(rows), max_seq=16, num_kv_heads=heads, head_dim=kdim,
+                    v_head_dim=vdim, dtype=dtype, device=device)
     cache.lengths = [4] * max(rows)
     runner = ModelRunner(model, None, cache, device)
     g = torch.Generator(device="cpu").manual_seed(0)
     out = {"rows": list(rows), "nonexpert": [], "full": [], "unions": [], "draft": []}
     store = _OneBuffer(buf)
-    D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
+    E = cfg.num_experts
     nd = max(1, min(draft_experts, E))
-    w1 = buf[: 2 * I * D].view(2 * I, D).repeat(nd, 1)  # [Nd·2I, D]
-    w2 = buf[2 * I * D:].view(D, I).repeat(1, nd)        # [D, Nd·I]
+    gate_up, down, _, _ = expert_views(buf, cfg)
+    w1 = gate_up.repeat(nd, 1)  # [Nd·2I, D]
+    w2 = down.repeat(1, nd)     # [D, Nd·I]
     sub = torch.arange(E, device=device) % nd
 
     def draft_experts(layer, x, w, ids):  # the draft's dense form: substitute, weight per draft expert, 2 GEMMs
@@ -179,13 +181,13 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_ex
 def measure_expert(cfg, dtype, device, rows=(1, 4, 16, 64)) -> tuple[float, float]:
     """(fixed, per row) seconds of one expert FFN at the model's shapes."""
     from specmoe.models.moe import expert_ffn
-    D, I = cfg.hidden_size, cfg.expert_intermediate_size
+    D = cfg.hidden_size
     g = torch.Generator(device="cpu").manual_seed(0)
-    buf = (torch.randn(3 * I * D, generator=g) * 0.02).to(device=device, dtype=dtype)
+    buf = (torch.randn(cfg.expert_numel, generator=g) * 0.02).to(device=device, dtype=dtype)
     ts = []
     for n in rows:
         x = torch.randn(n, D, generator=g).to(device=device, dtype=dtype)
-        ts.append(_best(lambda: (expert_ffn(x, buf, D, I), now(device))))
+        ts.append(_best(lambda: (expert_ffn(x, buf, cfg), now(device))))
     return _fit(list(rows), ts)
 
 
