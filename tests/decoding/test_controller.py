@@ -157,3 +157,16 @@ def test_cost_model_refines_from_measured_steps():
     for _ in range(30):
         cm.refine("draft", 4, 3 * d[0], d[0])
     assert cm.spec_parts(np.array([[3, 0, 0, 0]]), spec_res)[2][0] == pytest.approx(3 * d[0] + 2 * v[0], rel=0.05)
+
+
+@pytest.mark.parametrize("family", ("gpt_oss", "deepseek_v3"))
+def test_mixed_steps_equal_ar_on_families_with_expert_biases_and_mla(tiny_ckpt, family):
+    """The calibration runs the family's own expert and KV layout (biases, clamped SwiGLU; MLA's latent cache)."""
+    path = tiny_ckpt(family)
+    ps, sp = BATCHES["b7"]
+    ref = [o.token_ids for o in LLM(path, decoding="ar").generate(ps, sp)]
+    llm = auto_llm(path)
+    ctl = controller_of(llm)
+    ctl.schedule = lambda i: ("spec", "plain")[i % 2]
+    assert [o.token_ids for o in llm.generate(ps, sp)] == ref
+    assert ctl.choices["spec"] > 0 and ctl.choices["plain"] > 0 and ctl.cost.c.ne_fixed > 0
