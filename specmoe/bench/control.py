@@ -286,11 +286,11 @@ def run_control(cfg: ControlConfig, bench: BenchConfig | None = None, *, command
     old = out / "control.json"
     if old.is_file() and set(cfg.sections) != set(keys):  # a partial run keeps the other sections' results
         prev = json.loads(old.read_text())
-        res["kept_from_earlier_run"] = {"command": prev.get("command"), "sections": []}
+        res["section_commands"] = {}
         for sec, key in keys.items():
             if sec not in cfg.sections and key in prev:
                 res[key] = prev[key]
-                res["kept_from_earlier_run"]["sections"].append(sec)
+                res["section_commands"][sec] = prev.get("section_commands", {}).get(sec, prev.get("command"))
         for k in ("plot", "models"):
             if k in prev and "phi" not in cfg.sections:
                 res[k] = {**prev[k], **res[k]} if isinstance(prev[k], dict) else prev[k]
@@ -378,9 +378,10 @@ def report(res: dict) -> str:
              f"Command: `{res.get('command')}`; {res['machine'].get('cpu_model')}, load average at start "
              f"{res['machine'].get('loadavg_at_start')}, at end {res.get('loadavg_at_end')} (a shared machine: "
              f"ratios of back-to-back runs); {res.get('elapsed_s', 0):.0f} s.", ""]
-    kept = res.get("kept_from_earlier_run")
-    if kept and kept.get("sections"):
-        lines += [f"Sections {', '.join(kept['sections'])} are from an earlier run: `{kept.get('command')}`.", ""]
+    for sec, cmd in (res.get("section_commands") or {}).items():
+        lines += [f"Section {sec} is from an earlier run: `{cmd}`."]
+    if res.get("section_commands"):
+        lines.append("")
     sy = res.get("systems")
     if sy:
         lines += ["## Systems (disk tier) and step-time prediction", "",
@@ -432,7 +433,7 @@ def report(res: dict) -> str:
                 lines.append(f"| {r['system']} | {r['mode']} | {r['batch']} | {r['status']} | | |")
                 continue
             lines.append(f"| {r['system']} | {r['mode']} | {r['batch']} | {_f(r['tokens_per_s'], '{:.1f}')} | "
-                         f"{r.get('decode_steps')} | {_f(r.get('tokens_per_step'))} |")
+                         f"{r.get('decode_steps')} | {_f(r.get('tokens_per_step') or None)} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
