@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from specmoe import LLM, SamplingParams
+from specmoe import LLM
 from specmoe.decoding import costmodel as cmod
 from specmoe.decoding.controller import Controller
 from specmoe.decoding.costmodel import Coefficients, CostModel, RoutingStats
