@@ -21,7 +21,7 @@ def settings_of(llm: dict, defaults: dict) -> dict:
     output: offloaded equals resident bit for bit; workers and batch size change only the schedule)."""
     from specmoe.engine.llm import default_model_path
     model = llm.get("model")
-    spec = {f.name: llm[f.name] for f in fields(SpecConfig) if llm.get(f.name) is not None}
+    spec = {f.name: llm[f.name] if llm.get(f.name) is not None else f.default for f in fields(SpecConfig)}
     return {"model": str(Path(model).resolve() if model else default_model_path()), "dtype": str(llm.get("dtype", "auto")),
             "max_model_len": llm.get("max_model_len"), "decoding": spec, "defaults": defaults}
 
