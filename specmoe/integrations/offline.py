@@ -76,6 +76,7 @@ def run_batch(input: str | Path, output: str | Path, *, llm: dict | None = None,
         with tqdm(total=len(inputs), initial=len(done), unit="row", desc="rows", disable=not progress,
                   file=sys.stderr) as bar:
             for rows in results:
+                summary.setdefault("first_batch_s", time.perf_counter() - t1)  # includes the workers' start
                 rows = [inputs.complete(r) for r in rows]
                 journal.append(rows)
                 for r in rows:
