@@ -18,5 +18,5 @@ def require(module: str, extra: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise MissingExtraError(f"{what} needs {module.split('.')[0]}, which is not installed: "
+        raise MissingExtraError(f"{what} needs the '{extra}' extra (cannot import {module}): "
                                 f"pip install 'specmoe[{extra}]'") from None

@@ -1,9 +1,10 @@
 """One engine per worker: rows in, rows out. The stateful predictor that Ray Data's `map_batches` runs
 (`specmoe.integrations.ray`), also run in-process by `specmoe batch --num-workers 0`.
 
-A work row is {"index": int, "request": JSON text of the input row, "bad": None or why the input row
-could not be read}. The request holds `prompt` (text, or a list of token ids) or `token_ids`, and
-optionally the sampling fields of SAMPLING_FIELDS, which override the run's defaults for that row.
+A row holds `prompt` (text, or a list of token ids) or `token_ids`, optionally the sampling fields of
+SAMPLING_FIELDS (which override the run's defaults for that row) and an `index` that the output row
+keeps. `specmoe batch` sends its rows as {"index", "request": the fields as JSON text, "bad": why the
+input row could not be read, or None}, so that rows of any types share one Arrow schema in transit.
 Each output row (OUTPUT_FIELDS) carries the generated `text`, `token_ids` and `finish_reason`, or an
 `error` (empty prompt, prompt over the context, a bad sampling value...): a bad row never fails the batch.
 
@@ -83,7 +84,7 @@ class SpecMoEPredictor:
         from specmoe.engine.prompts import normalize_prompts
         if row.get("bad"):
             raise InputError(row["bad"])
-        req = json.loads(row["request"])
+        req = json.loads(row["request"]) if row.get("request") is not None else row
         has_prompt, has_ids = req.get("prompt") is not None, req.get("token_ids") is not None
         if has_prompt == has_ids:
             raise InputError("a row needs exactly one of 'prompt' (text or a list of token ids) or 'token_ids'"
@@ -109,20 +110,20 @@ class SpecMoEPredictor:
         return ids[0], params
 
     def predict_rows(self, rows: list[dict]) -> list[dict]:
-        """Output rows (OUTPUT_FIELDS) for work rows, in the same order."""
-        out: dict[int, dict] = {}
+        """Output rows (OUTPUT_FIELDS) for rows, in the same order."""
+        out: list[dict | None] = [None] * len(rows)
         good = []
-        for r in rows:
+        for k, r in enumerate(rows):
             try:
                 ids, params = self.parse(r)
             except (SpecMoEError, ValueError) as e:  # ValueError: the request is not JSON
-                out[r["index"]] = self._error(r["index"], _row_message(e) if isinstance(e, SpecMoEError)
-                                              else f"unreadable request: {e}")
+                out[k] = self._error(r.get("index"), _row_message(e) if isinstance(e, SpecMoEError)
+                                     else f"unreadable request: {e}")
                 continue
-            good.append((r["index"], ids, params))
-        for row in self._generate(good):
-            out[row["index"]] = row
-        return [out[r["index"]] for r in rows]
+            good.append((k, ids, params))
+        for (k, _, _), row in zip(good, self._generate(good)):
+            out[k] = {**row, "index": rows[k].get("index")}
+        return out
 
     def _generate(self, group: list[tuple]) -> list[dict]:
         """One `generate` over the group; if the engine refuses the batch (e.g. its KV cache does not fit),
@@ -135,17 +136,17 @@ class SpecMoEPredictor:
             outs = llm.generate([ids for _, ids, _ in group], [p for _, _, p in group])
         except SpecMoEError as e:
             if len(group) == 1:
-                return [self._error(group[0][0], _row_message(e))]
+                return [self._error(None, _row_message(e))]
             return [row for item in group for row in self._generate([item])]
         s = llm.stats
         tau = s.get("tokens_per_step")
         shares = apportion(s.get("bytes_moved", 0) - before, [len(o.token_ids) for o in outs])
-        return [{"index": i, "text": o.text, "token_ids": list(o.token_ids), "finish_reason": o.finish_reason,
+        return [{"index": None, "text": o.text, "token_ids": list(o.token_ids), "finish_reason": o.finish_reason,
                  "prompt_tokens": len(ids), "generated_tokens": len(o.token_ids), "expert_bytes": b,
                  "tokens_per_step": tau, "worker": self.worker, "error": None}
-                for (i, ids, _), o, b in zip(group, outs, shares)]
+                for (_, ids, _), o, b in zip(group, outs, shares)]
 
-    def _error(self, index: int, message: str) -> dict:
+    def _error(self, index: int | None, message: str) -> dict:
         return {"index": index, "text": None, "token_ids": None, "finish_reason": None, "prompt_tokens": None,
                 "generated_tokens": 0, "expert_bytes": 0, "tokens_per_step": None, "worker": self.worker,
                 "error": message}

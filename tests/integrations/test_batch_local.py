@@ -159,3 +159,23 @@ def test_apportion_adds_up():
     assert apportion(7, [0, 0]) == [4, 3] and apportion(0, []) == []
     parts = apportion(1_000_003, [5, 17, 1, 0, 9])
     assert sum(parts) == 1_000_003 and parts[3] == 0 and parts[1] > parts[4] > parts[0] > parts[2]
+
+
+def test_predictor_takes_plain_rows_as_ray_data_gives_them():
+    """A user's own Ray Data rows (a `prompt` column, any other columns) go through the same predictor."""
+    pa = pytest.importorskip("pyarrow")
+    from specmoe import LLM, SamplingParams
+    from specmoe.integrations.predictor import SpecMoEPredictor, output_schema
+    p = SpecMoEPredictor(llm={"dtype": "float32"}, defaults={"max_tokens": 4})
+    table = pa.Table.from_pylist([{"prompt": "def add(a, b):", "domain": "code", "max_tokens": None},
+                                  {"prompt": "", "domain": "x", "max_tokens": 2},
+                                  {"prompt": "And God said", "domain": "bible", "max_tokens": 2}])
+    out = p(table)
+    assert out.schema == output_schema()
+    rows = out.to_pylist()
+    p.close()
+    with LLM(dtype="float32") as llm:
+        want = llm.generate(["def add(a, b):", "And God said"], [SamplingParams(max_tokens=4),
+                                                                   SamplingParams(max_tokens=2)])
+    assert [r["token_ids"] for r in rows] == [want[0].token_ids, None, want[1].token_ids]
+    assert rows[1]["error"] == "the prompt is empty" and rows[0]["index"] is None
