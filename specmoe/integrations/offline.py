@@ -62,7 +62,8 @@ def run_batch(input: str | Path, output: str | Path, *, llm: dict | None = None,
         if batches and num_workers:
             started = ray_exec.connect(ray_address, num_cpus=max(os.cpu_count() or 1, num_workers * cpus_per_worker))
             ray_exec.prepare(llm, progress=progress)
-            llm.setdefault("threads", cpus_per_worker)
+            if llm.get("threads") is None:  # torch threads = the CPUs Ray reserved for the worker
+                llm["threads"] = cpus_per_worker
             results = ray_exec.run_batches(batches, llm=llm, defaults=defaults, num_workers=num_workers,
                                            cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker)
         elif batches:

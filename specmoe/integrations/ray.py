@@ -15,7 +15,7 @@ from pathlib import Path
 from specmoe.integrations import require
 from specmoe.integrations.predictor import SpecMoEPredictor
 
-__all__ = ["SpecMoEPredictor", "connect", "local_runtime_env", "prepare", "run_batches"]
+__all__ = ["SpecMoEPredictor", "connect", "local_runtime_env", "prepare", "require_ray", "run_batches", "shutdown"]
 
 
 def require_ray():
@@ -24,8 +24,6 @@ def require_ray():
     import ray
     return ray
 
-
-_ray = require_ray
 
 
 def local_runtime_env() -> dict:
@@ -40,7 +38,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     """Join the cluster at `address`, or start a local Ray instance with `num_cpus` logical CPUs. Does
     nothing if Ray is already initialised in this process. True if this call connected (the caller shuts
     Ray down when done)."""
-    ray = _ray()
+    ray = require_ray()
     if ray.is_initialized():
         return False
     if address:
@@ -52,7 +50,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
 
 
 def shutdown() -> None:
-    _ray().shutdown()
+    require_ray().shutdown()
 
 
 def prepare(llm: dict, progress: bool = True) -> None:
@@ -76,7 +74,7 @@ def work_schema():
 def run_batches(batches: list[list[dict]], *, llm: dict, defaults: dict, num_workers: int,
                 cpus_per_worker: float = 1, gpus_per_worker: float = 0):
     """Yield the predictor's output rows of each batch of work rows, as batches finish (any order)."""
-    ray = _ray()
+    ray = require_ray()
     import pyarrow as pa
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the caller shows progress over rows

@@ -60,7 +60,8 @@ def application(llm: dict | None = None, config: dict | None = None, *, num_repl
     from specmoe.engine.options import check_int
     check_int("num_replicas", num_replicas, 1)
     llm = dict(llm or {})
-    llm.setdefault("threads", max(1, int(cpus_per_replica)))
+    if llm.get("threads") is None:  # torch threads = the CPUs Ray reserves for the replica
+        llm["threads"] = max(1, int(cpus_per_replica))
     options = {"num_cpus": cpus_per_replica, **({"num_gpus": gpus_per_replica} if gpus_per_replica else {})}
     dep = serve.deployment(serve.ingress()(SpecMoEReplica), name=name, num_replicas=num_replicas,
                            ray_actor_options=options)

@@ -22,13 +22,24 @@ def local_ray():
         rx.shutdown()
 
 
-def test_two_workers_equal_generate_in_input_order(tmp_path, batch_rows, oracle):
-    """SpecMoE decoding on the workers, plain AR in the oracle: greedy fp32 output must agree token for token."""
-    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+def test_two_workers_equal_generate_in_input_order(tmp_path, batch_rows, oracle, monkeypatch):
+    """SpecMoE decoding on the workers, plain AR in the oracle: greedy fp32 output must agree token for token.
+    The workers read one disk-tier repack, built by the driver before they start."""
+    from specmoe.integrations import ray as rx
+    src, dst, repack = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "repack"
     write_rows(src, batch_rows[0])
-    rc, s, err = batch(src, dst, "--num-workers", 2, "--batch-size", BATCH, "--max-tokens", MAX_TOKENS,
-                       *ENGINE, *SPEC)
+    repack.mkdir()
+    real = rx.run_batches
+
+    def after_the_repack(*a, **kw):
+        assert len(list(repack.glob("experts-*.json"))) == 1, "the workers start before the shared repack exists"
+        yield from real(*a, **kw)
+
+    monkeypatch.setattr(rx, "run_batches", after_the_repack)
+    disk = ["--offload", "disk", "--repack-dir", repack, "--cache-experts", 8, "--dtype", "float32"]
+    rc, s, err = batch(src, dst, "--num-workers", 2, "--batch-size", BATCH, "--max-tokens", MAX_TOKENS, *disk, *SPEC)
     assert rc == 0, err
+    assert len(list(repack.glob("experts-*"))) == 2  # one data file + its manifest, nothing else written
     rows = read_jsonl(dst)
     check_against_oracle(rows, batch_rows, oracle)  # also: bad rows are error rows with the reason
     assert s["errors"] == 4 and s["processed"] == len(rows) and not (tmp_path / "out.jsonl.partial").exists()
