@@ -180,6 +180,9 @@ def load_finished(inputs: Inputs, output: Path, settings: dict) -> dict[int, dic
             except OSError as e:  # e.g. a cut file: its rows are redone
                 print(f"specmoe: {output} is not readable Parquet ({e}); its rows are redone", file=sys.stderr)
                 rows = []
+        if any(type(row.get("index")) is not int for row in rows):
+            raise InputError(f"output file {output} exists and is not the output of `specmoe batch` (a row without "
+                             "an 'index'); delete it or choose another path")
         for row in rows:
             i = _finished(row, inputs, output)
             if i is not None:

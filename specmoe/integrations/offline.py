@@ -78,10 +78,10 @@ def run_batch(input: str | Path, output: str | Path, *, llm: dict | None = None,
                   file=sys.stderr) as bar:
             for rows in results:
                 summary.setdefault("first_batch_s", time.perf_counter() - t1)  # includes the workers' start
-                rows = [inputs.complete(r) for r in rows]
+                # a row twice (a retried task answering again) is kept once
+                rows = [inputs.complete(r) for r in rows if r["index"] not in done]
                 journal.append(rows)
-                for r in rows:
-                    done[r["index"]] = r
+                done.update((r["index"], r) for r in rows)
                 fresh += rows
                 bar.update(len(rows))
         summary["wall_s"] = time.perf_counter() - t1

@@ -111,6 +111,9 @@ def test_other_input_or_settings_are_refused(tmp_path):
     write_rows(src, [{"id": 1, "prompt": "another prompt"}, {"id": 2, "prompt": "And God said"}])
     rc, _, err = batch(src, dst, *LOCAL)
     assert rc == 2 and "written for another input" in err
+    dst.write_text('{"text": "a file of the user\'s own"}\n')  # never overwritten
+    rc, _, err = batch(src, dst, *LOCAL)
+    assert rc == 2 and "not the output of `specmoe batch`" in err and "own" in dst.read_text()
 
 
 def journal_header(src, dst, **defaults) -> str:
