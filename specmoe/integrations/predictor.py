@@ -56,7 +56,7 @@ def _row_message(e: SpecMoEError) -> str:
 
 class SpecMoEPredictor:
     """`SpecMoEPredictor(llm={...LLM keywords}, defaults={...SamplingParams fields})`; call it on a pyarrow
-    Table of work rows (Ray Data, batch_format="pyarrow") or use `predict_rows` on a list of dicts.
+    Table of rows (Ray Data, batch_format="pyarrow") or use `predict_rows` on a list of dicts.
 
     Each instance builds one `LLM`, so each worker has its own expert cache and KV cache; with
     offload="disk" the workers read the same repack file (build it before they start:
@@ -79,7 +79,7 @@ class SpecMoEPredictor:
 
     # ---------------------------------------------------------------- rows
     def parse(self, row: dict):
-        """(token ids, SamplingParams) of one work row; InputError (→ an error row) if it is not usable."""
+        """(token ids, SamplingParams) of one row; InputError (→ an error row) if it is not usable."""
         from specmoe.decoding.sampling import SamplingParams
         from specmoe.engine.prompts import normalize_prompts
         if row.get("bad"):
@@ -97,10 +97,7 @@ class SpecMoEPredictor:
         if prompt == "":  # the engine would complete it from BOS alone; in a data file it is a missing prompt
             raise InputError("the prompt is empty")
         kw = {**self.defaults, **{k: req[k] for k in SAMPLING_FIELDS if req.get(k) is not None}}
-        try:
-            params = SamplingParams(**kw)
-        except TypeError as e:  # e.g. stop given as a number
-            raise InputError(f"bad sampling fields: {e}") from None
+        params = SamplingParams(**kw)  # InputError naming the field
         m = self.llm
         try:
             _, ids = normalize_prompts([prompt], tokenizer=m.tokenizer, vocab_size=m.config.vocab_size,
