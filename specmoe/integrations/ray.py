@@ -12,6 +12,7 @@ import logging
 import os
 from pathlib import Path
 
+from specmoe.errors import InputError
 from specmoe.integrations import require
 from specmoe.integrations.predictor import SpecMoEPredictor
 
@@ -42,7 +43,16 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError) as e:
+            causes, c = [], e
+            while c is not None:
+                causes.append(str(c).splitlines()[0] if str(c) else type(c).__name__)
+                c = c.__cause__
+            hint = ("; the cluster uses token authentication (ray start's default): set RAY_AUTH_MODE=token here, "
+                    "with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN") if "auth" in " ".join(causes).lower() else ""
+            raise InputError(f"cannot join the Ray cluster at {address}: {causes[0]}{hint}") from None
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
                  runtime_env=local_runtime_env())

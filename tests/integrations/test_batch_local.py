@@ -182,3 +182,24 @@ def test_predictor_takes_plain_rows_as_ray_data_gives_them():
                                                                    SamplingParams(max_tokens=2)])
     assert [r["token_ids"] for r in rows] == [want[0].token_ids, None, want[1].token_ids]
     assert rows[1]["error"] == "the prompt is empty" and rows[0]["index"] is None
+
+
+def test_a_failed_join_is_a_one_line_error(tmp_path, monkeypatch):
+    """What Ray raises when a cluster refuses the token (seen with `ray start --head` and a client without
+    RAY_AUTH_MODE=token): ConnectionError from the authentication error. ray.init is replaced here; a real
+    unreachable address makes Ray retry for minutes."""
+    ray = pytest.importorskip("ray")
+
+    def refuse(**kw):
+        try:
+            raise RuntimeError("Failed to connect to GCS. InvalidAuthToken: Authentication token is missing")
+        except RuntimeError as e:
+            raise ConnectionError(f"Failed to connect to Ray cluster at {kw['address']}") from e
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_rows(src, [{"prompt": "hi"}])
+    rc, _, err = batch(src, dst, "--ray-address", "10.0.0.1:6379", "--max-tokens", 2)
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "cannot join the Ray cluster at 10.0.0.1:6379: Failed to connect" in err and "RAY_AUTH_MODE=token" in err
