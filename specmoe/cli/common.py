@@ -94,9 +94,9 @@ def llm_kwargs(args) -> dict:
                 threads=args.threads, **option_kwargs(args))
 
 
-def make_llm(args, progress: bool = True):
+def make_llm(args, progress: bool = True, **kw):
     from specmoe import LLM
-    return LLM(progress=progress, **llm_kwargs(args))
+    return LLM(progress=progress, **kw, **llm_kwargs(args))
 
 
 def print_json(obj) -> None:

@@ -54,7 +54,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
                     "with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN") if "auth" in " ".join(causes).lower() else ""
             raise InputError(f"cannot join the Ray cluster at {address}: {causes[0]}{hint}") from None
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
+        # "local": a new instance even where `ray start` left a cluster address behind
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
                  runtime_env=local_runtime_env())
     return True
 
