@@ -48,6 +48,18 @@ def batch(*args) -> tuple[int, dict | None, str]:
     return rc, (json.loads(out.getvalue()) if rc == 0 else None), err.getvalue()
 
 
+@pytest.fixture(scope="package")
+def local_ray():
+    """One local Ray instance with 2 CPUs for the Ray modules of this package (Ray Data, then Serve): it
+    starts once, not once per module, and stops after the package's last test."""
+    pytest.importorskip("ray")
+    from specmoe.integrations import ray as rx
+    started = rx.connect(num_cpus=2)
+    yield
+    if started:
+        rx.shutdown()
+
+
 @pytest.fixture(scope="session")
 def batch_rows():
     """(input rows with the BAD rows in place, {index: prompt} of the good ones)."""
@@ -76,10 +88,11 @@ def oracle(batch_rows):
     return dict(zip(good, outs))
 
 
-def check_against_oracle(rows: list[dict], batch_rows, oracle) -> None:
-    """One output row per input row, in input order, each equal to the oracle or the expected error."""
+def check_against_oracle(rows: list[dict], batch_rows, oracle, n: int | None = None) -> None:
+    """One output row per input row (the first n), in input order, each equal to the oracle or the expected
+    error."""
     inputs, good = batch_rows
-    assert [r["index"] for r in rows] == list(range(len(inputs)))
+    assert [r["index"] for r in rows] == list(range(n or len(inputs)))
     for i, r in enumerate(rows):
         if i in BAD:
             assert r["error"] and BAD[i][1] in r["error"] and r["token_ids"] is None, r

@@ -1,4 +1,4 @@
-"""`specmoe batch` on Ray Data: a local Ray instance with 2 CPUs, started once for the module, two workers
+"""`specmoe batch` on Ray Data: a local Ray instance with 2 CPUs (conftest's, started once), two workers
 (one engine each). Output equals `LLM.generate` row for row, in input order, none lost or duplicated,
 bad rows are error rows, and an interrupted run restarts without redoing or duplicating rows."""
 from __future__ import annotations
@@ -13,13 +13,9 @@ BATCH = 25  # 200 rows: 8 batches over the workers
 SPEC = ["--decoding", "specmoe", "--draft-experts", "4", "--num-draft-tokens", "3"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    from specmoe.integrations import ray as rx
-    started = rx.connect(num_cpus=2)
-    yield
-    if started:
-        rx.shutdown()
+@pytest.fixture(autouse=True)
+def _ray(local_ray):
+    pass
 
 
 def test_two_workers_equal_generate_in_input_order(tmp_path, batch_rows, oracle, monkeypatch):

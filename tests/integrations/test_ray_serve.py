@@ -1,5 +1,5 @@
-"""Ray Serve: two replicas of the OpenAI-compatible app behind one route, on a local Ray instance with 2
-CPUs. Concurrent completions are answered by both replicas and equal `LLM.generate` (greedy, fp32)."""
+"""Ray Serve: two replicas of the OpenAI-compatible app behind one route, on the local Ray instance with 2
+CPUs (conftest's). Concurrent completions are answered by both replicas and equal `LLM.generate` (greedy, fp32)."""
 from __future__ import annotations
 
 import json
@@ -29,13 +29,11 @@ def post(port: int, prompt: str) -> tuple[dict, str]:
         return json.loads(r.read()), r.headers[REPLICA_HEADER]
 
 
-def test_two_replicas_behind_one_route(one_thread):
+def test_two_replicas_behind_one_route(one_thread, local_ray):
     from ray import serve
 
     from specmoe import LLM, SamplingParams
-    from specmoe.integrations import ray as rx
     from specmoe.integrations.ray_serve import deploy
-    started = rx.connect(num_cpus=2)
     port = free_port()
     try:
         deploy(llm={"dtype": "float32"}, num_replicas=2, cpus_per_replica=0.5, port=port)
@@ -52,5 +50,3 @@ def test_two_replicas_behind_one_route(one_thread):
         assert len({replica for _, replica in outs}) == 2
     finally:
         serve.shutdown()
-        if started:
-            rx.shutdown()
