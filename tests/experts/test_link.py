@@ -36,29 +36,37 @@ def test_emulated_transfers_do_not_slow_the_compute_thread(tiny_ckpt):
             reads[0] += 1
         io_cpu[0] += time.thread_time() - c0
 
-    alone, loaded = [], []
+    def measure() -> tuple[float, float]:
+        """(CPU share of the pacing thread, median wall-time ratio of the compute work with / without)."""
+        alone, loaded, cpu0 = [], [], io_cpu[0]
+        for _ in range(9):  # interleaved pairs: alone, then with transfers running
+            alone.append(_compute())
+            stop = threading.Event()
+            io = threading.Thread(target=transfers, args=(stop,))
+            n0 = reads[0]
+            io.start()
+            time.sleep(0.003)  # transfers are under way
+            loaded.append(_compute())
+            stop.set()
+            io.join()
+            assert reads[0] > n0, "the transfers ran while the compute thread worked"
+        return (io_cpu[0] - cpu0) / sum(loaded), statistics.median(b / a for a, b in zip(alone, loaded))
+
     _compute()  # warm up
-    for _ in range(9):  # interleaved pairs: alone, then with transfers running
-        alone.append(_compute())
-        stop = threading.Event()
-        io = threading.Thread(target=transfers, args=(stop,))
-        n0 = reads[0]
-        io.start()
-        time.sleep(0.003)  # transfers are under way
-        loaded.append(_compute())
-        stop.set()
-        io.join()
-        assert reads[0] > n0, "the transfers ran while the compute thread worked"
-    assert reads[0] >= 5 * len(loaded)
-    # the thread pacing the transfers uses the CPU (and so the interpreter) for at most 5% of the time the
-    # compute thread worked next to it: a busy-waiting link uses ~100%. Thread CPU time does not depend on
-    # what else runs on the machine.
-    share = io_cpu[0] / sum(loaded)
-    assert share <= 0.05, f"the emulated link used {share:.0%} of a CPU while pacing transfers"
-    # and the compute thread's wall time barely moves (median over pairs; generous for a noisy shared machine:
-    # the busy-waiting link made it many times slower)
-    ratio = statistics.median(b / a for a, b in zip(alone, loaded))
-    assert ratio <= 2.0, f"compute thread {ratio:.2f}x slower during emulated transfers"
+    # The thread pacing the transfers uses the CPU (and so the interpreter) for at most 5% of the time the
+    # compute thread worked next to it (a busy-waiting link: 10% and more at these ~5 ms transfers, ~100% at
+    # shorter ones); thread CPU time hardly depends on what else runs. The compute thread's wall time barely
+    # moves (median over pairs; generous for a noisy shared machine: the busy-wait made it many times slower).
+    # A neighbour's burst can still spoil one measurement: it is repeated (up to 3 times) before failing.
+    results = []
+    for _ in range(3):
+        results.append(measure())
+        if results[-1][0] <= 0.05 and results[-1][1] <= 2.0:
+            break
+    share, ratio = results[-1]
+    assert reads[0] >= 5 * 9 * len(results)
+    assert share <= 0.05, f"the emulated link used {share:.0%} of a CPU while pacing transfers ({results})"
+    assert ratio <= 2.0, f"compute thread {ratio:.2f}x slower during emulated transfers ({results})"
     # the link still holds each transfer for its full duration, and spins at most a few microseconds
     assert link.held_s >= reads[0] * link.duration(tier.expert_bytes) * 0.99
     assert link.spin_s <= reads[0] * link.SPIN_MAX_S * 1.5 + 1e-3
