@@ -126,6 +126,13 @@ class DraftExperts:
             self.assign(layer, lids)
         self.setup_bytes += self._bytes() - b0
 
+    def repin(self) -> None:
+        """Pin the current draft set again after the store's pins were dropped (a plain stretch of `auto` gave
+        the slots back): experts evicted meanwhile are fetched again, and the slot maps follow the new slots."""
+        for layer, ids in self.ids.items():
+            self._pin(layer, ids)
+            self.assign(layer, ids)
+
     def assign(self, layer: int, ids: list[int]) -> None:
         """Make `ids` (n distinct experts, resident in the store) the layer's draft set: routing maps and the
         map of each draft expert to the slot it is pinned in. Nothing is copied."""

@@ -116,6 +116,11 @@ class OffloadConfig:
                                     "cache slots + scratch + staging + host tier (not the "
                                     "KV cache or the non-expert weights); too small is an error at construction; "
                                     "llm.stats['memory'] shows each part", type=size)
+    expert_format: str = opt("checkpoint", "storage format of the offloaded experts: the checkpoint's own "
+                             "dtype, or int8 (per output channel) / int4 (groups of 32; int4-g64: of 64) made once "
+                             "by `specmoe quantize` (or on first use) into the repack; experts move in these "
+                             "bytes and are dequantised into the compute dtype on arrival",
+                             ("checkpoint", "int8", "int4", "int4-g32", "int4-g64"))
     repack_dir: str | None = opt(None, "disk tier: directory of the aligned expert repack (default: "
                                  "<checkpoint>/.specmoe, else ~/.cache/specmoe/<hash>)", type=str)
 
@@ -140,7 +145,8 @@ class OffloadConfig:
 class SpecConfig:
     """Decoding strategy and speculative-decoding knobs (see specmoe/decoding)."""
     decoding: str = opt("ar", "decoding strategy: plain autoregressive, SpecMoE self-assisted speculation, or "
-                        "auto (a cost model picks SpecMoE or AR per batch from measured timings)",
+                        "auto (each step a controller over a calibrated cost model picks a plain step or SpecMoE with a draft "
+                        "length per sequence)",
                         ("ar", "specmoe", "auto"))
     draft_experts: int = opt(4, "SpecMoE: resident draft experts N per MoE layer (the draft uses only these)")
     num_draft_tokens: int = opt(4, "SpecMoE: tokens drafted per step (gamma)")

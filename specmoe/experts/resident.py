@@ -17,7 +17,9 @@ class ResidentExperts(ExpertStore):
     holds_all = True
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 progress: bool = False):
+                 progress: bool = False, reader=None):
+        """`reader(layer, e, out)` fills one expert's row (quantized formats decode their stored bytes);
+        default: the checkpoint's weights in `dtype`."""
         cfg = ckpt.config
         self.moe_layers = tuple(cfg.moe_layers)
         self.num_experts = cfg.num_experts
@@ -30,7 +32,10 @@ class ResidentExperts(ExpertStore):
             stride = round_up(cfg.expert_numel * es, 64) // es
             buf = torch.empty(cfg.num_experts, stride, dtype=dtype, device=device)[:, : cfg.expert_numel]
             for e in range(cfg.num_experts):
-                buf[e].copy_(ckpt.read_expert(layer, e, dtype))
+                if reader is not None:
+                    reader(layer, e, buf[e])
+                else:
+                    buf[e].copy_(ckpt.read_expert(layer, e, dtype))
                 bar.update()
             self.layers[layer] = buf
         bar.close()

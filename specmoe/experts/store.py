@@ -7,7 +7,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
-import torch
 
 from specmoe.errors import InputError
 from specmoe.models.moe import Routing, SlotGroup
