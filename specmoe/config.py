@@ -1,7 +1,8 @@
 """Model configuration read from a Hugging Face config.json, checked once at the boundary.
 
 One dataclass for every supported family; per-family differences are plain fields
-(`qk_norm`, `shared_expert_intermediate_size`, ...) filled by `ModelConfig.from_hf`.
+(`qk_norm`, `shared_expert_intermediate_size`, `mla`, `yarn`, `attention_sinks`, ...) filled by
+`ModelConfig.from_hf` (GLM-4 MoE, DeepSeek-V2/V3 and GPT-OSS through `specmoe/families.py`).
 Class defaults of transformers are never trusted: every key is read from the file
 with the default the family's published checkpoints imply. Every value is checked
 for its type and range here (`Fields`), so nothing downstream meets an unchecked
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from specmoe.errors import CheckpointError, UnsupportedModelError
 
-SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+# model_types that are another family's architecture under their own name (Kimi-K2 ships DeepSeek-V3's)
+MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what a checkpoint may declare (torch_dtype / dtype)
 _MISSING = object()
 
@@ -108,6 +111,29 @@ class Fields:
         return tuple(t for t in ids if 0 <= t < vocab)
 
 
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN RoPE scaling, as transformers reads `rope_parameters` (rope_type "yarn")."""
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None  # scales cos/sin; None: derived from factor (and the mscales)
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention sizes (DeepSeek-V2/V3). q_lora_rank None: a plain q_proj."""
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
 @dataclass
 class ModelConfig:
     model_type: str
@@ -130,16 +156,39 @@ class ModelConfig:
     qkv_bias: bool = False
     clip_qkv: float | None = None
     sliding_window: int | None = None
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE shared expert (0 = none)
+    shared_expert_intermediate_size: int = 0  # shared expert(s) next to the routed ones (0 = none)
+    shared_expert_gate: bool = True  # Qwen2-MoE: sigmoid gate on the shared expert; GLM-4 / DeepSeek: none
     moe_layers: tuple[int, ...] = field(default_factory=tuple)  # which layers are sparse
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"  # dtype the checkpoint was saved in
+    # --- RoPE
+    rope_dim: int = 0  # dims of a head that rotate (0 = head_dim); GLM-4: partial_rotary_factor · head_dim
+    rope_interleave: bool = False  # DeepSeek: rotary pairs stored interleaved (x0, x1), (x2, x3), ...
+    yarn: Yarn | None = None  # YaRN RoPE scaling (DeepSeek-V3, GPT-OSS); None = plain RoPE
+    # --- attention
+    mla: MLA | None = None  # DeepSeek multi-head latent attention (None = standard GQA attention)
+    o_proj_bias: bool = False  # GPT-OSS
+    attention_sinks: bool = False  # GPT-OSS: a learned per-head logit that joins every softmax
+    sliding_layers: tuple[int, ...] | None = None  # layers using sliding_window (None: all of them)
+    # --- routing (the rule itself is per family: models/routers.py)
+    router_bias: bool = False  # GPT-OSS: the router linear has a bias
+    score_correction_bias: bool = False  # GLM-4 / DeepSeek-V3: e_score_correction_bias picks, weights don't use it
+    n_group: int = 1  # group-limited top-k: experts in n_group groups, only topk_group groups eligible
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0  # routed experts' weights are multiplied by this
+    # --- experts
+    expert_bias: bool = False  # GPT-OSS: gate/up and down biases packed after the weights
+    swiglu_limit: float | None = None  # GPT-OSS clamped SwiGLU: (clamp(up) + 1) · g·σ(α·g), g = min(gate, limit)
+    swiglu_alpha: float = 1.702
+    extra_layers: int = 0  # multi-token-prediction layers stored after the last layer (not used, not loaded)
 
     def __post_init__(self):
         if not self.moe_layers:
             self.moe_layers = tuple(range(self.num_layers))
+        if self.sliding_layers is None:
+            self.sliding_layers = tuple(range(self.num_layers))
         # from_hf checks these with the file's field names; direct construction gets the same guarantees
         if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads:
             raise CheckpointError("config.json: num_attention_heads must be a multiple of num_key_value_heads; "
@@ -151,10 +200,31 @@ class ModelConfig:
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
 
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`'s attention (None: full causal attention)."""
+        return self.sliding_window if self.sliding_window and layer in self.sliding_layers else None
+
     @property
     def expert_numel(self) -> int:
-        """Elements of one expert packed as [gate; up; down] (3 · I · D)."""
-        return 3 * self.expert_intermediate_size * self.hidden_size
+        """Elements of one expert packed as [gate; up; down] (3 · I · D), then, with expert biases,
+        [gate bias (I); up bias (I); down bias (D)]."""
+        I, D = self.expert_intermediate_size, self.hidden_size
+        return 3 * I * D + (2 * I + D if self.expert_bias else 0)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dims per head that RoPE rotates (the first ones of a query/key head)."""
+        if self.mla is not None:
+            return self.mla.qk_rope_head_dim
+        return self.rope_dim or self.head_dim
+
+    @property
+    def kv_cache_dims(self) -> tuple[int, int, int]:
+        """(heads, key dim, value dim) of one cached position per layer; value dim 0 = keys only. MLA caches
+        the compressed latent and the shared rotary key, one "head" of kv_lora_rank + qk_rope_head_dim."""
+        if self.mla is not None:
+            return 1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, 0
+        return self.num_kv_heads, self.head_dim, self.head_dim
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
@@ -174,22 +244,28 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise CheckpointError(f"config.json must hold a JSON object, got {type_name(raw)}")
         mt = raw.get("model_type")
+        mt = MODEL_TYPE_ALIASES.get(mt, mt) if isinstance(mt, str) else mt
         if mt not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
-                f"unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+                f"unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
+                f"(and {', '.join(MODEL_TYPE_ALIASES)})")
         f = Fields(raw, f"config.json ({mt})")
 
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        from specmoe import families  # the newer families' readers (imports this module)
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or families.DEFAULT_ROPE.get(mt) or {}
         if not isinstance(rope, dict):
             f.fail("rope_parameters" if raw.get("rope_parameters") else "rope_scaling", "an object or null", rope)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise UnsupportedModelError(f"rope type {rope_type!r} is not supported yet (only default RoPE)")
-        rope_theta = f.float("rope_theta", 10000.0, value=rope.get("rope_theta", raw.get("rope_theta")))
-        prf = f.float("partial_rotary_factor", 1.0,
+        if rope_type not in ("default", None) and not (rope_type == "yarn" and mt in families.YARN_FAMILIES):
+            raise UnsupportedModelError(f"rope type {rope_type!r} is not supported for {mt}")
+        rope_theta = f.float("rope_theta", families.DEFAULT_THETA.get(mt, 10000.0),
+                             value=rope.get("rope_theta", raw.get("rope_theta")))
+        prf = f.float("partial_rotary_factor", 0.5 if mt == "glm4_moe" else 1.0,
                       value=rope.get("partial_rotary_factor", raw.get("partial_rotary_factor")))
-        if prf != 1.0:
+        if prf != 1.0 and mt != "glm4_moe":
             raise UnsupportedModelError("partial rotary embeddings are not supported")
+        if prf > 1.0:
+            f.fail("partial_rotary_factor", "a number in (0, 1]", prf)
 
         V = f.int("vocab_size")
         H = f.int("hidden_size")
@@ -201,7 +277,7 @@ class ModelConfig:
             f.fail("hidden_size", f"a multiple of num_attention_heads ({n_heads}) when head_dim is absent", H)
         head_dim = f.int("head_dim", default=H // n_heads)
         L = f.int("num_hidden_layers")
-        E = f.int("num_local_experts", "num_experts")
+        E = f.int("n_routed_experts") if mt in ("glm4_moe", "deepseek_v2", "deepseek_v3") else f.int("num_local_experts", "num_experts")
         top_k = f.int("num_experts_per_tok", hi=E)
         act = f.str("hidden_act", "silu")
         if act != "silu":
@@ -239,6 +315,9 @@ class ModelConfig:
                       qkv_bias=f.bool("attention_bias", False), clip_qkv=f.float("clip_qkv", None))
             if head_dim != H // n_heads:
                 raise UnsupportedModelError("OLMoE with head_dim != hidden_size / num_attention_heads")
+        else:  # glm4_moe, deepseek_v2, deepseek_v3, gpt_oss
+            kw.update(families.read(mt, f, num_layers=L, num_experts=E, top_k=top_k, head_dim=head_dim, prf=prf,
+                                    rope=rope if rope_type == "yarn" else None))
 
         eos_ids = f.token_ids("eos_token_id", V)
         if generation_config is not None:
@@ -255,7 +334,7 @@ class ModelConfig:
         if dtype not in FLOAT_DTYPES:
             f.fail(dk, f"a floating dtype name ({', '.join(FLOAT_DTYPES)})", dtype)
         return cls(model_type=mt, vocab_size=V, hidden_size=H, num_layers=L, num_heads=n_heads,
-                   num_kv_heads=n_kv, head_dim=head_dim, num_experts=E, top_k=top_k,
+                   num_kv_heads=n_kv, head_dim=kw.pop("head_dim", head_dim), num_experts=E, top_k=top_k,
                    rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=rope_theta,
                    max_position_embeddings=f.int("max_position_embeddings", default=4096, lo=2),
                    tie_word_embeddings=f.bool("tie_word_embeddings", False), hidden_act=act,

@@ -7,7 +7,7 @@ import sys
 
 from specmoe.errors import SpecMoEError
 
-SUBCOMMANDS = ("generate", "inspect", "profile", "bench")
+SUBCOMMANDS = ("generate", "inspect", "profile", "bench", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -85,14 +85,14 @@ def option_kwargs(args) -> dict:
             if hasattr(args, "opt__" + f.name)}
 
 
-def make_llm(args, progress: bool = True):
+def make_llm(args, progress: bool = True, **kw):
     from specmoe import LLM
     from specmoe.errors import InputError
     if getattr(args, "opt__prefetch", None) == "oracle":  # it needs a recorded identical run to replay
         raise InputError("--prefetch oracle replays a recorded identical run and is measured by `specmoe bench` "
                          "(system 'overlap') only; use --prefetch predicted")
     return LLM(args.model, dtype=args.dtype, device=args.device, max_batch=args.max_batch, progress=progress,
-               threads=args.threads,
+               threads=args.threads, **kw,
                **option_kwargs(args))
 
 

@@ -19,7 +19,7 @@ def register(sub) -> None:
 def describe(path) -> dict:
     from specmoe.engine.llm import default_model_path
     from specmoe.weights.checkpoint import Checkpoint
-    from specmoe.weights.names import expert_keys, non_expert_keys
+    from specmoe.weights.names import expert_parts, non_expert_keys
     path = Path(path) if path else default_model_path()
     ck = Checkpoint(path)
     cfg = ck.config
@@ -27,12 +27,16 @@ def describe(path) -> dict:
     def nbytes(key):
         _, _, n, _ = ck.tensor_offsets(key)
         return n
-    expert_bytes = sum(nbytes(k) for layer in cfg.moe_layers for e in range(cfg.num_experts)
-                       for k, _ in expert_keys(cfg, layer, e).values())
+    expert_bytes = sum(nbytes(k) for k in {p.key for layer in cfg.moe_layers for e in range(cfg.num_experts)
+                                            for p in expert_parts(cfg, layer, e).values()})
     other = sum(nbytes(k) for k, _ in non_expert_keys(cfg).values())
     info = {"path": str(path), "family": cfg.model_type, "layers": cfg.num_layers,
             "moe_layers": len(cfg.moe_layers), "experts_per_layer": cfg.num_experts, "top_k": cfg.top_k,
             "hidden_size": cfg.hidden_size, "expert_intermediate_size": cfg.expert_intermediate_size,
+            "attention": "mla" if cfg.mla else ("sinks" if cfg.attention_sinks else "gqa"),
+            "shared_experts": bool(cfg.shared_expert_intermediate_size),
+            "dense_layers": cfg.num_layers - len(cfg.moe_layers),
+            "rope": "yarn" if cfg.yarn else "default",
             "vocab_size": cfg.vocab_size, "context_length": cfg.max_position_embeddings, "dtype": cfg.dtype,
             "expert_bytes": expert_bytes, "non_expert_bytes": other,
             "bytes_per_expert": expert_bytes // max(1, len(cfg.moe_layers) * cfg.num_experts)}

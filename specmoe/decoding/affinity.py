@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specmoe.weights.checkpoint import Checkpoint
-from specmoe.weights.names import expert_keys
+from specmoe.weights.names import expert_parts
 
 # E=experts, P=parameters of one expert part (I·D)
 
@@ -43,7 +43,7 @@ def compute_affinity(ckpt: Checkpoint) -> dict[int, torch.Tensor]:
     for layer in cfg.moe_layers:
         gram = torch.zeros(E, E, dtype=torch.float64)
         for part in ("gate", "up", "down"):
-            w = torch.stack([ckpt.get(expert_keys(cfg, layer, e)[part][0], torch.float64).reshape(-1)
+            w = torch.stack([ckpt.read_part(expert_parts(cfg, layer, e)[part], torch.float64).reshape(-1)
                              for e in range(E)])  # [E, P]
             gram += w @ w.T
         sq = gram.diagonal()

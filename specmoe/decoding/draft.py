@@ -31,7 +31,7 @@ from specmoe.decoding.affinity import nearest_draft
 from specmoe.decoding.breakdown import now
 from specmoe.errors import InputError
 from specmoe.experts.store import DelegatingStore, ExpertStore
-from specmoe.models.moe import ForwardContext, grouped_experts, swiglu
+from specmoe.models.moe import ForwardContext, expert_views, glu, grouped_experts, swiglu
 
 # N=tokens, E=experts, K=top-k, Nd=draft experts per layer, D=hidden, I=expert hidden
 
@@ -92,6 +92,8 @@ class DraftExperts:
         self.sub: dict[int, torch.Tensor] = {}     # [E] → substitute draft expert (affinity)
         self.w1: dict[int, torch.Tensor] = {}      # [Nd, 2I, D] gate and up of the draft experts
         self.w2cat: dict[int, torch.Tensor] = {}   # [D, Nd·I] down, concatenated for one GEMM
+        self.b1: dict[int, torch.Tensor] = {}      # [Nd, 2I] gate/up biases (families with expert biases)
+        self.b2: dict[int, torch.Tensor] = {}      # [Nd, D] down biases
         self.last_counts: dict[int, list[int]] = {}
         self.prefill_counts: dict[int, list[int]] = {}
         self.verifying = False
@@ -169,20 +171,27 @@ class DraftExperts:
             if layer not in self.w1:
                 self.w1[layer] = torch.empty(Nd, 2 * I, D, dtype=buf.dtype, device=self.device)
                 self.w2cat[layer] = torch.empty(D, Nd * I, dtype=buf.dtype, device=self.device)
+                if cfg.expert_bias:
+                    self.b1[layer] = torch.empty(Nd, 2 * I, dtype=buf.dtype, device=self.device)
+                    self.b2[layer] = torch.empty(Nd, D, dtype=buf.dtype, device=self.device)
             self.write_row(layer, row[e], buf)
         self._index(layer, ids)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the draft's private copy of its experts (the stacks, allocated once per layer)."""
-        return sum(t.numel() * t.element_size() for d in (self.w1, self.w2cat) for t in d.values())
+        return sum(t.numel() * t.element_size() for d in (self.w1, self.w2cat, self.b1, self.b2) for t in d.values())
 
     def write_row(self, layer: int, i: int, buf: torch.Tensor) -> None:
         """Copy a packed expert buffer [gate; up; down] into row i of the draft's stacks (in place: the
         stacks are allocated once, a refresh copies only the experts that join the set)."""
-        D, I = self.cfg.hidden_size, self.cfg.expert_intermediate_size
-        self.w1[layer][i].copy_(buf[:2 * I * D].view(2 * I, D))
-        self.w2cat[layer][:, i * I:(i + 1) * I].copy_(buf[2 * I * D:].view(D, I))
+        I = self.cfg.expert_intermediate_size
+        gate_up, down, gate_up_bias, down_bias = expert_views(buf, self.cfg)
+        self.w1[layer][i].copy_(gate_up)
+        self.w2cat[layer][:, i * I:(i + 1) * I].copy_(down)
+        if self.cfg.expert_bias:
+            self.b1[layer][i].copy_(gate_up_bias)
+            self.b2[layer][i].copy_(down_bias)
 
     def _index(self, layer: int, ids: list[int]) -> None:
         """Routing maps of a draft set whose expert ids[i] sits in stack row i."""
@@ -305,21 +314,27 @@ class DraftExperts:
         return self._dense(layer, x, weights, loc)
 
     def _grouped(self, layer: int, x: torch.Tensor, weights: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-        I = self.cfg.expert_intermediate_size
+        cfg = self.cfg
+        I, bias = cfg.expert_intermediate_size, cfg.expert_bias
 
         def run(needed, xs):
             for i, j in enumerate(needed):  # j: row of the draft's stacks
-                yield i, swiglu(xs[i], self.w1[layer][j], self.w2cat[layer][:, j * I:(j + 1) * I])
+                yield i, swiglu(xs[i], self.w1[layer][j], self.w2cat[layer][:, j * I:(j + 1) * I],
+                                self.b1[layer][j] if bias else None, self.b2[layer][j] if bias else None,
+                                cfg.swiglu_limit, cfg.swiglu_alpha)
         return grouped_experts(x, weights, loc, len(self.ids[layer]), run)
 
     def _dense(self, layer: int, x: torch.Tensor, weights: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         N, Nd = loc.shape[0], len(self.ids[layer])
         dense = torch.zeros(N, Nd + 1, dtype=x.dtype, device=x.device).scatter_add_(
             1, loc, weights.to(x.dtype))[:, :Nd]  # [N, Nd] routing weight of each draft expert
-        h = F.linear(x, self.w1[layer].view(-1, x.shape[1])).view(N, Nd, -1)  # [N, Nd, 2I]
+        cfg = self.cfg
+        h = F.linear(x, self.w1[layer].view(-1, x.shape[1]),
+                     self.b1[layer].view(-1) if cfg.expert_bias else None).view(N, Nd, -1)  # [N, Nd, 2I]
         g, u = h.chunk(2, dim=-1)
-        a = F.silu(g) * u * dense[..., None]  # [N, Nd, I]
-        return F.linear(a.reshape(N, -1), self.w2cat[layer])  # [N, D]
+        a = glu(g, u, cfg.swiglu_limit, cfg.swiglu_alpha) * dense[..., None]  # [N, Nd, I]
+        out = F.linear(a.reshape(N, -1), self.w2cat[layer])  # [N, D]
+        return out + dense @ self.b2[layer] if cfg.expert_bias else out
 
     @torch.inference_mode()
     def calibrate(self, token_counts=(1, 8, 64), repeats: int = 2) -> None:

@@ -6,6 +6,8 @@ lengths) is the caller's decision, which is what makes speculative rollback free
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from specmoe.decoding.sequence import Sequence
@@ -22,6 +24,17 @@ class ModelRunner:
         self.observers: list = []    # called for every forward (telemetry, HotTemporal counts)
         self.expert_s = 0.0          # seconds in routed experts over every forward (step breakdown)
         self.layer_hooks: list = []  # called at the start of each MoE layer (prefetch)
+        self._record: dict | None = None  # see recording()
+
+    @contextlib.contextmanager
+    def recording(self, on: bool, into: dict):
+        """While `on`, every forward keeps its logits per sequence in `into` (seq_id → [T, V] or [V], as
+        returned); a later forward over the same sequence replaces the entry (the engine's logprobs)."""
+        prev, self._record = self._record, (into if on else None)
+        try:
+            yield
+        finally:
+            self._record = prev
 
     def context(self, routing_hook=None, observers=None) -> ForwardContext:
         return ForwardContext(provider=self.provider, routing_hook=routing_hook,
@@ -52,11 +65,15 @@ class ModelRunner:
         ctx = ctx or self.context()
         try:
             if all_logits:
-                return self.model(tokens, self.cache, bv, ctx).float()
-            last = torch.tensor(lens, device=self.device)[:, None] - 1  # [B, 1]
-            return self.model(tokens, self.cache, bv, ctx, logits_at=last)[:, 0].float()  # [B, V]
+                out = self.model(tokens, self.cache, bv, ctx).float()
+            else:
+                last = torch.tensor(lens, device=self.device)[:, None] - 1  # [B, 1]
+                out = self.model(tokens, self.cache, bv, ctx, logits_at=last)[:, 0].float()  # [B, V]
         finally:
             self.expert_s += ctx.expert_s
+        if self._record is not None:
+            self._record.update({s.seq_id: out[b] for b, s in enumerate(seqs)})
+        return out
 
     def commit(self, seq: Sequence, n: int) -> None:
         self.cache.lengths[seq.slot] += n

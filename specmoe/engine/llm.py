@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from tqdm import tqdm
 
-from specmoe.decoding.autoregressive import prefill
-from specmoe.decoding.factory import lookahead, make_strategy
+from specmoe.decoding.factory import lookahead
 from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import SamplingParams, check_finite, finite_rows, make_generator
+from specmoe.decoding.sampling import SamplingParams, check_finite, finite_rows
 from specmoe.decoding.sequence import Sequence
+from specmoe.engine.core import EngineCore, Request, visible_text
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.stats import derived, memory_stats, new_stats
 from specmoe.decoding.breakdown import finish, merge
@@ -34,6 +34,7 @@ from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
 
 # the installed copy (wheel) if there is one, else the repository's: see specmoe/bundled.py
 DEMO_MODEL = demo_model_dir(check=False)
+SERVE_INITIAL_SLOTS = 8  # KV slots a serving engine starts with (it grows by doubling up to its cap)
 
 
 def default_model_path() -> Path:
@@ -75,6 +76,7 @@ class LLM:
         self._cache: KVCache | None = None
         self._stats = new_stats()
         self._next_id = 0
+        self._live: EngineCore | None = None  # the engine core running now (see engine())
         self.draft_memo: dict = {}  # SpecMoE parts that outlive a generate call (see decoding.factory)
 
     # ---------------------------------------------------------------- helpers
@@ -87,24 +89,26 @@ class LLM:
         if c is None or c.max_batch < slots or c.max_seq < want or c.nbytes > 2 * c.bytes_for(slots, want):
             cfg = self.config
             self._cache = None  # free the old one first
+            heads, kdim, vdim = cfg.kv_cache_dims
             self._cache = KVCache(num_layers=cfg.num_layers, max_batch=slots, max_seq=want,
-                                  num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=self.dtype,
+                                  num_kv_heads=heads, head_dim=kdim, v_head_dim=vdim, dtype=self.dtype,
                                   device=self.device)
         self._cache.lengths = [0] * self._cache.max_batch
         return self._cache
 
-    def _kv_slots(self, prompt_ids, plist, look: int) -> int:
+    def _kv_slots(self, longest: int, requests: int, look: int, what: str) -> int:
         """Slots for the requests that can be active at once: min(max_batch, requests, how many sequences of
-        the run's longest length the device's free memory holds), so the cache never outgrows memory mid-run
-        (requests beyond it wait). A request that cannot fit even alone is refused before any work."""
+        the `longest` length (prompt + max_tokens) the device's free memory holds), so the cache never outgrows
+        memory mid-run (requests beyond it wait). A request that cannot fit even alone (`what` names it) is
+        refused before any work."""
         cfg = self.config
-        i = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + plist[i].max_tokens)
-        n = min(self.max_model_len, len(prompt_ids[i]) + plist[i].max_tokens) + look
-        one = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, 1, n)
-        check_fits(f"the KV cache of request {i} ({len(prompt_ids[i])} prompt + {plist[i].max_tokens} max_tokens "
-                   f"+ {look} lookahead = {n} positions × {cfg.num_layers} layers)", one, self.device)
+        n = min(self.max_model_len, longest) + look
+        heads, kdim, vdim = cfg.kv_cache_dims
+        one = kv_bytes(cfg.num_layers, heads, kdim, self.dtype, 1, n, vdim)
+        check_fits(f"the KV cache of {what} + {look} lookahead = {n} positions × {cfg.num_layers} layers)", one,
+                   self.device)
         room = device_memory(self.device)[1] + (self._cache.nbytes if self._cache is not None else 0)
-        return max(1, min(self.max_batch, len(prompt_ids), room // one))
+        return max(1, min(self.max_batch, requests, room // one))
 
     def _wire(self, runner: ModelRunner) -> ModelRunner:
         """The expert provider observes routing (telemetry) and each MoE layer's input (prefetch)."""
@@ -124,68 +128,49 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         texts, prompt_ids = self._tokenize(prompts)
         plist = normalize_params(params, len(prompt_ids))
+        return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
+
+    @contextlib.contextmanager
+    def engine(self, plan: list[tuple[list[int], SamplingParams]] | None = None) -> Iterator[EngineCore]:
+        """Hold the engine (its lock) and yield a step-level `EngineCore` over this LLM's model, experts and KV
+        cache; its strategy's counters join `stats` when it closes. `plan` (prompt ids, params) per request
+        sizes the KV cache for exactly those requests (`generate`); None sizes it for serving: slots grow on
+        demand up to max_batch (or what memory holds at the full context), positions up to the context."""
         with self._lock:
-            return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
+            look = lookahead(self.spec_cfg)  # KV positions a step writes past the committed length
+            if plan is not None:
+                lengths = [len(p) + sp.max_tokens for p, sp in plan]
+                i = max(range(len(plan)), key=lambda i: lengths[i])
+                cap = min(self.max_model_len, lengths[i]) + look
+                what = f"request {i} ({len(plan[i][0])} prompt + {plan[i][1].max_tokens} max_tokens"
+                slots = self._kv_slots(lengths[i], len(plan), look, what)  # requests that can be active at once
+                cache = self._cache_for(slots, max(len(p) for p, _ in plan[:slots]) + look, cap)
+            else:
+                cap = self.max_model_len + look
+                what = f"one sequence at the full context ({self.max_model_len} positions"
+                slots = self._kv_slots(self.max_model_len, self.max_batch, look, what)
+                cache = self._cache_for(min(slots, SERVE_INITIAL_SLOTS), look + 1, cap)
+            core = EngineCore(self, cache, slot_cap=slots, cap=cap, look=look)
+            self._live = core
+            try:
+                yield core
+            finally:
+                self._live = None
+                core.close()
 
     def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
-        look = lookahead(self.spec_cfg)  # KV positions a step writes past the committed length
-        cap = min(self.max_model_len, max(len(p) + sp.max_tokens for p, sp in zip(prompt_ids, plist))) + look
-        n_slots = self._kv_slots(prompt_ids, plist, look)  # requests that can be active at once
-        cache = self._cache_for(n_slots, max(len(p) for p in prompt_ids[:n_slots]) + look, cap)
-        runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
-        strategy = make_strategy(runner, self.spec_cfg, engine=self)
-        waiting = list(range(len(prompt_ids)))
-        free_slots = list(range(n_slots))
-        active: list[Sequence] = []
-        done: dict[int, Sequence] = {}
-        st = self._stats
-        st["requests"] += len(prompt_ids)
-        bar = tqdm(total=len(prompt_ids), desc="requests", disable=not use_tqdm)
-        loop0, timed0 = time.perf_counter(), st["prefill_time_s"] + st["decode_time_s"]
-        while waiting or active:
-            if waiting and free_slots:  # admit new requests between steps
-                new = []
-                while waiting and free_slots:
-                    i = waiting.pop(0)
-                    sp = plist[i]
-                    slot = free_slots.pop(0)
-                    cache.lengths[slot] = 0  # a freed slot's stale keys are masked until overwritten
-                    new.append(Sequence(seq_id=i, prompt_ids=prompt_ids[i], params=sp, slot=slot,
-                                        generator=make_generator(sp.seed, self.device)))
-                cache.reserve(n_slots, round_positions(max(len(s.prompt_ids) for s in new) + look, cap))
-                first = prefill(runner, sorted(new, key=lambda s: s.slot), st)
-                for s in new:
-                    self._append(s, first[s.seq_id])
-                active += new
-            else:
-                cache.reserve(n_slots, round_positions(max(cache.lengths[s.slot] for s in active) + look, cap))
-                t0 = time.perf_counter()
-                out = strategy.step(active)
-                st["decode_time_s"] += time.perf_counter() - t0
-                st["decode_steps"] += 1
-                for s in active:
-                    self._append(s, out[s.seq_id])
-            for s in [s for s in active if s.finished]:
-                active.remove(s)
-                free_slots.append(s.slot)
-                free_slots.sort()
-                done[s.seq_id] = s
-                bar.update()
-        bar.close()
-        # scheduling: admission, KV growth, appending tokens and stop checks, slot release (not prefill or steps)
-        st["scheduling_s"] += time.perf_counter() - loop0 - (st["prefill_time_s"] + st["decode_time_s"] - timed0)
-        self._strategy_stats = strategy.stats()
-        merge(st["step_breakdown"], self._strategy_stats.pop("step_breakdown", {}))
+        with self.engine(list(zip(prompt_ids, plist))) as core:
+            reqs = [core.add(Request(prompt_ids=p, params=sp, prompt=t)) for p, t, sp in zip(prompt_ids, texts, plist)]
+            with tqdm(total=len(reqs), desc="requests", disable=not use_tqdm) as bar:
+                while core.has_work:
+                    bar.update(sum(u.finished for u in core.step()))
         outs = []
-        for i in range(len(prompt_ids)):
-            s = done[i]
-            text = self._decode(s.output_ids)
-            for stop in s.params.stop:
-                if stop in text:
-                    text = text[: text.index(stop)]
+        for i, r in enumerate(reqs):
+            s = r.seq
+            text = visible_text(self._decode(s.output_ids), s.params.stop, finished=True)
             outs.append(RequestOutput(request_id=self._next_id + i, prompt=texts[i], prompt_token_ids=s.prompt_ids,
                                       text=text, token_ids=list(s.output_ids), finish_reason=s.finish_reason))
-        self._next_id += len(prompt_ids)
+        self._next_id += len(reqs)
         return outs
 
     def _append(self, s: Sequence, tokens: list[int]) -> None:
@@ -232,7 +217,10 @@ class LLM:
     def stats(self) -> dict:
         s = dict(self._stats)
         s.update(derived(s))
-        s.update(getattr(self, "_strategy_stats", {}))
+        strategy = self._live.strategy_stats() if self._live is not None else getattr(self, "_strategy_stats", {})
+        strategy = dict(strategy)
+        s["step_breakdown"] = merge(dict(s["step_breakdown"]), strategy.pop("step_breakdown", {}))
+        s.update(strategy)
         s["step_breakdown"] = finish(s["step_breakdown"], decode_time_s=s["decode_time_s"],
                                      scheduling_s=s["scheduling_s"])
         s.update(self.provider.stats())

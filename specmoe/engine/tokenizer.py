@@ -42,8 +42,10 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return self.token_id(self.config.get("eos_token"))
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=True).ids  # the tokenizer's own template (e.g. BOS)
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """`special`: apply the tokenizer's own template (e.g. BOS); off for text that already holds its
+        special tokens (a rendered chat template)."""
+        return self.tok.encode(text, add_special_tokens=special).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

@@ -103,8 +103,9 @@ def collect_counts(model, provider, token_lists: list[list[int]], *, device: tor
     for toks in token_lists:
         toks = toks[: cfg.max_position_embeddings]
         T = len(toks)
-        cache = KVCache(num_layers=cfg.num_layers, max_batch=1, max_seq=T, num_kv_heads=cfg.num_kv_heads,
-                        head_dim=cfg.head_dim, dtype=dtype, device=device)
+        heads, kdim, vdim = cfg.kv_cache_dims
+        cache = KVCache(num_layers=cfg.num_layers, max_batch=1, max_seq=T, num_kv_heads=heads,
+                        head_dim=kdim, v_head_dim=vdim, dtype=dtype, device=device)
         bv = BatchView(slots=torch.zeros(1, dtype=torch.long, device=device),
                        positions=torch.arange(T, device=device)[None], contiguous=slice(0, 1), key_len=T)
         model(torch.tensor([toks], device=device), cache, bv, ctx,

@@ -1,7 +1,8 @@
 """The generic MoE decoder: embed → [norm → attention → norm → MoE or MLP] × L → norm → lm_head.
 
 Per-family differences are config fields (q/k norm, qkv bias, clip_qkv, shared expert,
-dense layers); the MoE block and router live in `moe.py` and `routers.py`. Modules are
+dense layers, partial rotary, attention sinks, per-layer sliding windows); multi-head latent
+attention is `mla.py`, RoPE `rope.py`, the MoE block and router `moe.py` and `routers.py`. Modules are
 built on the `meta` device and weights assigned by the loader. Expert weights are not
 module parameters: the MoE block gets them from an `ExpertProvider` by (layer, expert).
 """
@@ -14,17 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import ModelConfig
+from specmoe.models.attention import sink_attention
 from specmoe.models.kv_cache import KVCache
 from specmoe.models.layers import DenseMLP, Embedding, RMSNorm
+from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
+from specmoe.models.rope import apply_rope, inv_freq, rope_tables
 
 # B=batch, T=tokens per sequence, S=key positions, D=hidden, Hq/Hkv=heads, Dh=head dim, V=vocab
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x·cos + rotate_half(x)·sin (HF's half-split layout) in three ops: rotate_half(x) = [-x2, x1] equals
-    roll(x, Dh/2) = [x2, x1] times the signs [-1, +1], which `sin_signed` = [-sin, sin] carries."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 @dataclass
@@ -49,7 +47,9 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(D, Hq * Dh, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(D, Hkv * Dh, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(D, Hkv * Dh, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(Hq * Dh, D, bias=False)
+        self.o_proj = nn.Linear(Hq * Dh, D, bias=cfg.o_proj_bias)
+        if cfg.attention_sinks:
+            self.sinks = nn.Parameter(torch.empty(Hq))
         if cfg.qk_norm == "head":
             self.q_norm, self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps), RMSNorm(Dh, cfg.rms_norm_eps)
         elif cfg.qk_norm == "full":
@@ -68,12 +68,16 @@ class Attention(nn.Module):
         v = v.view(B, T, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm == "head":  # Qwen3: per-head norm
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, cos, sin)  # cos/sin: [B, T, 1, Dh], sin signed as in `Transformer.rope`
+        q = apply_rope(q, cos, sin)  # cos/sin: [B, T, 1, R], sin signed as in `Transformer.rope`
         k = apply_rope(k, cos, sin)
         cache.write(layer, bv.slots, bv.positions, k, v, bv.valid)
         keys, values = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, S, Hkv, Dh]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=mask, enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+        if cfg.attention_sinks:
+            out = sink_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, self.sinks,
+                                 cfg.head_dim ** -0.5)
+        else:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                                 attn_mask=mask, enable_gqa=cfg.num_heads != cfg.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))  # [B, T, D]
 
 
@@ -82,13 +86,14 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layer = layer
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = MLAttention(cfg) if cfg.mla is not None else Attention(cfg)
+        self.window = cfg.window(layer)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.is_moe = cfg.is_moe_layer(layer)
         self.mlp = MoEBlock(cfg, layer) if self.is_moe else DenseMLP(cfg.hidden_size, cfg.dense_intermediate_size)
 
-    def forward(self, x, cos, sin, mask, cache, bv, ctx: ForwardContext):
-        x = x + self.attn(self.input_norm(x), cos, sin, mask, cache, self.layer, bv)
+    def forward(self, x, cos, sin, masks, cache, bv, ctx: ForwardContext):
+        x = x + self.attn(self.input_norm(x), cos, sin, masks[self.window], cache, self.layer, bv)
         h = self.post_attn_norm(x)
         return x + (self.mlp(h, ctx) if self.is_moe else self.mlp(h))
 
@@ -108,23 +113,18 @@ class Transformer(nn.Module):
         return self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
-        """cos and signed sin ([-sin, sin] over the two halves, see `apply_rope`) for [B, T] positions as
-        [B, T, 1, Dh] (fp32 math, cast like transformers)."""
+        """cos and signed sin ([-sin, sin] over the two halves, see `rope.apply_rope`) for [B, T] positions as
+        [B, T, 1, R] (R: the rotating dims of a head)."""
         if self._inv_freq is None or self._inv_freq.device != positions.device:
-            Dh = self.cfg.head_dim
-            self._inv_freq = 1.0 / (self.cfg.rope_theta ** (
-                torch.arange(0, Dh, 2, dtype=torch.int64, device=positions.device).float() / Dh))
-        freqs = positions[..., None].float() * self._inv_freq  # [B, T, Dh/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, T, 1, Dh]
-        sin = freqs.sin()[:, :, None, :]
-        return emb.cos().to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+            self._inv_freq, self._rope_scaling = inv_freq(self.cfg, positions.device)
+        return rope_tables(positions, self._inv_freq, self._rope_scaling, dtype)
 
-    def attention_mask(self, bv: BatchView) -> torch.Tensor:
+    def attention_mask(self, bv: BatchView, window: int | None) -> torch.Tensor:
         """[B, 1, T, S] bool: key j visible to the query at position p iff j <= p (and inside the window)."""
         keys = torch.arange(bv.key_len, device=bv.positions.device)
         mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
-        if self.cfg.sliding_window:
-            mask &= keys[None, None, :] > bv.positions[:, :, None] - self.cfg.sliding_window
+        if window:
+            mask &= keys[None, None, :] > bv.positions[:, :, None] - window
         return mask[:, None]
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, bv: BatchView, ctx: ForwardContext,
@@ -132,10 +132,10 @@ class Transformer(nn.Module):
         """tokens [B, T] → logits [B, T, V] (or [B, n, V] at the index tensor `logits_at` [B, n])."""
         x = self.embed(tokens)  # [B, T, D]
         cos, sin = self.rope(bv.positions, x.dtype)
-        mask = self.attention_mask(bv)
+        masks = {w: self.attention_mask(bv, w) for w in {layer.window for layer in self.layers}}
         ctx.token_index = None if bv.valid is None else bv.valid.reshape(-1).nonzero().squeeze(1)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, cache, bv, ctx)
+            x = layer(x, cos, sin, masks, cache, bv, ctx)
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         x = self.norm(x)

@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from specmoe.models.decoder import Transformer
 from specmoe.weights.checkpoint import Checkpoint
-from specmoe.weights.names import non_expert_keys
+from specmoe.weights.names import fp32_params, non_expert_keys
 
 
 def load_model(ckpt: Checkpoint, *, dtype: torch.dtype, device: torch.device | str = "cpu",
@@ -17,8 +17,9 @@ def load_model(ckpt: Checkpoint, *, dtype: torch.dtype, device: torch.device | s
     with torch.device("meta"):
         model = Transformer(cfg)
     names = non_expert_keys(cfg)
+    keep_fp32 = fp32_params(cfg)
     for pname, (key, shape) in tqdm(names.items(), desc="weights", unit="t", disable=not progress, leave=False):
-        t = ckpt.get(key, dtype).to(device)
+        t = ckpt.get(key, torch.float32 if pname in keep_fp32 else dtype).to(device)
         assert tuple(t.shape) == tuple(shape), f"{key}: shape {tuple(t.shape)} != {shape}"
         mod_name, attr = pname.rsplit(".", 1)
         setattr(model.get_submodule(mod_name), attr, nn.Parameter(t, requires_grad=False))

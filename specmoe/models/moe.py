@@ -1,5 +1,6 @@
 """The sparse MoE block: router → (optional routing hook) → experts fetched by
-(layer, expert) from an ExpertProvider → weighted scatter-add (+ Qwen2-MoE shared expert).
+(layer, expert) from an ExpertProvider → weighted scatter-add (+ shared expert: Qwen2-MoE's
+sigmoid-gated one, or GLM-4's / DeepSeek's plain one).
 
 The block never knows which tier an expert's bytes come from. A decoding strategy
 changes which experts a forward may use through `ForwardContext.routing_hook`
@@ -28,7 +29,7 @@ class ExpertProvider(Protocol):
     """Contract: `fetch(layer, ids)` yields `(expert_id, buffer)` exactly once for every id
     in `ids` (a sorted list of distinct ids), in any order (resident ones first is
     best), where `buffer` is the expert packed flat as [gate (I·D); up (I·D); down (D·I)]
-    on the compute device, valid until the next item is asked for (an offloading cache reuses
+    (+ [gate bias (I); up bias (I); down bias (D)] with `cfg.expert_bias`) on the compute device, valid until the next item is asked for (an offloading cache reuses
     its few scratch rows); a consumer that keeps a buffer longer clones it."""
 
     def fetch(self, layer: int, ids: list[int]):
@@ -61,15 +62,36 @@ class ForwardContext:
     expert_s: float = 0.0
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """SwiGLU expert: x [n, D], gate_up [2I, D], down [D, I] (views, any row stride) → [n, D]."""
-    g, u = F.linear(x, gate_up).chunk(2, dim=-1)  # [n, I] each
-    return F.linear(F.silu(g) * u, down)
+def glu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None, alpha: float = 1.702) -> torch.Tensor:
+    """silu(g)·u, or with `limit` GPT-OSS's clamped form: (clamp(u, ±limit) + 1) · g'·σ(α·g'),
+    g' = min(g, limit)."""
+    if limit is None:
+        return F.silu(g) * u
+    g = g.clamp(max=limit)
+    return (u.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))
 
 
-def expert_ffn(x: torch.Tensor, buf: torch.Tensor, D: int, I: int) -> torch.Tensor:
-    """SwiGLU expert on a packed buffer [gate; up; down]. x [n, D] → [n, D]."""
-    return swiglu(x, buf[: 2 * I * D].view(2 * I, D), buf[2 * I * D:].view(D, I))
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
+           down_bias: torch.Tensor | None = None, limit: float | None = None, alpha: float = 1.702) -> torch.Tensor:
+    """SwiGLU expert: x [n, D], gate_up [2I, D], down [D, I] (views, any row stride), optional biases [2I] and
+    [D], the activation `glu` → [n, D]."""
+    g, u = F.linear(x, gate_up, gate_up_bias).chunk(2, dim=-1)  # [n, I] each
+    return F.linear(glu(g, u, limit, alpha), down, down_bias)
+
+
+def expert_views(buf: torch.Tensor, cfg: ModelConfig):
+    """(gate_up [2I, D], down [D, I], gate_up bias [2I] or None, down bias [D] or None) of a packed expert."""
+    D, I = cfg.hidden_size, cfg.expert_intermediate_size
+    w = 3 * I * D
+    gate_up, down = buf[: 2 * I * D].view(2 * I, D), buf[2 * I * D: w].view(D, I)
+    if not cfg.expert_bias:
+        return gate_up, down, None, None
+    return gate_up, down, buf[w: w + 2 * I], buf[w + 2 * I: w + 2 * I + D]
+
+
+def expert_ffn(x: torch.Tensor, buf: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The family's SwiGLU expert on a packed buffer. x [n, D] → [n, D]."""
+    return swiglu(x, *expert_views(buf, cfg), limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha)
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int, run,
@@ -101,16 +123,21 @@ class MoEBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.cfg, self.layer = cfg, layer
-        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
+        if cfg.score_correction_bias:
+            self.correction_bias = nn.Parameter(torch.zeros(cfg.num_experts))
         if cfg.shared_expert_intermediate_size:
             self.shared = DenseMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
-            self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+            if cfg.shared_expert_gate:
+                self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor):
         """x [N, D] → logits [N, E], weights [N, K] fp32, ids [N, K]."""
-        logits = self.router(x)
-        weights, ids = route(self.cfg.model_type, logits, top_k=self.cfg.top_k,
-                             norm_topk_prob=self.cfg.norm_topk_prob)
+        cfg, w = self.cfg, self.router.weight
+        logits = F.linear(x.to(w.dtype), w, self.router.bias)  # the sigmoid routers keep fp32 weights
+        weights, ids = route(cfg.model_type, logits, top_k=cfg.top_k, norm_topk_prob=cfg.norm_topk_prob,
+                             correction_bias=self.correction_bias if cfg.score_correction_bias else None,
+                             n_group=cfg.n_group, topk_group=cfg.topk_group, scale=cfg.routed_scaling_factor)
         return logits, weights, ids
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -135,12 +162,11 @@ class MoEBlock(nn.Module):
             out = self.experts_forward(x, weights, ids, ctx)
         ctx.expert_s += time.perf_counter() - t0
         if self.cfg.shared_expert_intermediate_size:
-            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+            shared = self.shared(x)
+            out = out + (torch.sigmoid(self.shared_gate(x)) * shared if self.cfg.shared_expert_gate else shared)
         return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
-        D, I = self.cfg.hidden_size, self.cfg.expert_intermediate_size
-
         def observe(counts):  # the one host read per layer: the union must be known to fetch it
             for obs in ctx.observers:
                 obs(self.layer, ids, counts)
@@ -148,5 +174,5 @@ class MoEBlock(nn.Module):
         def run(needed, xs):  # the provider hands experts out in its own order (resident first)
             slot = {e: i for i, e in enumerate(needed)}
             for e, buf in ctx.provider.fetch(self.layer, needed):
-                yield slot[e], expert_ffn(xs[slot[e]], buf, D, I)
+                yield slot[e], expert_ffn(xs[slot[e]], buf, self.cfg)
         return grouped_experts(x, weights, ids, self.cfg.num_experts, run, observe)

@@ -3,12 +3,19 @@
 Each family's rule, as transformers implements it (checked in tests/models/test_routers.py):
 - Mixtral: softmax over all experts (fp32) → top-k → renormalise.
 - Qwen2-MoE / Qwen3-MoE / OLMoE: softmax (fp32) → top-k → renormalise iff `norm_topk_prob`.
+- GLM-4 MoE / DeepSeek-V3: sigmoid scores (fp32); the choice adds `e_score_correction_bias` and is limited
+  to the `topk_group` best of `n_group` expert groups (a group scores the sum of its two best); the
+  weights are the chosen experts' plain sigmoid scores, renormalised iff `norm_topk_prob`, times
+  `routed_scaling_factor`.
+- DeepSeek-V2: softmax (fp32), limited to the `topk_group` best of `n_group` groups (a group scores its
+  best expert; the others' scores set to 0) → top-k, not renormalised, times `routed_scaling_factor`.
+- GPT-OSS: top-k of the logits → softmax over those k.
 """
 from __future__ import annotations
 
 import torch
 
-# N=tokens, E=experts, K=top-k
+# N=tokens, E=experts, K=top-k, G=groups
 
 
 def softmax_topk(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,10 +26,53 @@ def softmax_topk(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[tor
     return weights, ids
 
 
-def route(model_type: str, logits: torch.Tensor, *, top_k: int, norm_topk_prob: bool):
+def sigmoid_group_topk(logits: torch.Tensor, top_k: int, *, correction_bias: torch.Tensor, n_group: int,
+                       topk_group: int, normalize: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = logits.float().sigmoid()  # [N, E]
+    choice = scores + correction_bias.float()  # picks use the bias, weights do not
+    N, E = choice.shape
+    if topk_group < n_group:  # keep the experts of the topk_group best groups
+        group_scores = choice.view(N, n_group, E // n_group).topk(2, dim=-1)[0].sum(dim=-1)  # [N, G]
+        best = torch.topk(group_scores, topk_group, dim=-1, sorted=False)[1]  # [N, topk_group]
+        keep = torch.zeros(N, n_group, dtype=torch.bool, device=logits.device).scatter_(1, best, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(E // n_group, dim=1), float("-inf"))
+    ids = torch.topk(choice, top_k, dim=-1, sorted=False)[1]  # [N, K]
+    weights = scores.gather(1, ids)
+    if normalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
+def softmax_group_topk(logits: torch.Tensor, top_k: int, *, n_group: int, topk_group: int,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = torch.softmax(logits.float(), dim=-1)  # [N, E]
+    N, E = scores.shape
+    if topk_group < n_group:
+        best = torch.topk(scores.view(N, n_group, E // n_group).amax(dim=-1), topk_group, dim=-1, sorted=False)[1]
+        keep = torch.zeros(N, n_group, dtype=torch.bool, device=logits.device).scatter_(1, best, True)
+        scores = scores.masked_fill(~keep.repeat_interleave(E // n_group, dim=1), 0.0)
+    weights, ids = torch.topk(scores, top_k, dim=-1, sorted=False)
+    return weights * scale, ids
+
+
+def topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    values, ids = torch.topk(logits, top_k, dim=-1)  # [N, K]
+    return torch.softmax(values.float(), dim=-1), ids
+
+
+def route(model_type: str, logits: torch.Tensor, *, top_k: int, norm_topk_prob: bool,
+          correction_bias: torch.Tensor | None = None, n_group: int = 1, topk_group: int = 1,
+          scale: float = 1.0):
     """Dispatch on family. Returns fp32 weights [N, K] and int64 ids [N, K]."""
     if model_type == "mixtral":
         return softmax_topk(logits, top_k, True)
     if model_type in ("qwen2_moe", "qwen3_moe", "olmoe"):
         return softmax_topk(logits, top_k, norm_topk_prob)
+    if model_type in ("glm4_moe", "deepseek_v3"):
+        return sigmoid_group_topk(logits, top_k, correction_bias=correction_bias, n_group=n_group,
+                                  topk_group=topk_group, normalize=norm_topk_prob, scale=scale)
+    if model_type == "deepseek_v2":
+        return softmax_group_topk(logits, top_k, n_group=n_group, topk_group=topk_group, scale=scale)
+    if model_type == "gpt_oss":
+        return topk_softmax(logits, top_k)
     raise ValueError(f"no router for {model_type}")

@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from specmoe.config import ModelConfig, read_json_object, type_name
 from specmoe.errors import CheckpointError, InputError
-from specmoe.weights.names import IGNORED_SUFFIXES, expert_keys, non_expert_keys
+from specmoe.weights.names import ExpertPart, expert_parts, expert_tensors_per_layer, is_ignored, non_expert_keys
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -110,13 +110,13 @@ class Checkpoint:
         out = {key: shape for key, shape in non_expert_keys(cfg).values()}
         for layer in cfg.moe_layers:
             for e in range(cfg.num_experts):
-                out.update({key: shape for key, shape in expert_keys(cfg, layer, e).values()})
+                out.update({p.key: p.tensor_shape for p in expert_parts(cfg, layer, e).values()})
         return out
 
     def validate(self) -> None:
         """Every expected key present with its shape; unexpected keys reported by name."""
         cfg, n = self.config, len(self.key_to_file)
-        if 4 * cfg.num_layers + 3 * cfg.num_experts * len(cfg.moe_layers) > n:  # before listing them all
+        if 4 * cfg.num_layers + expert_tensors_per_layer(cfg) * len(cfg.moe_layers) > n:  # before listing them all
             raise CheckpointError(f"checkpoint {self.path} holds {n} tensors, too few for the {cfg.num_layers} "
                                   f"layers x {cfg.num_experts} experts that config.json declares")
         expected = self.expected_keys()
@@ -125,7 +125,7 @@ class Checkpoint:
             more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
             raise CheckpointError(f"checkpoint {self.path} is missing {len(missing)} tensor(s): "
                                   f"{', '.join(missing[:5])}{more}")
-        unexpected = [k for k in self.key_to_file if k not in expected and not k.endswith(IGNORED_SUFFIXES)]
+        unexpected = [k for k in self.key_to_file if k not in expected and not is_ignored(cfg, k)]
         if self.config.tie_word_embeddings and "lm_head.weight" in unexpected:
             unexpected.remove("lm_head.weight")
         if unexpected:
@@ -185,10 +185,21 @@ class Checkpoint:
         t = self._open(self.key_to_file[key]).get_tensor(key)
         return t.to(dtype) if dtype is not None and t.dtype != dtype else t
 
+    def read_part(self, part: ExpertPart, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """One expert's part (see `ExpertPart`): of a fused tensor only that expert's row is read."""
+        sl = self._open(self.key_to_file[part.key]).get_slice(part.key)
+        t = sl[part.expert] if part.expert is not None else sl[:]
+        if part.step != 1:
+            t = t[..., part.start::part.step]
+        if part.transpose:
+            t = t.T
+        return t.to(dtype) if dtype is not None and t.dtype != dtype else t
+
     def read_expert(self, layer: int, expert: int, dtype: torch.dtype) -> torch.Tensor:
-        """One expert packed as a contiguous flat buffer [gate (I·D); up (I·D); down (D·I)]."""
-        keys = expert_keys(self.config, layer, expert)
-        return torch.cat([self.get(keys[p][0], dtype).reshape(-1) for p in ("gate", "up", "down")])
+        """One expert packed as a contiguous flat buffer [gate (I·D); up (I·D); down (D·I)] (+ with expert
+        biases [gate bias (I); up bias (I); down bias (D)]), whatever the checkpoint's layout."""
+        parts = expert_parts(self.config, layer, expert)
+        return torch.cat([self.read_part(p, dtype).reshape(-1) for p in parts.values()])
 
     def fingerprint(self) -> str:
         """Cheap identity of the weight files: names, sizes and mtimes (for caches next to the checkpoint)."""

@@ -1,8 +1,12 @@
 """One explicit name map per architecture: which checkpoint key holds which weight,
-and the shape it must have. Keys are the ones Hugging Face publishes (per-expert 2-D
-tensors), so checkpoints are read exactly as released."""
+and the shape it must have. Keys are the ones Hugging Face publishes, so checkpoints are
+read exactly as released: per-expert 2-D tensors (Mixtral, Qwen, OLMoE, GLM-4, DeepSeek),
+or one fused 3-D tensor per layer (GPT-OSS: `experts.gate_up_proj` [E, D, 2I] with gate and
+up interleaved column by column, `experts.down_proj` [E, I, D], and their biases), from which
+`ExpertPart` says how one expert's part is cut."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from specmoe.config import ModelConfig
@@ -12,6 +16,7 @@ from specmoe.config import ModelConfig
 class FamilyNames:
     moe_prefix: str          # "block_sparse_moe" (Mixtral) or "mlp"
     expert_proj: tuple[str, str, str]  # (gate, up, down) projection names inside experts.{e}
+    router: str = "gate"     # the router's module name inside the MoE block
 
 
 FAMILY_NAMES = {
@@ -19,26 +24,127 @@ FAMILY_NAMES = {
     "qwen2_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "qwen3_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "olmoe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "glm4_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "deepseek_v2": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "deepseek_v3": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "gpt_oss": FamilyNames("mlp", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router"),
 }
+FUSED_EXPERTS = ("gpt_oss",)  # experts stored as one [E, ...] tensor per layer and projection
 
 # Keys some exporters add that carry no weights we need.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
-def expert_keys(cfg: ModelConfig, layer: int, expert: int) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{'gate'|'up'|'down': (checkpoint key, shape)} for one expert."""
+@dataclass(frozen=True)
+class ExpertPart:
+    """One part of one expert: checkpoint `key` (a tensor of `tensor_shape`), cut as row `expert` of a fused
+    tensor (None: the tensor is this expert's alone), then every `step`-th column from `start` (the
+    interleaved gate/up of GPT-OSS; step 1: all), then transposed if `transpose`."""
+    key: str
+    tensor_shape: tuple[int, ...]
+    expert: int | None = None
+    start: int = 0
+    step: int = 1
+    transpose: bool = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = list(self.tensor_shape[1:] if self.expert is not None else self.tensor_shape)
+        s[-1] //= self.step
+        return tuple(reversed(s)) if self.transpose else tuple(s)
+
+
+def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertPart]:
+    """The parts of one expert in the order they are packed: gate [I, D], up [I, D], down [D, I], then with
+    expert biases gate_bias [I], up_bias [I], down_bias [D]."""
     n = FAMILY_NAMES[cfg.model_type]
-    D, I = cfg.hidden_size, cfg.expert_intermediate_size
+    D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
+    if cfg.model_type in FUSED_EXPERTS:
+        base = f"model.layers.{layer}.{n.moe_prefix}.experts"
+        gu, gub = f"{base}.gate_up_proj", f"{base}.gate_up_proj_bias"
+        return {"gate": ExpertPart(gu, (E, D, 2 * I), expert, 0, 2, True),
+                "up": ExpertPart(gu, (E, D, 2 * I), expert, 1, 2, True),
+                "down": ExpertPart(f"{base}.down_proj", (E, I, D), expert, transpose=True),
+                "gate_bias": ExpertPart(gub, (E, 2 * I), expert, 0, 2),
+                "up_bias": ExpertPart(gub, (E, 2 * I), expert, 1, 2),
+                "down_bias": ExpertPart(f"{base}.down_proj_bias", (E, D), expert)}
     base = f"model.layers.{layer}.{n.moe_prefix}.experts.{expert}"
     g, u, d = n.expert_proj
-    return {"gate": (f"{base}.{g}.weight", (I, D)), "up": (f"{base}.{u}.weight", (I, D)),
-            "down": (f"{base}.{d}.weight", (D, I))}
+    return {"gate": ExpertPart(f"{base}.{g}.weight", (I, D)), "up": ExpertPart(f"{base}.{u}.weight", (I, D)),
+            "down": ExpertPart(f"{base}.{d}.weight", (D, I))}
+
+
+def expert_tensors_per_layer(cfg: ModelConfig) -> int:
+    """Distinct checkpoint tensors holding one MoE layer's experts."""
+    return 4 if cfg.model_type in FUSED_EXPERTS else 3 * cfg.num_experts
+
+
+def is_ignored(cfg: ModelConfig, key: str) -> bool:
+    """Keys that carry nothing the model uses: rotary caches, and the multi-token-prediction layers
+    (GLM-4, DeepSeek-V3) stored after the last decoder layer."""
+    if key.endswith(IGNORED_SUFFIXES):
+        return True
+    m = _LAYER.match(key)
+    return bool(cfg.extra_layers and m and cfg.num_layers <= int(m.group(1)) < cfg.num_layers + cfg.extra_layers)
+
+
+def fp32_params(cfg: ModelConfig) -> set[str]:
+    """Module parameters kept in fp32 whatever the compute dtype (transformers keeps the sigmoid routers'
+    weight and e_score_correction_bias in fp32: the correction bias decides which experts are picked)."""
+    if not cfg.score_correction_bias:
+        return set()
+    return {f"layers.{i}.mlp.{p}" for i in cfg.moe_layers for p in ("router.weight", "correction_bias")}
+
+
+def _attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    D, Hq, Hkv, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    out = {}
+    if cfg.mla is not None:  # DeepSeek multi-head latent attention
+        ml = cfg.mla
+        qk = ml.qk_nope_head_dim + ml.qk_rope_head_dim
+        if ml.q_lora_rank is None:
+            out[m + "q_proj.weight"] = (a + "q_proj.weight", (Hq * qk, D))
+        else:
+            out[m + "q_a_proj.weight"] = (a + "q_a_proj.weight", (ml.q_lora_rank, D))
+            out[m + "q_a_norm.weight"] = (a + "q_a_layernorm.weight", (ml.q_lora_rank,))
+            out[m + "q_b_proj.weight"] = (a + "q_b_proj.weight", (Hq * qk, ml.q_lora_rank))
+            if cfg.qkv_bias:
+                out[m + "q_a_proj.bias"] = (a + "q_a_proj.bias", (ml.q_lora_rank,))
+        out[m + "kv_a_proj.weight"] = (a + "kv_a_proj_with_mqa.weight", (ml.kv_lora_rank + ml.qk_rope_head_dim, D))
+        if cfg.qkv_bias:
+            out[m + "kv_a_proj.bias"] = (a + "kv_a_proj_with_mqa.bias", (ml.kv_lora_rank + ml.qk_rope_head_dim,))
+        out[m + "kv_a_norm.weight"] = (a + "kv_a_layernorm.weight", (ml.kv_lora_rank,))
+        out[m + "kv_b_proj.weight"] = (a + "kv_b_proj.weight",
+                                       (Hq * (ml.qk_nope_head_dim + ml.v_head_dim), ml.kv_lora_rank))
+        out[m + "o_proj.weight"] = (a + "o_proj.weight", (D, Hq * ml.v_head_dim))
+        if cfg.o_proj_bias:
+            out[m + "o_proj.bias"] = (a + "o_proj.bias", (D,))
+        return out
+    out[m + "q_proj.weight"] = (a + "q_proj.weight", (Hq * Dh, D))
+    out[m + "k_proj.weight"] = (a + "k_proj.weight", (Hkv * Dh, D))
+    out[m + "v_proj.weight"] = (a + "v_proj.weight", (Hkv * Dh, D))
+    out[m + "o_proj.weight"] = (a + "o_proj.weight", (D, Hq * Dh))
+    if cfg.qkv_bias:
+        out[m + "q_proj.bias"] = (a + "q_proj.bias", (Hq * Dh,))
+        out[m + "k_proj.bias"] = (a + "k_proj.bias", (Hkv * Dh,))
+        out[m + "v_proj.bias"] = (a + "v_proj.bias", (Hkv * Dh,))
+    if cfg.o_proj_bias:
+        out[m + "o_proj.bias"] = (a + "o_proj.bias", (D,))
+    if cfg.attention_sinks:
+        out[m + "sinks"] = (a + "sinks", (Hq,))
+    if cfg.qk_norm == "head":
+        out[m + "q_norm.weight"] = (a + "q_norm.weight", (Dh,))
+        out[m + "k_norm.weight"] = (a + "k_norm.weight", (Dh,))
+    elif cfg.qk_norm == "full":
+        out[m + "q_norm.weight"] = (a + "q_norm.weight", (Hq * Dh,))
+        out[m + "k_norm.weight"] = (a + "k_norm.weight", (Hkv * Dh,))
+    return out
 
 
 def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{module parameter name: (checkpoint key, shape)} for every weight kept resident."""
     D, V = cfg.hidden_size, cfg.vocab_size
-    Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     n = FAMILY_NAMES[cfg.model_type]
     out = {"embed.weight": ("model.embed_tokens.weight", (V, D)), "norm.weight": ("model.norm.weight", (D,))}
     if not cfg.tie_word_embeddings:
@@ -47,30 +153,22 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
         p, m = f"model.layers.{i}.", f"layers.{i}."
         out[m + "input_norm.weight"] = (p + "input_layernorm.weight", (D,))
         out[m + "post_attn_norm.weight"] = (p + "post_attention_layernorm.weight", (D,))
-        a = p + "self_attn."
-        out[m + "attn.q_proj.weight"] = (a + "q_proj.weight", (Hq * Dh, D))
-        out[m + "attn.k_proj.weight"] = (a + "k_proj.weight", (Hkv * Dh, D))
-        out[m + "attn.v_proj.weight"] = (a + "v_proj.weight", (Hkv * Dh, D))
-        out[m + "attn.o_proj.weight"] = (a + "o_proj.weight", (D, Hq * Dh))
-        if cfg.qkv_bias:
-            out[m + "attn.q_proj.bias"] = (a + "q_proj.bias", (Hq * Dh,))
-            out[m + "attn.k_proj.bias"] = (a + "k_proj.bias", (Hkv * Dh,))
-            out[m + "attn.v_proj.bias"] = (a + "v_proj.bias", (Hkv * Dh,))
-        if cfg.qk_norm == "head":
-            out[m + "attn.q_norm.weight"] = (a + "q_norm.weight", (Dh,))
-            out[m + "attn.k_norm.weight"] = (a + "k_norm.weight", (Dh,))
-        elif cfg.qk_norm == "full":
-            out[m + "attn.q_norm.weight"] = (a + "q_norm.weight", (Hq * Dh,))
-            out[m + "attn.k_norm.weight"] = (a + "k_norm.weight", (Hkv * Dh,))
+        out.update(_attention_keys(cfg, p + "self_attn.", m + "attn."))
         if cfg.is_moe_layer(i):
             mp = p + n.moe_prefix + "."
-            out[m + "mlp.router.weight"] = (mp + "gate.weight", (cfg.num_experts, D))
+            out[m + "mlp.router.weight"] = (mp + n.router + ".weight", (cfg.num_experts, D))
+            if cfg.router_bias:
+                out[m + "mlp.router.bias"] = (mp + n.router + ".bias", (cfg.num_experts,))
+            if cfg.score_correction_bias:
+                out[m + "mlp.correction_bias"] = (mp + n.router + ".e_score_correction_bias", (cfg.num_experts,))
             if cfg.shared_expert_intermediate_size:
                 S = cfg.shared_expert_intermediate_size
-                out[m + "mlp.shared.gate_proj.weight"] = (mp + "shared_expert.gate_proj.weight", (S, D))
-                out[m + "mlp.shared.up_proj.weight"] = (mp + "shared_expert.up_proj.weight", (S, D))
-                out[m + "mlp.shared.down_proj.weight"] = (mp + "shared_expert.down_proj.weight", (D, S))
-                out[m + "mlp.shared_gate.weight"] = (mp + "shared_expert_gate.weight", (1, D))
+                sp = mp + ("shared_expert." if cfg.shared_expert_gate else "shared_experts.")
+                out[m + "mlp.shared.gate_proj.weight"] = (sp + "gate_proj.weight", (S, D))
+                out[m + "mlp.shared.up_proj.weight"] = (sp + "up_proj.weight", (S, D))
+                out[m + "mlp.shared.down_proj.weight"] = (sp + "down_proj.weight", (D, S))
+                if cfg.shared_expert_gate:
+                    out[m + "mlp.shared_gate.weight"] = (mp + "shared_expert_gate.weight", (1, D))
         else:
             I = cfg.dense_intermediate_size
             out[m + "mlp.gate_proj.weight"] = (p + "mlp.gate_proj.weight", (I, D))

@@ -1,0 +1,242 @@
+"""The step-level engine core: requests join and leave the running batch between decode steps.
+
+`EngineCore` owns the scheduling state of one engine session: the waiting queue, the active
+sequences with their KV-cache slots, and the decoding strategy. `add` queues a request; `abort`
+ends one (waiting or running) at the next step boundary, where its slot is freed; `step` runs one
+scheduler iteration and returns an `Update` per request whose output changed. One iteration is:
+
+1. end the aborted requests (their slots become free);
+2. if requests wait and a slot is free (or the cache may still grow by slots): admit as many as
+   fit and prefill them together (their first token is sampled there);
+3. otherwise one decoding-strategy step over every active sequence (one token each for AR,
+   accepted drafts + 1 for SpecMoE);
+4. finished sequences (EOS, stop string, max_tokens, context end) leave and free their slot.
+
+`LLM.generate` drives a core until its requests are done; the server's loop
+(`specmoe.serve.engine`) drives one for its whole lifetime, adding and aborting between steps.
+Stop conditions live in `LLM._append`; `visible_text` is the one rule for the text a caller sees.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specmoe.decoding.autoregressive import prefill
+from specmoe.decoding.breakdown import merge
+from specmoe.decoding.factory import make_strategy
+from specmoe.decoding.runner import ModelRunner
+from specmoe.decoding.sampling import SamplingParams, make_generator
+from specmoe.decoding.sequence import Sequence
+from specmoe.models.kv_cache import KVCache, round_positions
+
+ABORT = "abort"  # finish_reason of a request ended by `abort` (client gone, timeout, shutdown)
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the target model (raw logits, before temperature and
+    top-k/top-p) and the `top` most likely tokens at that position as (token id, logprob)."""
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Request:
+    """One generation request as the core tracks it. `logprobs`: None for none, else how many top
+    alternatives to report per generated token (0: only the chosen token's logprob)."""
+    prompt_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    logprobs: int | None = None
+    request_id: int = -1  # set by EngineCore.add
+    seq: Sequence | None = None  # while running (and after)
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" (+ the abort's reason in abort_reason)
+    abort_reason: str | None = None
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.seq.output_ids if self.seq is not None else []
+
+
+@dataclass
+class Update:
+    """What one step changed for one request: `new` tokens appended (their logprobs in
+    request.token_logprobs[-new:] when asked) and whether it finished."""
+    request: Request
+    new: int
+    finished: bool
+
+
+def visible_text(text: str, stops: list[str], finished: bool) -> str:
+    """The part of a request's decoded text a caller may see now. Finished: the text cut at the first
+    stop string. Running: also withhold a trailing incomplete UTF-8 character (decoded as U+FFFD) and a
+    tail that could still grow into a stop string, so streamed pieces always add up to the final text."""
+    cut = min((text.index(s) for s in stops if s in text), default=len(text))
+    text = text[:cut]
+    if finished:
+        return text
+    text = text.rstrip("\ufffd")
+    hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    return text[: len(text) - hold]
+
+
+class EngineCore:
+    """See the module docstring. Built by `LLM.engine()`, which holds the LLM's lock while it lives:
+    the core shares the LLM's model, expert provider, KV cache and stats."""
+
+    def __init__(self, llm, cache: KVCache, *, slot_cap: int, cap: int, look: int):
+        """`slot_cap`: most sequences active at once (the cache grows by slots up to it); `cap`: most KV
+        positions a sequence may write (context + lookahead); `look`: positions a step writes past a
+        sequence's committed length."""
+        self.llm, self.cache, self.cap, self.look = llm, cache, cap, look
+        self.slot_cap = slot_cap
+        self.n_slots = min(cache.max_batch, slot_cap)
+        self.runner = llm._wire(ModelRunner(llm.model, llm.provider, cache, llm.device))
+        self.strategy = make_strategy(self.runner, llm.spec_cfg, engine=llm)
+        self.waiting: list[Request] = []
+        self.active: list[Request] = []
+        self.free_slots = list(range(self.n_slots))
+        self._aborts: dict[int, str] = {}
+        self._ids = 0
+        self.aborted = 0  # requests ended by abort (counter)
+        self.closed = False
+
+    # ------------------------------------------------------------ queue
+    def add(self, req: Request) -> Request:
+        req.request_id = self._ids
+        self._ids += 1
+        self.waiting.append(req)
+        self.llm._stats["requests"] += 1
+        return req
+
+    def abort(self, request_id: int, reason: str = "aborted") -> None:
+        """End a request at the next step boundary (a no-op for one already finished)."""
+        self._aborts[request_id] = reason
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.active or self._aborts)
+
+    @property
+    def num_free_slots(self) -> int:
+        """Slots free now plus those the cache may still grow by."""
+        return len(self.free_slots) + self.slot_cap - self.n_slots
+
+    # ------------------------------------------------------------ step
+    def step(self) -> list[Update]:
+        st = self.llm._stats
+        t0, timed0 = time.perf_counter(), st["prefill_time_s"] + st["decode_time_s"]
+        updates = self._reap_aborts()
+        if self.waiting and self.num_free_slots:
+            updates += self._admit()
+        elif self.active:
+            updates += self._decode()
+        for r in [r for r in self.active if r.finished]:
+            self.active.remove(r)
+            self._free(r.seq.slot)
+        # scheduling: admission, KV growth, appending tokens and stop checks, slot release (not prefill or steps)
+        st["scheduling_s"] += time.perf_counter() - t0 - (st["prefill_time_s"] + st["decode_time_s"] - timed0)
+        return updates
+
+    def _reap_aborts(self) -> list[Update]:
+        out = []
+        for rid, reason in self._aborts.items():
+            for queue in (self.waiting, self.active):
+                for r in queue:
+                    if r.request_id == rid and not r.finished:
+                        queue.remove(r)
+                        if r.seq is not None:
+                            self._free(r.seq.slot)
+                        r.finished, r.finish_reason, r.abort_reason = True, ABORT, reason
+                        self.aborted += 1
+                        out.append(Update(r, 0, True))
+                        break
+        self._aborts.clear()
+        return out
+
+    def _free(self, slot: int) -> None:
+        self.free_slots.append(slot)
+        self.free_slots.sort()
+
+    def _grow_slots(self, want: int) -> None:
+        """Grow the cache to `want` slots (at most slot_cap), doubling, keeping every slot's contents."""
+        n = min(self.slot_cap, max(want, 2 * self.n_slots))
+        self.cache.reserve(n, self.cache.max_seq)
+        self.free_slots += range(self.n_slots, n)
+        self.n_slots = n
+
+    def _admit(self) -> list[Update]:
+        if len(self.free_slots) < len(self.waiting) and self.n_slots < self.slot_cap:
+            self._grow_slots(len(self.active) + len(self.waiting))
+        new = []
+        while self.waiting and self.free_slots:
+            r = self.waiting.pop(0)
+            slot = self.free_slots.pop(0)
+            self.cache.lengths[slot] = 0  # a freed slot's stale keys are masked until overwritten
+            r.seq = Sequence(seq_id=r.request_id, prompt_ids=r.prompt_ids, params=r.params, slot=slot,
+                             generator=make_generator(r.params.seed, self.llm.device))
+            new.append(r)
+        self.cache.reserve(self.n_slots, round_positions(max(len(r.prompt_ids) for r in new) + self.look, self.cap))
+        seqs = sorted((r.seq for r in new), key=lambda s: s.slot)
+        with self._recording(new):
+            first = prefill(self.runner, seqs, self.llm._stats)
+        self.active += new
+        return [self._append(r, first[r.request_id]) for r in new]
+
+    def _decode(self) -> list[Update]:
+        st, cache = self.llm._stats, self.cache
+        cache.reserve(self.n_slots, round_positions(max(cache.lengths[r.seq.slot] for r in self.active) + self.look,
+                                                    self.cap))
+        with self._recording(self.active):
+            t0 = time.perf_counter()
+            out = self.strategy.step([r.seq for r in self.active])
+            st["decode_time_s"] += time.perf_counter() - t0
+        st["decode_steps"] += 1
+        return [self._append(r, out[r.request_id]) for r in self.active]
+
+    def _append(self, r: Request, tokens: list[int]) -> Update:
+        before = len(r.seq.output_ids)
+        self.llm._append(r.seq, tokens)
+        new = len(r.seq.output_ids) - before
+        if r.logprobs is not None:
+            r.token_logprobs += self._logprobs(r, tokens[:new])
+        r.finished, r.finish_reason = r.seq.finished, r.seq.finish_reason
+        return Update(r, new, r.finished)
+
+    # ------------------------------------------------------------ logprobs
+    def _recording(self, reqs: list[Request]):
+        """While a step runs, keep the target forwards' logits if a request in it asks for logprobs."""
+        self._logits: dict[int, torch.Tensor] = {}
+        return self.runner.recording(any(r.logprobs is not None for r in reqs), self._logits)
+
+    def _logprobs(self, r: Request, tokens: list[int]) -> list[TokenLogprob]:
+        """The target's log-probabilities of the emitted tokens: emitted token j of a step is scored by the
+        step's last target forward at the sequence's position j (prefill and AR: its one row)."""
+        if not tokens:
+            return []
+        rows = self._logits[r.request_id]  # [T, V] or [V]
+        rows = rows[: len(tokens)] if rows.dim() == 2 else rows[None]
+        lp = torch.log_softmax(rows.float(), dim=-1)
+        chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+        k = min(r.logprobs, lp.shape[-1])
+        top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+        return [TokenLogprob(t, c, list(zip(i, v))) for t, c, i, v in
+                zip(tokens, chosen, top_i.tolist(), top_v.tolist())]
+
+    # ------------------------------------------------------------ end
+    def strategy_stats(self) -> dict:
+        return self.strategy.stats()
+
+    def close(self) -> None:
+        """Fold the strategy's counters into the LLM's stats (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.llm._strategy_stats = self.strategy.stats()
+        merge(self.llm._stats["step_breakdown"], self.llm._strategy_stats.pop("step_breakdown", {}))
+
