@@ -11,6 +11,8 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, engine=None):
     if cfg.decoding == "ar":
         return AutoregressiveDecoder(runner)
     assert engine is not None, f"decoding={cfg.decoding!r} needs the engine (checkpoint, context length)"
+    if cfg.drafter != "self":
+        return make_drafted(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len)
     return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo)
 
 
@@ -32,6 +34,14 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
         prefetch=cfg.draft_prefetch, calibration=memo.setdefault("calibration", {}))
     return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           auto=cfg.decoding == "auto")
+
+
+def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
+    """Speculation with a drafter other than the self draft (`drafters.py`)."""
+    from specmoe.decoding.drafted import DraftedDecoder
+    from specmoe.decoding.drafters import NgramDrafter
+    drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
+    return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len)
 
 
 def lookahead(cfg: SpecConfig) -> int:

@@ -150,6 +150,11 @@ class SpecConfig:
                             "(hot-temporal), static from a profile (hot-global), or random (ablation)",
                             ("hot-temporal", "hot-global", "random"))
     seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
+    drafter: str = opt("self", "speculation's draft source: the model's own draft experts (self), or prompt/output "
+                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes; fixed gamma)",
+                       ("self", "ngram"))
+    ngram_min: int = opt(2, "ngram drafter: shortest suffix length n matched against the history")
+    ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
     draft_prefetch: bool = opt(False, "SpecMoE, offloaded: while drafting, load the experts the target's routers "
                                "pick for the drafted tokens into free cache slots, so the backing tier works "
                                "while the draft computes (draft-guided prefetch)")
@@ -161,6 +166,11 @@ class SpecConfig:
         check_int("draft_experts", self.draft_experts, 1)
         check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
         check_int("seed", self.seed, *SEED_RANGE)
+        check_int("ngram_min", self.ngram_min, 1)
+        check_int("ngram_max", self.ngram_max, self.ngram_min)
+        if self.drafter == "ngram" and self.decoding == "auto":
+            raise InputError("drafter='ngram' runs at a fixed gamma with decoding='specmoe'; decoding='auto' "
+                             "(the controller) models the self draft")
 
 
 def check_choices(cfg) -> None:
