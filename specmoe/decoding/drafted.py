@@ -3,24 +3,27 @@
 One step: the drafter proposes up to γ_b tokens per sequence (`Drafter.propose`), ONE target forward
 verifies the pending token + the proposals of every sequence (`specmoe.verify`), and `specmoe.accept`
 emits the accepted prefix + the correction/bonus token. Rows whose proposal is shorter than γ_b verify
-fewer positions; an empty proposal makes that row a plain decoding step inside the same forward.
+fewer positions; an empty proposal makes that row a plain decoding step inside the same forward. With
+`verify_expert_budget` the verification forward routes through `budget.ExpertBudget` (lossy).
 """
 from __future__ import annotations
 
 import torch
 
 from specmoe.decoding.breakdown import StepBreakdown, now
+from specmoe.decoding.budget import ExpertBudget
 from specmoe.decoding.drafters import Drafter
 from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.specmoe import accept, step_noise, verify
+from specmoe.decoding.specmoe import accept, step_noise
 
 
 class DraftedDecoder:
     name = "specmoe"
 
-    def __init__(self, runner: ModelRunner, drafter: Drafter, *, num_draft_tokens: int, max_model_len: int):
-        self.runner, self.drafter = runner, drafter
+    def __init__(self, runner: ModelRunner, drafter: Drafter, *, num_draft_tokens: int, max_model_len: int,
+                 budget: ExpertBudget | None = None):
+        self.runner, self.drafter, self.budget = runner, drafter, budget
         self.gamma, self.max_model_len = num_draft_tokens, max_model_len
         self.steps = self.seq_steps = self.emitted = 0
         self.acc_pos = [0] * num_draft_tokens
@@ -50,7 +53,9 @@ class DraftedDecoder:
         t1 = now(dev)
         e1, w1 = r.expert_s, r.provider.fetch_wait_s
         d_list = prop.drafts.tolist()
-        logits = verify(r, self.drafter, seqs, [d[:g] for d, g in zip(d_list, gammas)])  # [B, T, V]
+        ctx = r.context(routing_hook=self.budget)  # the MoE-Spec budget (lossy) when asked for, else exact
+        logits = r.forward(seqs, [[s.output_ids[-1]] + d[:g] for s, d, g in zip(seqs, d_list, gammas)], ctx=ctx,
+                           all_logits=True)  # [B, T, V]: the pending token + the proposals
         t2 = now(dev)
         out = accept(seqs, prop.drafts, prop.q, logits, gammas, noise)
         for s, toks in zip(seqs, out):
@@ -86,4 +91,6 @@ class DraftedDecoder:
               "expert_bytes_per_token": self.step_bytes / self.emitted if self.emitted else 0.0,
               "fallback_choice": "specmoe", "step_breakdown": dict(self.breakdown.s)}
         st.update(self.drafter.stats())
+        if self.budget is not None:
+            st.update(self.budget.stats())
         return st

@@ -1,7 +1,7 @@
 """Drafters: where a speculative step's draft tokens come from (`drafter=` option).
 
-A `Drafter` proposes up to γ_b tokens per sequence; the verification forward and the acceptance rule
-(`specmoe.verify`, `specmoe.accept`) are the same for every drafter. Two drafters:
+A `Drafter` proposes up to γ_b tokens per sequence; the acceptance rule (`specmoe.accept`) is the same
+for every drafter. Two drafters:
 
 - `self` — SpecMoE's draft experts (`draft.DraftExperts` + `specmoe.draft`, run by `SpecMoEDecoder`,
   which also hosts `decoding="auto"`'s controller over that draft);
@@ -49,16 +49,6 @@ class Drafter(ABC):
         seeded sampled rows b: any tokens (`noise[b]` [γ_b+1, V] is the coupled rule's noise, for drafters
         that sample); unseeded sampled rows: tokens drawn from the returned q. Must leave the KV cache's
         committed lengths as they were."""
-
-    def target_context(self, ctx):
-        """The ForwardContext of the verification forward (a drafter may observe it)."""
-        return ctx
-
-    def begin_target(self) -> None:
-        """Called before the verification forward."""
-
-    def end_target(self) -> None:
-        """Called after the verification forward."""
 
     @abstractmethod
     def stats(self) -> dict:

@@ -38,10 +38,13 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
 
 def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
     """Speculation with a drafter other than the self draft (`drafters.py`)."""
+    from specmoe.decoding.budget import ExpertBudget
     from specmoe.decoding.drafted import DraftedDecoder
     from specmoe.decoding.drafters import NgramDrafter
     drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
-    return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len)
+    budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
+    return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
+                          budget=budget)
 
 
 def lookahead(cfg: SpecConfig) -> int:
