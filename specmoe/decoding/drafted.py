@@ -12,6 +12,7 @@ import torch
 
 from specmoe.decoding.breakdown import StepBreakdown, now
 from specmoe.decoding.budget import ExpertBudget
+from specmoe.decoding.chainselect import ChainSelector
 from specmoe.decoding.drafters import Drafter
 from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sequence import Sequence
@@ -22,8 +23,8 @@ class DraftedDecoder:
     name = "specmoe"
 
     def __init__(self, runner: ModelRunner, drafter: Drafter, *, num_draft_tokens: int, max_model_len: int,
-                 budget: ExpertBudget | None = None):
-        self.runner, self.drafter, self.budget = runner, drafter, budget
+                 budget: ExpertBudget | None = None, selector: ChainSelector | None = None):
+        self.runner, self.drafter, self.budget, self.selector = runner, drafter, budget, selector
         self.gamma, self.max_model_len = num_draft_tokens, max_model_len
         self.steps = self.seq_steps = self.emitted = 0
         self.acc_pos = [0] * num_draft_tokens
@@ -46,18 +47,22 @@ class DraftedDecoder:
         e0, b0 = r.expert_s, r.provider.bytes_moved
         noise = step_noise(seqs, gammas, r.model.cfg.vocab_size, dev)
         prop = self.drafter.propose(seqs, gammas, noise)
-        gammas = prop.gammas
+        gammas = prop.gammas if self.selector is None else self.selector.choose(prop.gammas)
+        G = max(gammas, default=0)
+        drafts, q = prop.drafts[:, :G], (prop.q[:, :G] if prop.q is not None else None)
         noise = {b: n[:gammas[b] + 1] for b, n in noise.items()}  # the positions this step verifies
         b1 = r.provider.bytes_moved
         self.draft_phase_bytes += b1 - b0
         t1 = now(dev)
         e1, w1 = r.expert_s, r.provider.fetch_wait_s
-        d_list = prop.drafts.tolist()
+        d_list = drafts.tolist()
         ctx = r.context(routing_hook=self.budget)  # the MoE-Spec budget (lossy) when asked for, else exact
         logits = r.forward(seqs, [[s.output_ids[-1]] + d[:g] for s, d, g in zip(seqs, d_list, gammas)], ctx=ctx,
                            all_logits=True)  # [B, T, V]: the pending token + the proposals
         t2 = now(dev)
-        out = accept(seqs, prop.drafts, prop.q, logits, gammas, noise)
+        out = accept(seqs, drafts, q, logits, gammas, noise)
+        if self.selector is not None:
+            self.selector.record(gammas, [len(t) - 1 for t in out], len(seqs) + sum(gammas), t2 - t1)
         for s, toks in zip(seqs, out):
             r.commit(s, len(toks))  # K/V of the pending token + the accepted drafts
         t3 = now(dev)
@@ -93,4 +98,5 @@ class DraftedDecoder:
         st.update(self.drafter.stats())
         if self.budget is not None:
             st.update(self.budget.stats())
+        st.update(self.selector.stats() if self.selector is not None else {"draft_selection": "all"})
         return st

@@ -39,12 +39,14 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
 def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
     """Speculation with a drafter other than the self draft (`drafters.py`)."""
     from specmoe.decoding.budget import ExpertBudget
+    from specmoe.decoding.chainselect import ChainSelector
     from specmoe.decoding.drafted import DraftedDecoder
     from specmoe.decoding.drafters import NgramDrafter
     drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
     budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
+    selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection == "cost" else None
     return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
-                          budget=budget)
+                          budget=budget, selector=selector)
 
 
 def lookahead(cfg: SpecConfig) -> int:

@@ -36,12 +36,13 @@ def ar_llm():
     return LLM(dtype="float32", threads=1)
 
 
-@pytest.mark.parametrize("batch,gamma,n_min", [(1, 4, 2), (7, 5, 1), (64, 3, 2)])
-def test_ngram_greedy_equals_plain_greedy(ar_llm, batch, gamma, n_min):
+@pytest.mark.parametrize("batch,gamma,n_min,selection", [(1, 4, 2, "all"), (1, 4, 2, "cost"), (7, 5, 1, "cost"),
+                                                         (64, 3, 2, "all")])
+def test_ngram_greedy_equals_plain_greedy(ar_llm, batch, gamma, n_min, selection):
     prompts, sp = BATCHES[batch]
     ref = [o.token_ids for o in ar_llm.generate(prompts, sp)]
     llm = LLM(dtype="float32", threads=1, decoding="specmoe", drafter="ngram", num_draft_tokens=gamma,
-              ngram_min=n_min, ngram_max=4)
+              ngram_min=n_min, ngram_max=4, draft_selection=selection)
     got = [o.token_ids for o in llm.generate(prompts, sp)]
     assert got == ref
     s = llm.stats
@@ -51,7 +52,11 @@ def test_ngram_greedy_equals_plain_greedy(ar_llm, batch, gamma, n_min):
     assert s["draft_phase_bytes"] == 0 and s["steps"] > 0
     assert 1.0 < s["tokens_per_step"] <= gamma + 1
     assert len(s["acceptance_per_position"]) == gamma and s["drafted_per_position"][0] >= s["drafted_per_position"][-1]
-    assert s["draft_tokens_proposed"] == s["drafted_tokens"] <= s["draft_tokens_asked"]
+    assert s["draft_selection"] == selection
+    if selection == "all":
+        assert s["draft_tokens_proposed"] == s["drafted_tokens"] <= s["draft_tokens_asked"]
+    else:
+        assert s["draft_tokens_proposed"] == s["drafted_tokens"] + s["selection_cut_tokens"]
     if batch > 1:
         assert s["empty_proposals"] > 0, "some rows find no match and verify only their pending token"
         assert s["verified_positions_per_step"] < gamma + 1
@@ -130,3 +135,20 @@ def test_ngram_options_are_checked():
         LLM(drafter="eagle")
     with pytest.raises(InputError):
         LLM(drafter="ngram", ngram_min=3, ngram_max=2)
+
+
+def test_chain_selector_cuts_costly_unlikely_drafts_and_keeps_cheap_likely_ones():
+    from specmoe.decoding.chainselect import ChainSelector
+    sel = ChainSelector(4)
+    assert sel.choose([4, 2, 0]) == [4, 2, 0], "before a fit, every proposal is verified"
+    for i in range(8):  # verification costs 1 s + 1 s per position; drafts are never accepted
+        pos = 1 + i % 4
+        sel.record([pos - 1], [0], pos, 1.0 + pos)
+    assert sel.cost() == pytest.approx((1.0, 1.0))
+    assert sel.choose([4, 3]) == [0, 0]
+    cheap = ChainSelector(4)
+    for i in range(8):  # positions nearly free, drafts always accepted
+        pos = 1 + i % 5
+        cheap.record([pos - 1], [pos - 1], pos, 1.0 + 0.01 * pos)
+    assert cheap.choose([4, 1, 0]) == [4, 1, 0]
+    assert cheap.stats()["selection_cut_tokens"] == 0 and sel.stats()["selection_cut_tokens"] == 7
