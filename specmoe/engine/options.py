@@ -151,7 +151,7 @@ class SpecConfig:
                             ("hot-temporal", "hot-global", "random"))
     seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
     drafter: str = opt("self", "speculation's draft source: the model's own draft experts (self), or prompt/output "
-                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes; fixed gamma)",
+                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes)",
                        ("self", "ngram"))
     ngram_min: int = opt(2, "ngram drafter: shortest suffix length n matched against the history")
     ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
