@@ -5,7 +5,8 @@ Per step, the verified set is chosen with `selection.select` (SpecFit's objectiv
 chains as the special case): P(v) from the acceptance measured so far at each draft depth (conditional on
 the previous draft's acceptance, Beta(1, 1) prior), T(S) from a least-squares fit of the measured
 verification time against the number of verified positions (t ≈ a + c·positions, exponentially
-forgotten). Each row keeps the prefix of its proposal that the selection picks (possibly none).
+forgotten; every 8th step verifies everything, so the fit keeps seeing long verifications). Each row
+keeps the prefix of its proposal that the selection picks (possibly none).
 Lossless: this only shortens proposals.
 """
 from __future__ import annotations
@@ -15,13 +16,14 @@ from specmoe.decoding.selection import DraftNode, VerifyCost, select
 
 class ChainSelector:
     MIN_STEPS = 4  # steps measured before the fit is trusted (until then every proposal is verified)
+    EXPLORE_EVERY = 8  # every 8th step verifies every proposal, so the fit keeps seeing long verifications
 
     def __init__(self, gamma: int, *, forget: float = 0.98):
         self.reach = [0.0] * gamma  # times depth j was verified with its parent accepted
         self.acc = [0.0] * gamma    # ... and accepted
         self.forget = forget
         self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0  # weighted sums of (positions, seconds)
-        self.steps = self.cut = 0  # steps fitted; proposed tokens the selection left out
+        self.steps = self.cut = self.calls = 0  # steps fitted; proposed tokens left out; choose() calls
 
     def probs(self) -> list[float]:
         return [(a + 1.0) / (r + 2.0) for a, r in zip(self.acc, self.reach)]
@@ -40,7 +42,8 @@ class ChainSelector:
     def choose(self, gammas: list[int]) -> list[int]:
         """Draft lengths to verify (each ≤ gammas[b]) for rows with gammas[b] proposed tokens."""
         fit = self.cost()
-        if fit is None or not any(gammas):
+        self.calls += 1
+        if fit is None or not any(gammas) or self.calls % self.EXPLORE_EVERY == 0:
             return list(gammas)
         a, c = fit
         p = self.probs()

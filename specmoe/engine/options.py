@@ -155,10 +155,10 @@ class SpecConfig:
                        ("self", "ngram"))
     ngram_min: int = opt(2, "ngram drafter: shortest suffix length n matched against the history")
     ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
-    draft_selection: str = opt("cost", "ngram drafter: verify every proposed token (all), or per step the prefix "
+    draft_selection: str = opt("all", "ngram drafter: verify every proposed token (all), or per step the prefix "
                                "of each proposal that maximises expected tokens per second of verification, from "
                                "measured acceptance per depth and verification time per position (cost)",
-                               ("cost", "all"))
+                               ("all", "cost"))
     verify_expert_budget: int | None = opt(None, "ngram drafter, LOSSY: per MoE layer, a verification forward uses "
                                            "only the K experts of most routing mass plus each token's top-1; "
                                            "tokens re-route among them (MoE-Spec)", type=int)

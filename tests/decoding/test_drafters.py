@@ -146,9 +146,12 @@ def test_chain_selector_cuts_costly_unlikely_drafts_and_keeps_cheap_likely_ones(
         sel.record([pos - 1], [0], pos, 1.0 + pos)
     assert sel.cost() == pytest.approx((1.0, 1.0))
     assert sel.choose([4, 3]) == [0, 0]
+    for _ in range(5):
+        assert sel.choose([1]) == [0]
+    assert sel.choose([4, 3]) == [4, 3], "every 8th step explores"
     cheap = ChainSelector(4)
     for i in range(8):  # positions nearly free, drafts always accepted
         pos = 1 + i % 5
         cheap.record([pos - 1], [pos - 1], pos, 1.0 + 0.01 * pos)
     assert cheap.choose([4, 1, 0]) == [4, 1, 0]
-    assert cheap.stats()["selection_cut_tokens"] == 0 and sel.stats()["selection_cut_tokens"] == 7
+    assert cheap.stats()["selection_cut_tokens"] == 0 and sel.stats()["selection_cut_tokens"] == 12
