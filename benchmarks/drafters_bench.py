@@ -132,7 +132,8 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(res, indent=1))
     for r in rows:
         extra = {k: round(r[k], 3) for k in ("speedup_vs_lru", "speedup_vs_specmoe") if k in r}
-        print(f"B={r['batch']:3d} {r['system']:18s} {r['tokens_per_s']:8.2f} tok/s τ={r.get('tokens_per_step', 1.0):.2f} "
+        tau = r.get("tokens_per_step") or 1.0
+        print(f"B={r['batch']:3d} {r['system']:18s} {r['tokens_per_s']:8.2f} tok/s τ={tau:.2f} "
               f"bytes/tok={r.get('bytes_per_token', 0):.3g} agree={r['greedy_agreement_with_first']:.3f} {extra}")
     print(f"wrote {args.out}")
     return 0

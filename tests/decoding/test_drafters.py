@@ -155,3 +155,9 @@ def test_chain_selector_cuts_costly_unlikely_drafts_and_keeps_cheap_likely_ones(
         cheap.record([pos - 1], [pos - 1], pos, 1.0 + 0.01 * pos)
     assert cheap.choose([4, 1, 0]) == [4, 1, 0]
     assert cheap.stats()["selection_cut_tokens"] == 0 and sel.stats()["selection_cut_tokens"] == 12
+
+
+def test_self_drafter_is_named_in_stats():
+    llm = LLM(dtype="float32", threads=1, decoding="specmoe", num_draft_tokens=2)
+    llm.generate(code_prompts(1), SamplingParams(max_tokens=6, ignore_eos=True))
+    assert llm.stats["drafter"] == "self" and llm.stats["drafted_tokens"] > 0
