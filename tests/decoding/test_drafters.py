@@ -102,7 +102,7 @@ def test_unseeded_sampled_ngram_follows_target(ar_llm):
         plain = torch.multinomial(p, m, replacement=True, generator=g)
         tv_spec = 0.5 * (torch.bincount(seconds, minlength=p.numel()) / m - p).abs().sum().item()
         tv_plain = 0.5 * (torch.bincount(plain, minlength=p.numel()) / m - p).abs().sum().item()
-        assert tv_spec < tv_plain + 0.08, (tv_spec, tv_plain)
+        assert tv_spec < tv_plain + 0.12, (tv_spec, tv_plain)  # 5 sigma of the difference
 
 
 def test_ngram_rejection_uses_one_hot_q_and_shorter_proposals():
