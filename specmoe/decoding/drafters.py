@@ -64,12 +64,14 @@ class NgramDrafter(Drafter):
         self.vocab, self.device = vocab_size, device
         self.n_min, self.n_max = n_min, n_max
         self.index: dict[int, NgramIndex] = {}
+        self.owner: dict[int, Sequence] = {}  # the sequence each index was built from
         self.asked = self.proposed = self.empty = 0  # tokens asked for, tokens proposed, rows with none
 
     def _sync(self, s: Sequence) -> NgramIndex:
         idx = self.index.get(s.seq_id)
-        if idx is None:
+        if idx is None or self.owner[s.seq_id] is not s:  # a new sequence (ids may be reused across runs)
             idx = self.index[s.seq_id] = NgramIndex(self.n_min, self.n_max)
+            self.owner[s.seq_id] = s
         n = len(idx.tokens)
         P = len(s.prompt_ids)
         if n < P:
@@ -82,7 +84,7 @@ class NgramDrafter(Drafter):
     def propose(self, seqs: list[Sequence], gammas: list[int], noise: dict[int, torch.Tensor]) -> Proposal:
         live = {s.seq_id for s in seqs}
         for sid in [k for k in self.index if k not in live]:
-            del self.index[sid]
+            del self.index[sid], self.owner[sid]
         props = [self._sync(s).propose(g) for s, g in zip(seqs, gammas)]
         got = [len(p) for p in props]
         self.asked += sum(gammas)

@@ -125,6 +125,8 @@ def test_ngram_rejection_uses_one_hot_q_and_shorter_proposals():
     seqs[0].output_ids.append(1)
     d.propose(seqs[:1], [2], {})
     assert list(d.index) == [0] and d.index[0].tokens == [1, 2, 3, 1, 2, 3, 1]
+    fresh = seq(0, [7, 7], [7])  # a new sequence under a reused id starts a new index
+    assert d.propose([fresh], [3], {}).drafts[0].tolist() == [7] and d.index[0].tokens == [7, 7, 7]
     assert d.stats()["empty_proposals"] == 1
 
 
