@@ -48,6 +48,13 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--time-budget", type=float, default=None, help="seconds; later points are marked skipped")
     p.add_argument("--no-plots", dest="plots", action="store_false", default=None, help="skip the PNG plots")
+    p.add_argument("--control", action="store_true",
+                   help="when to speculate: auto vs every baseline at batch 1-64 (demo + widened, disk), predicted vs "
+                        "measured step time, the φ sweep over emulated link speeds, steady state (control.json, "
+                        "control.md, phi_sweep.png in --out)")
+    p.add_argument("--control-sections", type=_names, default=None,
+                   help="with --control: comma-separated subset of systems,plaincost,phi,steady (the other sections "
+                        "of an existing control.json are kept)")
     p.add_argument("--list", action="store_true", help="list the registered systems and whether this build runs them")
     p.add_argument("--json", action="store_true", help="print the headline rows as JSON")
     p.set_defaults(func=run, preset=None)
@@ -80,9 +87,34 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
+def run_control(args) -> int:
+    from specmoe.bench.control import ControlConfig, run_control as run
+    from specmoe.errors import InputError
+    cfg = ControlConfig(out=args.out)
+    if args.control_sections:
+        bad = [s for s in args.control_sections if s not in cfg.sections]
+        if bad:
+            raise InputError(f"--control-sections: unknown {', '.join(bad)}; choose from {', '.join(cfg.sections)}")
+        cfg.sections = args.control_sections
+    if args.batch_sizes:
+        cfg.batches = cfg.widened_batches = args.batch_sizes
+    if args.max_tokens:
+        cfg.max_tokens = args.max_tokens
+    if args.widened is not None:
+        cfg.widened = args.widened
+    if args.threads:
+        cfg.threads = args.threads
+    res = run(cfg, command="specmoe " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    from specmoe.bench.control import report
+    print(report(res))
+    return 0
+
+
 def run(args) -> int:
     if args.list:
         return list_systems()
+    if args.control:
+        return run_control(args)
     from specmoe.bench import preset, run_bench
     overrides = {k: getattr(args, a) for k, a in (
         ("model", "model"), ("out", "out"), ("dtype", "dtype"), ("systems", "systems"), ("tiers", "tiers"),

@@ -13,10 +13,35 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, engine=None):
     assert engine is not None, f"decoding={cfg.decoding!r} needs the engine (checkpoint, context length)"
     if cfg.drafter != "self":
         return make_drafted(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len)
-    return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo)
+    ctl = controller_of(engine) if cfg.decoding == "auto" else None
+    return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo,
+                        controller=ctl)
 
 
-def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None):
+def controller_of(engine):
+    """The engine's `decoding="auto"` controller, built on first use: its cost model's coefficients are
+    measured once per machine + model + tier (cached as JSON, see `costmodel.load_or_calibrate`) and it keeps
+    refining them, and its acceptance estimates, across generate calls. Tests and benchmarks set its `force`
+    / `schedule`."""
+    from specmoe.decoding.controller import Controller
+    from specmoe.decoding.costmodel import CostModel, RoutingStats, calibration_key, load_or_calibrate
+    memo = engine.draft_memo
+    if "controller" not in memo:
+        cfg, off, mcfg = engine.spec_cfg, engine.offload_cfg, engine.config
+        tier = off.offload if off.offload != "host" else f"host|{off.link_gbps}|{off.link_latency_us}"
+        nd = min(cfg.draft_experts, mcfg.num_experts)
+        key = calibration_key(model_fingerprint=engine.ckpt.fingerprint(), dtype=engine.dtype, device=engine.device,
+                              tier=f"{tier}|N={nd}")
+        coef = load_or_calibrate(engine.model, engine.provider, engine.device, tier=off.offload, key=key,
+                                 draft_experts=nd)
+        routing = RoutingStats(list(mcfg.moe_layers), mcfg.num_experts, mcfg.top_k)
+        cost = CostModel(coef, routing, draft_experts=min(cfg.draft_experts, mcfg.num_experts))
+        memo["controller"] = Controller(cost, cfg.num_draft_tokens)
+    return memo["controller"]
+
+
+def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None,
+                 controller=None):
     """`memo` outlives one generate call (the engine keeps it): the affinity table and the draft's
     grouped/dense calibration are computed once per engine, not once per call."""
     from specmoe.decoding.affinity import load_or_compute_affinity
@@ -33,7 +58,7 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
         profile=load_profile(ckpt.path, mcfg) if cfg.draft_policy == "hot-global" else None,
         prefetch=cfg.draft_prefetch, calibration=memo.setdefault("calibration", {}))
     return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
-                          auto=cfg.decoding == "auto")
+                          controller=controller)
 
 
 def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):

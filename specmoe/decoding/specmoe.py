@@ -19,33 +19,38 @@ One **step** = one draft phase + one verification forward, batched over every ac
    accepts more. Commit accepted + 1 positions (the K/V of the pending token and of the accepted
    drafts); the emitted correction/bonus token is the new pending token.
 
-`decoding="auto"` wraps the same step in a small cost model (`CostModel`) fed by measured
-timings that picks speculation or a plain AR step per batch size.
+`decoding="auto"` asks a controller (`controller.py`, over the calibrated `costmodel.py`) each step for a
+plain step or speculation with a draft length per sequence, whichever it predicts emits more tokens/s.
 """
 from __future__ import annotations
 
-import math
+import time
 
+import numpy as np
 import torch
 
 from specmoe.decoding.breakdown import StepBreakdown, now
+from specmoe.decoding.controller import Controller
 from specmoe.decoding.draft import DraftExperts
 from specmoe.decoding.rejection import greedy_accept, rejection_sample
 from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sampling import (check_finite, coupled_noise, coupled_pick, finite_rows, probs_from_logits,
                                        sample)
 from specmoe.decoding.sequence import Sequence
+from specmoe.errors import InputError
 
 # B=sequences, G=gamma (max drafted tokens this step), T=G+1 verified positions, V=vocab
 
 
 @torch.inference_mode()
 def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gammas: list[int],
-          noise: dict[int, torch.Tensor] | None = None):
+          noise: dict[int, torch.Tensor] | None = None, on_logits=None):
     """Draft gammas[b] tokens for each sequence: greedy rows take the argmax, seeded sampled rows b the
     coupled pick with `noise[b]` [γ_b+1, V], unseeded sampled rows draw from q with their own generator.
     Returns (draft ids [B, G] on the device, q [B, G, V] of the unseeded sampled rows or None when there
-    are none). Cache lengths are unchanged on return."""
+    are none). Cache lengths are unchanged on return. `on_logits(j, rows, logits [len(rows), V])`, when
+    given, sees each draft position and may lower `gammas[b]` (in place) to j+1 for greedy rows b in rows:
+    those rows stop drafting after this token (the controller's stopping rule)."""
     cache, dev = runner.cache, runner.device
     noise = noise or {}
     B, G = len(seqs), max(gammas)
@@ -59,11 +64,15 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
     try:
         for j in range(G):
             rows = [b for b in range(B) if gammas[b] > j]
+            if not rows:
+                break
             sub = [seqs[b] for b in rows]
             bv = runner.batch_view([s.slot for s in sub], [1] * len(sub))
             idx = None if len(rows) == B else torch.tensor(rows, device=dev)
             logits = runner.model(tok if idx is None else tok[idx], cache, bv, ctx)[:, -1].float()  # [b, V]
             nxt = logits.argmax(-1)  # [b]
+            if on_logits is not None:
+                on_logits(j, rows, logits)
             for i, b in enumerate(rows):
                 s = seqs[b]
                 if s.params.greedy:
@@ -147,90 +156,44 @@ def accept(seqs: list[Sequence], drafts: torch.Tensor, q: torch.Tensor | None, l
     return out
 
 
-class CostModel:
-    """Picks `specmoe` or `ar` per batch size from measured step times (SpecMoE §fallback: at small
-    batch a plain step can win). Per power-of-two batch bucket it keeps EMAs of the AR step time and
-    of the speculative step time and τ, and compares seconds per token: t_ar vs (t_draft + t_verify) / τ.
-    Unmeasured options are tried first; the losing option is re-measured now and then (the interval
-    doubles while it keeps losing) so the estimates follow the workload."""
-
-    def __init__(self, *, alpha: float = 0.3, explore_every: int = 16, max_explore_every: int = 256):
-        self.alpha, self.explore0, self.explore_max = alpha, explore_every, max_explore_every
-        self.buckets: dict[int, dict] = {}
-        self.last_choice: str | None = None
-        self.choices = {"ar": 0, "specmoe": 0}
-
-    @staticmethod
-    def bucket(B: int) -> int:
-        return 1 << max(0, math.ceil(math.log2(max(B, 1))))
-
-    def _b(self, B: int) -> dict:
-        return self.buckets.setdefault(self.bucket(B), {"ar_s": None, "spec_s": None, "tau": None, "since": 0,
-                                                         "every": self.explore0})
-
-    def estimates(self, B: int) -> tuple[float | None, float | None]:
-        """(AR seconds per token, SpecMoE seconds per token) at batch B, None where unmeasured."""
-        e = self._b(B)
-        ar = e["ar_s"]
-        spec = e["spec_s"] / e["tau"] if e["spec_s"] is not None and e["tau"] else None
-        return ar, spec
-
-    def choose(self, B: int) -> str:
-        e = self._b(B)
-        ar, spec = self.estimates(B)
-        if ar is None:
-            choice = "ar"
-        elif spec is None:
-            choice = "specmoe"
-        else:
-            winner, loser = ("specmoe", "ar") if spec < ar else ("ar", "specmoe")
-            e["since"] += 1
-            choice = winner
-            if e["since"] >= e["every"]:
-                e["since"] = 0
-                e["every"] = min(2 * e["every"], self.explore_max)
-                choice = loser
-        self.last_choice = choice
-        self.choices[choice] += 1
-        return choice
-
-    def update(self, B: int, choice: str, step_s: float, tau: float | None = None) -> None:
-        e = self._b(B)
-
-        def ema(old, new):
-            return new if old is None else (1 - self.alpha) * old + self.alpha * new
-        if choice == "ar":
-            e["ar_s"] = ema(e["ar_s"], step_s)
-        else:
-            e["spec_s"] = ema(e["spec_s"], step_s)
-            e["tau"] = ema(e["tau"], tau)
-
-    def stats(self) -> dict:
-        table = {}
-        for b, e in sorted(self.buckets.items()):
-            ar, spec = self.estimates(b)
-            table[b] = {"ar_s_per_token": ar, "specmoe_s_per_token": spec, "tau": e["tau"],
-                        "choice": None if ar is None or spec is None else ("specmoe" if spec < ar else "ar")}
-        return {"fallback_choice": self.last_choice, "fallback_steps": dict(self.choices), "cost_model": table}
-
-
 class SpecMoEDecoder:
-    """`decoding="specmoe"` (always speculate) or `"auto"` (cost model per batch)."""
+    """`decoding="specmoe"` (always speculate, γ per sequence) or `"auto"` (`controller` given: each step
+    plain or speculative with per-sequence γ_b, see `controller.py`)."""
+
+    DORMANT_AFTER = 8  # consecutive plain steps after which auto unpins the draft set (plain = AR's cache)
 
     def __init__(self, runner: ModelRunner, drafter: DraftExperts, *, num_draft_tokens: int, max_model_len: int,
-                 auto: bool = False):
+                 controller: Controller | None = None):
         self.runner, self.drafter = runner, drafter
         self.gamma, self.max_model_len = num_draft_tokens, max_model_len
-        self.name = "auto" if auto else "specmoe"
-        self.cost = CostModel() if auto else None
+        self.ctl = controller
+        self.name = "auto" if controller is not None else "specmoe"
         runner.observers.append(drafter.observe)
+        if controller is not None:
+            runner.observers.append(controller.cost.routing.observe)
+        self.last_counts: dict[int, list[int]] = {}
+        if drafter.prefetch:
+            runner.observers.append(self._observe)
         self.steps = self.ar_steps = 0
         self.seq_steps = self.emitted = 0
         self.acc_pos = [0] * num_draft_tokens
         self.drafted_pos = [0] * num_draft_tokens
         self.draft_time = self.verify_time = self.accept_time = self.ar_time = 0.0
+        self.controller_s = 0.0
         self.draft_phase_bytes = 0
         self.breakdown = StepBreakdown()
+        # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
+        self.predictions: list[tuple] = []
+        self.plain_run, self.dormant, self.unpins = 0, False, 0
+        self.last_parts, self.last_setup = (0.0, 0.0), False
+        if controller is not None:
+            # a draft set pinned by an earlier run stays pinned in the cache; auto's plain steps need the slots
+            for layer in drafter.cfg.moe_layers:
+                runner.provider.pin(layer, [])
+        self.pf = {"tp": 0, "fp": 0, "fn": 0}  # draft-guided prefetch picks vs what verification needed
+
+    def _observe(self, layer: int, ids, counts: list[int]) -> None:
+        self.last_counts[layer] = counts
 
     def _gamma_for(self, s: Sequence) -> int:
         """Never draft past what the sequence may still emit (max_tokens, context length)."""
@@ -241,62 +204,133 @@ class SpecMoEDecoder:
         return self.runner.provider.bytes_moved
 
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
-        if self.cost is not None and self.cost.choose(len(seqs)) == "ar":
-            return self._ar_step(seqs)
-        return self._spec_step(seqs)
+        limits = [self._gamma_for(s) for s in seqs]
+        if self.ctl is None:
+            return self._spec_step(seqs, limits)
+        t = time.perf_counter()
+        if self.ctl.coast(len(seqs)):
+            self.controller_s += time.perf_counter() - t
+            return self._plain_step(seqs)
+        plan = self._plan(seqs, limits)
+        self.controller_s += time.perf_counter() - t
+        dev = self.runner.device
+        b0 = self._bytes()
+        t0 = now(dev)
+        if plan.kind == "plain":
+            out = self._plain_step(seqs)
+        else:
+            out = self._spec_step(seqs, plan.gammas, plan)
+        dt = now(dev) - t0
+        cm = self.ctl.cost
+        cm.refine_misses(plan.kind, (self._bytes() - b0) / cm.c.expert_bytes, plan.predicted_misses)
+        if plan.kind == "plain":
+            cm.refine("fwd", len(seqs), dt, plan.raw_s)
+        else:  # the setup of a draft set is not a draft phase: refine from steps without one
+            d, v = self.last_parts
+            if not self.last_setup:
+                cm.refine("draft", len(seqs), d, plan.draft_raw_s)
+            cm.refine("fwd", plan.verify_tokens, v, plan.verify_raw_s)
+        if len(self.predictions) < 20000:
+            self.predictions.append((plan.kind, len(seqs), plan.predicted_s, plan.raw_s, dt, plan.plain_rate,
+                                     plan.spec_rate))
+        return out
+
+    def _plan(self, seqs: list[Sequence], limits: list[int]):
+        cm, cfg = self.ctl.cost, self.drafter.cfg
+        cm.routing.flush()
+        store = self.runner.provider
+        res = np.zeros((len(cfg.moe_layers), cfg.num_experts), dtype=bool)
+        for i, layer in enumerate(cfg.moe_layers):
+            res[i, list(store.resident(layer))] = True
+        if self.drafter.ready:
+            spec_res = res.copy()
+            for i, layer in enumerate(cfg.moe_layers):
+                spec_res[i, self.drafter.ids[layer]] = True
+        else:
+            spec_res = res | cm.routing.hottest(self.drafter.n)
+        setup = 0.0
+        if not self.drafter.ready or self.dormant:  # the draft set's experts not resident now load first
+            setup = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * len(cfg.moe_layers)
+        return self.ctl.plan([s.seq_id for s in seqs], limits, res, spec_res, setup)
+
+    # ------------------------------------------------------------ draft set residency on plain stretches
+    def _unpin(self) -> None:
+        """A long plain stretch: give the draft set's cache slots back (the draft keeps its own copy)."""
+        for layer in self.drafter.cfg.moe_layers:
+            self.runner.provider.pin(layer, [])
+        self.dormant, self.unpins = True, self.unpins + 1
+
+    def _repin(self) -> None:
+        for layer, ids in self.drafter.ids.items():
+            try:
+                self.runner.provider.pin(layer, sorted(ids))
+            except InputError:
+                pass  # a cache too small to pin: the draft computes from its own copy all the same
+        self.dormant = False
 
     @torch.inference_mode()
-    def _ar_step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
-        """A plain AR step (same forward as AutoregressiveDecoder), seen by the draft-set observer."""
+    def _plain_step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+        """A plain step: the same forward as AutoregressiveDecoder, without the draft set's observer (no
+        draft-set maintenance), so it costs what an AR step costs."""
         dev, r = self.runner.device, self.runner
         t0 = now(dev)
-        e0, w0, f0 = r.expert_s, r.provider.fetch_wait_s, self.drafter.refresh_s
-        ctx = self.drafter.target_context(r.context())
-        self.drafter.begin_target()
-        try:
-            logits = r.forward(seqs, [[s.output_ids[-1]] for s in seqs], ctx=ctx)  # [B, V]
-        finally:
-            self.drafter.end_target()
+        e0, w0 = r.expert_s, r.provider.fetch_wait_s
+        ctx = r.context()
+        ctx.observers = [o for o in ctx.observers if o != self.drafter.observe]
+        logits = r.forward(seqs, [[s.output_ids[-1]] for s in seqs], ctx=ctx)  # [B, V]
         for s in seqs:
             r.commit(s, 1)
         t1 = now(dev)
         toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
                       [len(s.output_ids) for s in seqs])
         dt = now(dev) - t0
-        self.breakdown.target(t1 - t0, r.expert_s - e0, r.provider.fetch_wait_s - w0, self.drafter.refresh_s - f0)
+        self.breakdown.target(t1 - t0, r.expert_s - e0, r.provider.fetch_wait_s - w0)
         self.breakdown.accept(t0 + dt - t1)
         self.ar_steps += 1
         self.ar_time += dt
-        if self.cost is not None:
-            self.cost.update(len(seqs), "ar", dt)
+        self.plain_run += 1
+        if self.plain_run >= self.DORMANT_AFTER and self.drafter.ready and not self.dormant:
+            self._unpin()
         return {s.seq_id: [t] for s, t in zip(seqs, toks)}
 
     @torch.inference_mode()
-    def _spec_step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+    def _spec_step(self, seqs: list[Sequence], gammas: list[int], plan=None) -> dict[int, list[int]]:
         dev = self.runner.device
+        self.plain_run = 0
+        self.last_setup = not self.drafter.ready or self.dormant
+        ts = now(dev)
         if not self.drafter.ready:
-            t = now(dev)
             self.drafter.setup()
-            self.breakdown.setup(now(dev) - t)
-        gammas = [self._gamma_for(s) for s in seqs]
+            self.breakdown.setup(now(dev) - ts)
+        elif self.dormant:
+            self._repin()
+        gammas = list(gammas)
+        hook, conf = self.ctl.stopper(plan, seqs, gammas) if plan is not None else (None, None)
         t0 = now(dev)
         r = self.runner
         e0, f0 = r.expert_s, self.drafter.refresh_s
         b0, p0 = self._bytes(), self.drafter.prefetch_bytes
         noise = step_noise(seqs, gammas, self.runner.model.cfg.vocab_size, dev)
-        drafts, q = draft(self.runner, self.drafter, seqs, gammas, noise)
+        drafts, q = draft(self.runner, self.drafter, seqs, gammas, noise, on_logits=hook)
+        G = max(gammas, default=0)  # rows may have stopped early (the controller's stopping rule)
+        drafts = drafts[:, :G]
+        q = q[:, :G] if q is not None else None
         # bytes the draft itself fetched (always 0: it computes from its own stacks); draft-guided
         # prefetch loads in the background for the verification and is counted apart
         self.draft_phase_bytes += self._bytes() - b0 - (self.drafter.prefetch_bytes - p0)
+        picks = ({layer: (set(w), set(self.drafter.ids[layer])) for layer, w in self.drafter.prefetch_want.items()}
+                 if self.drafter.prefetch else None)
         d_list = drafts.tolist()
         t1 = now(dev)
         e1, w1 = r.expert_s, r.provider.fetch_wait_s
+        self.last_counts = {}
         logits = verify(self.runner, self.drafter, seqs, [d[:g] for d, g in zip(d_list, gammas)])  # [B, T, V]
         t2 = now(dev)
         out = accept(seqs, drafts, q, logits, gammas, noise)
         for s, toks in zip(seqs, out):
             self.runner.commit(s, len(toks))  # K/V of the pending token + the accepted drafts
         t3 = now(dev)
+        self.last_parts = (t1 - ts, t3 - t1)  # (draft phase with any setup, verification + acceptance)
         self.breakdown.draft(t1 - t0, e1 - e0)
         self.breakdown.target(t2 - t1, r.expert_s - e1, r.provider.fetch_wait_s - w1, self.drafter.refresh_s - f0)
         self.breakdown.accept(t3 - t2)
@@ -311,9 +345,21 @@ class SpecMoEDecoder:
                 self.drafted_pos[j] += 1
                 if j < len(toks) - 1:
                     self.acc_pos[j] += 1
-        if self.cost is not None:
-            self.cost.update(len(seqs), "specmoe", t3 - t0, sum(len(t) for t in out) / len(out))
+        if picks is not None:
+            self._score_prefetch(picks)
+        if self.ctl is not None:
+            self.ctl.acc.record([s.seq_id for s in seqs], gammas, [len(t) - 1 for t in out], conf)
         return {s.seq_id: toks for s, toks in zip(seqs, out)}
+
+    def _score_prefetch(self, picks: dict) -> None:
+        """Draft-guided prefetch's prediction (the target routers' picks on drafted tokens, outside the draft
+        set) against what verification needed outside the draft set, per layer."""
+        for layer, counts in self.last_counts.items():
+            want, dset = picks.get(layer, (set(), set(self.drafter.ids.get(layer, ()))))
+            need = {e for e, c in enumerate(counts) if c} - dset
+            self.pf["tp"] += len(want & need)
+            self.pf["fp"] += len(want - need)
+            self.pf["fn"] += len(need - want)
 
     def stats(self) -> dict:
         st = {"decoding": self.name, "drafter": "self", "steps": self.steps, "ar_steps": self.ar_steps,
@@ -326,8 +372,16 @@ class SpecMoEDecoder:
               "ar_time_s": self.ar_time, "draft_phase_bytes": self.draft_phase_bytes,
               "step_breakdown": dict(self.breakdown.s)}
         st.update(self.drafter.stats())
-        if self.cost is not None:
-            st.update(self.cost.stats())
+        if self.drafter.prefetch:
+            tp, fp, fn = self.pf["tp"], self.pf["fp"], self.pf["fn"]
+            st["draft_prefetch_precision"] = tp / (tp + fp) if tp + fp else None
+            st["draft_prefetch_recall"] = tp / (tp + fn) if tp + fn else None
+        if self.ctl is not None:
+            st.update(self.ctl.stats())
+            st.update(controller_s=self.controller_s, draft_set_unpins=self.unpins,
+                      step_predictions=[list(p) for p in self.predictions])
+            st["fallback_choice"] = "specmoe" if self.steps and not self.ar_steps else (
+                "ar" if self.ar_steps and not self.steps else "mixed")
         else:
             st["fallback_choice"] = "specmoe"
         return st

@@ -139,7 +139,8 @@ class OffloadConfig:
 class SpecConfig:
     """Decoding strategy and speculative-decoding knobs (see specmoe/decoding)."""
     decoding: str = opt("ar", "decoding strategy: plain autoregressive, SpecMoE self-assisted speculation, or "
-                        "auto (a cost model picks SpecMoE or AR per batch from measured timings)",
+                        "auto (each step a controller over a calibrated cost model picks a plain step or SpecMoE with a draft "
+                        "length per sequence)",
                         ("ar", "specmoe", "auto"))
     draft_experts: int = opt(4, "SpecMoE: resident draft experts N per MoE layer (the draft uses only these)")
     num_draft_tokens: int = opt(4, "SpecMoE: tokens drafted per step (gamma)")

@@ -1,5 +1,5 @@
 """The draft's parts: affinity table and its disk cache, substitution hooks, the grouped draft-expert
-op, draft-set profiles, and the auto cost model."""
+op and draft-set profiles."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,6 @@ import torch
 
 from specmoe.decoding import affinity as aff
 from specmoe.decoding.draft import DraftExperts, load_profile, top_n
-from specmoe.decoding.specmoe import CostModel
 from specmoe.experts.resident import ResidentExperts
 from specmoe.models.moe import ForwardContext, MoEBlock
 from specmoe.weights.checkpoint import Checkpoint
@@ -143,21 +142,6 @@ def test_profile_formats_and_top_n(tmp_path, mixtral):
     assert load_profile(tmp_path, cfg)[cfg.moe_layers[-1]] == rows[len(cfg.moe_layers) - 1]
     assert top_n([5, 1, 5, 0, 3], 2) == [0, 2]
     assert top_n([5, 1, 5, 0, 0], 4, prefer={4}) == [0, 1, 2, 4], "ties go to the resident set"
-
-
-def test_cost_model_picks_the_cheaper_option_and_reexplores():
-    cm = CostModel(explore_every=4)
-    assert cm.choose(8) == "ar"
-    cm.update(8, "ar", 1.0)
-    assert cm.choose(8) == "specmoe"
-    cm.update(8, "specmoe", 1.5, tau=3.0)  # 0.5 s/token < 1.0
-    picks = [cm.choose(8) for _ in range(8)]
-    assert picks.count("specmoe") >= 6 and "ar" in picks, picks
-    cm.update(1, "ar", 0.1)
-    cm.choose(1)
-    cm.update(1, "specmoe", 0.5, tau=2.0)  # 0.25 s/token > 0.1
-    assert cm.choose(1) == "ar"
-    assert cm.stats()["cost_model"][1]["choice"] == "ar"
 
 
 def test_counts_ignore_padding_rows(mixtral):

@@ -1,0 +1,397 @@
+"""A calibrated step-time model (the roofline idea of SpecMoEOff, with coefficients measured here).
+
+Time of one forward over n tokens:
+
+    T(n) = t_ne(n) + Σ_layers (layer_fixed + expert_layer(n, union_l, misses_l))
+    t_ne(n)  = ne_fixed + ne_per_token · n            per-forward overhead + non-expert compute (all layers)
+    expert_layer = max(compute, fetch + compute / union) when it misses (the engine computes resident experts
+                   while misses load, then each miss after its load), compute otherwise
+    compute  = union · exp_fixed + n·K · exp_per_row  (each used expert once over its tokens)
+    fetch    = read_latency + misses · read_s         (one I/O thread, like one link)
+
+A plain step is one forward over B tokens; a speculative step is the draft forwards (one per drafted
+position over the sequences still drafting, draft experts only, no fetches) plus one verification forward
+over B + Σγ_b tokens. Unions and misses come from recent routing (`RoutingStats`: per-layer EMA of how
+often each expert is picked per token) and the resident set at the start of the step.
+
+The coefficients come from short micro-measurements (`calibrate`: forwards by row count with the expert
+computation stubbed out and with every expert resident, one expert FFN by row count at the model's shapes,
+cold fetches of 1 and 4 experts from the store), cached per machine + model + tier as JSON in the user cache directory, and
+are refined online: an EMA of measured / predicted time of target forwards per token-count bucket (plain
+steps and verifications alike) and of draft phases per batch bucket, and per step kind an EMA of measured /
+predicted misses (tokens of one sequence route alike, so a verification's union is
+smaller than independent tokens would give).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specmoe.decoding.breakdown import now
+
+CALIBRATION_VERSION = 3
+KINDS = ("plain", "spec")
+
+
+@dataclass
+class Coefficients:
+    """Seconds; see the module docstring for the model they enter."""
+    ne_fixed: float
+    ne_per_token: float
+    layer_fixed: float       # the expert path's own overhead per MoE layer (routing sort, host read, scatter)
+    draft_fixed: float       # one draft forward (N draft experts per layer as two dense GEMMs): fixed, per token
+    draft_per_token: float
+    exp_fixed: float
+    exp_per_row: float
+    read_s: float            # each expert read from the backing tier after the first (0: every expert resident)
+    read_latency_s: float    # added once per layer that misses (I/O thread wake-up, first-byte latency)
+    expert_bytes: int
+    moe_layers: int
+    top_k: int
+    num_experts: int
+    source: str = "measured"  # "measured" | "cached" | a hardware profile's name
+
+    @property
+    def read_gbps(self) -> float | None:
+        return self.expert_bytes / self.read_s / 1e9 if self.read_s > 0 else None
+
+
+def cache_root() -> Path:
+    """The user cache directory ($XDG_CACHE_HOME/specmoe or ~/.cache/specmoe)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specmoe"
+
+
+def machine_key() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()}|{cpu}|{os.cpu_count()}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+
+
+def calibration_key(*, model_fingerprint: str, dtype, device, tier: str) -> str:
+    raw = f"v{CALIBRATION_VERSION}|{machine_key()}|{model_fingerprint}|{dtype}|{device}|{tier}"
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares a + b·x with a, b >= 0."""
+    b, a = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    b = max(float(b), 0.0)
+    a = max(float(np.mean(ys) - b * np.mean(xs)), 0.0)
+    return a, b
+
+
+def _best(f, repeats: int = 3) -> float:
+    f()  # warm-up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+class _OneBuffer:
+    """A stand-in expert store for calibration: every expert is the same resident random buffer."""
+
+    def __init__(self, buf: torch.Tensor):
+        self.buf = buf
+
+    def fetch(self, layer: int, ids: list[int]):
+        for e in ids:
+            yield e, self.buf
+
+
+@torch.inference_mode()
+def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_experts: int = 4) -> dict:
+    """Forwards over n tokens (one per sequence, a few positions of context), timed twice: with every
+    routed-expert computation replaced by zeros (→ the per-forward overhead and non-expert compute: attention,
+    norms, routers, shared experts, lm_head) and through the real expert path with every expert resident
+    (→ the expert path's per-layer overhead once the FFNs are subtracted), and as a draft forward computes
+    (N draft experts per layer in the dense form). {"rows", "nonexpert", "full", "draft", "unions"}: seconds
+    and mean union sizes per row count."""
+    from specmoe.decoding.runner import ModelRunner
+    from specmoe.models.kv_cache import KVCache
+    from specmoe.models.moe import ForwardContext, expert_views
+    cfg = model.cfg
+    dtype = model.head_weight().dtype
+    heads, kdim, vdim = cfg.kv_cache_dims
+    cache = KVCache(num_layers=cfg.num_layers, max_batch=max(rows), max_seq=16, num_kv_heads=heads, head_dim=kdim,
+                    v_head_dim=vdim, dtype=dtype, device=device)
+    cache.lengths = [4] * max(rows)
+    runner = ModelRunner(model, None, cache, device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    out = {"rows": list(rows), "nonexpert": [], "full": [], "unions": [], "draft": []}
+    store = _OneBuffer(buf)
+    E = cfg.num_experts
+    nd = max(1, min(draft_experts, E))
+    gate_up, down, _, _ = expert_views(buf, cfg)
+    w1 = gate_up.repeat(nd, 1)  # [Nd·2I, D]
+    w2 = down.repeat(1, nd)     # [D, Nd·I]
+    sub = torch.arange(E, device=device) % nd
+
+    def draft_experts(layer, x, w, ids):  # the draft's dense form: substitute, weight per draft expert, 2 GEMMs
+        loc = sub[ids]
+        dense = torch.zeros(x.shape[0], nd + 1, dtype=x.dtype, device=x.device).scatter_add_(
+            1, loc, w.to(x.dtype))[:, :nd]
+        g, u = F.linear(x, w1).view(x.shape[0], nd, -1).chunk(2, dim=-1)
+        return F.linear((F.silu(g) * u * dense[..., None]).reshape(x.shape[0], -1), w2)
+    for n in rows:
+        tokens = torch.randint(cfg.vocab_size, (n, 1), generator=g).to(device)
+        bv = runner.batch_view(list(range(n)), [1] * n)
+        unions: list[int] = []
+
+        def zero():
+            model(tokens, cache, bv, ForwardContext(provider=None,
+                                                    experts_override=lambda layer, x, w, i: torch.zeros_like(x)))
+            now(device)
+
+        def full():
+            unions.clear()
+            model(tokens, cache, bv, ForwardContext(provider=store, observers=[
+                lambda layer, ids, counts: unions.append(sum(c > 0 for c in counts))]))
+            now(device)
+        def drafted():
+            model(tokens, cache, bv, ForwardContext(provider=None, experts_override=draft_experts))
+            now(device)
+        out["nonexpert"].append(_best(zero))
+        out["draft"].append(_best(drafted))
+        out["full"].append(_best(full))
+        out["unions"].append(sum(unions) / max(1, len(unions)))
+    return out
+
+
+@torch.inference_mode()
+def measure_expert(cfg, dtype, device, rows=(1, 4, 16, 64)) -> tuple[float, float]:
+    """(fixed, per row) seconds of one expert FFN at the model's shapes."""
+    from specmoe.models.moe import expert_ffn
+    D = cfg.hidden_size
+    g = torch.Generator(device="cpu").manual_seed(0)
+    buf = (torch.randn(cfg.expert_numel, generator=g) * 0.02).to(device=device, dtype=dtype)
+    ts = []
+    for n in rows:
+        x = torch.randn(n, D, generator=g).to(device=device, dtype=dtype)
+        ts.append(_best(lambda: (expert_ffn(x, buf, cfg), now(device))))
+    return _fit(list(rows), ts)
+
+
+def measure_reads(store, cfg) -> tuple[float, float]:
+    """(seconds per expert, latency) of cold fetches of 1 and 4 experts through the store (its I/O thread,
+    checksum verification included), taken on experts that are not resident. (0, 0) for resident stores."""
+    layer = cfg.moe_layers[-1]
+    ts = {}
+    for k in (1, 4):
+        best = math.inf
+        for _ in range(2):
+            store.evict_all()
+            res = store.resident(layer)
+            ids = [e for e in range(cfg.num_experts) if e not in res][:k]
+            if len(ids) < k:
+                return 0.0, 0.0
+            t0 = time.perf_counter()
+            for _e, _buf in store.fetch(layer, ids):
+                pass
+            best = min(best, time.perf_counter() - t0)
+        ts[k] = best
+    store.evict_all()
+    per = max((ts[4] - ts[1]) / 3, ts[1] * 0.1)
+    return per, max(ts[1] - per, 0.0)
+
+
+def calibrate(model, store, device, *, tier: str, draft_experts: int = 4) -> Coefficients:
+    cfg = model.cfg
+    dtype = model.head_weight().dtype
+    e0, e1 = measure_expert(cfg, dtype, device)
+    buf = (torch.randn(cfg.expert_numel, generator=torch.Generator().manual_seed(1)) * 0.02).to(device=device,
+                                                                                              dtype=dtype)
+    fw = measure_forwards(model, device, buf, draft_experts=draft_experts)
+    ne0, ne1 = _fit(fw["rows"], fw["nonexpert"])
+    d0, d1 = _fit(fw["rows"], fw["draft"])
+    L = len(cfg.moe_layers)
+    over = [(f - z - L * (u * e0 + n * cfg.top_k * e1)) / L
+            for n, f, z, u in zip(fw["rows"], fw["full"], fw["nonexpert"], fw["unions"])]
+    read, lat = measure_reads(store, cfg) if tier != "none" else (0.0, 0.0)
+    esize = torch.empty((), dtype=dtype).element_size()
+    return Coefficients(ne_fixed=ne0, ne_per_token=ne1, layer_fixed=max(0.0, float(np.median(over))),
+                        draft_fixed=d0, draft_per_token=d1, exp_fixed=e0,
+                        exp_per_row=e1, read_s=read, read_latency_s=lat, expert_bytes=cfg.expert_numel * esize,
+                        moe_layers=L, top_k=cfg.top_k, num_experts=cfg.num_experts)
+
+
+def load_or_calibrate(model, store, device, *, tier: str, key: str, draft_experts: int = 4,
+                      refresh: bool = False) -> Coefficients:
+    """Coefficients from `<cache>/costmodel/<key>.json`, or measured now and written there."""
+    f = cache_root() / "costmodel" / f"{key}.json"
+    if f.is_file() and not refresh:
+        try:
+            d = json.loads(f.read_text())
+            d["source"] = "cached"
+            return Coefficients(**d)
+        except (OSError, ValueError, TypeError):
+            pass  # unreadable or from another version: measure again
+    c = calibrate(model, store, device, tier=tier, draft_experts=draft_experts)
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(c), indent=1))
+        tmp.replace(f)
+    except OSError:
+        pass  # a read-only cache directory only costs a re-measurement next time
+    return c
+
+
+class RoutingStats:
+    """Per-layer EMA of p_e = how often expert e is picked per token (Σ_e p_e = top-k), from the target
+    forwards' routing counts (a ForwardContext observer)."""
+
+    def __init__(self, layers: list[int], num_experts: int, top_k: int, alpha: float = 0.3):
+        self.layers, self.alpha, self.top_k = list(layers), alpha, top_k
+        self.index = {layer: i for i, layer in enumerate(self.layers)}
+        self.p = np.full((len(self.layers), num_experts), top_k / num_experts)
+        self.pending: dict[int, list[int]] = {}
+        self.union_seen: dict[int, int] = {}
+
+    def observe(self, layer: int, ids, counts: list[int]) -> None:
+        self.pending[layer] = counts
+
+    def flush(self) -> None:
+        """Fold the counts seen since the last flush into the EMA."""
+        if not self.pending:
+            return
+        idx = [self.index[layer] for layer in self.pending]
+        c = np.array(list(self.pending.values()), float)  # [l, E]
+        n = c.sum(1, keepdims=True) / self.top_k  # tokens routed (each picks top-k experts)
+        self.p[idx] = (1 - self.alpha) * self.p[idx] + self.alpha * np.minimum(c / np.maximum(n, 1e-9), 1.0)
+        self.pending = {}
+
+    def hottest(self, n: int) -> np.ndarray:
+        """[L, E] mask of each layer's n most picked experts."""
+        order = np.argsort(-self.p, axis=1, kind="stable")[:, :n]
+        m = np.zeros_like(self.p, dtype=bool)
+        np.put_along_axis(m, order, True, axis=1)
+        return m
+
+
+def bucket(B: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(B, 1))))
+
+
+@dataclass
+class Refinement:
+    """Online corrections: EMA of measured/predicted step time per (kind, batch bucket) and of measured /
+    predicted misses per kind."""
+    alpha: float = 0.25
+    time: dict = field(default_factory=dict)
+    misses: dict = field(default_factory=dict)
+
+    def ema(self, table: dict, key, ratio: float) -> None:
+        ratio = min(max(ratio, 0.05), 20.0)
+        old = table.get(key)
+        table[key] = ratio if old is None else (1 - self.alpha) * old + self.alpha * ratio
+
+
+class CostModel:
+    """Predicts plain and speculative step times (module docstring); `refine` folds measured steps in."""
+
+    def __init__(self, coef: Coefficients, routing: RoutingStats, *, draft_experts: int):
+        self.c, self.routing, self.nd = coef, routing, draft_experts
+        self.ref = Refinement()
+
+    # -------------------------------------------------------------- pieces
+    def expected_union(self, n: np.ndarray, resident: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """Expected (union, misses) per layer [C, L] for forwards of n [C] independent tokens; `resident`
+        [L, E] bool. Misses are scaled by the kind's measured/predicted EMA."""
+        p = np.clip(self.routing.p, 0.0, 1.0)[None]  # [1, L, E]
+        hit = 1.0 - (1.0 - p) ** np.asarray(n, float)[:, None, None]  # [C, L, E]
+        union = hit.sum(-1)
+        miss = (hit * ~resident[None]).sum(-1) * self.ref.misses.get(kind, 1.0)
+        return union, np.minimum(miss, union)
+
+    def forward_time(self, n: np.ndarray, union: np.ndarray, miss: np.ndarray) -> np.ndarray:
+        """Seconds of target forwards over n [C] tokens with per-layer union / misses [C, L]."""
+        c = self.c
+        n = np.asarray(n, float)
+        comp = union * c.exp_fixed + (n * c.top_k)[:, None] * c.exp_per_row  # [C, L]
+        fetch = c.read_latency_s + miss * c.read_s
+        per_layer = np.where(miss > 0, np.maximum(comp, fetch + comp / np.maximum(union, 1.0)), comp)
+        return c.ne_fixed + c.ne_per_token * n + (c.layer_fixed + per_layer).sum(-1)
+
+    def draft_time(self, rows: np.ndarray) -> np.ndarray:
+        """Seconds of draft forwards over rows [...] tokens each (draft experts only, no fetches: the measured
+        dense form, an upper bound where the draft's grouped form is faster); 0 rows cost nothing."""
+        c = self.c
+        r = np.asarray(rows, float)
+        return np.where(r > 0, c.draft_fixed + c.draft_per_token * r, 0.0)
+
+    # -------------------------------------------------------------- steps
+    def plain_parts(self, B: int, resident: np.ndarray) -> tuple[float, float]:
+        """(raw seconds, refined seconds) of a plain step: one target forward over B tokens."""
+        union, miss = self.expected_union(np.array([B]), resident, "plain")
+        t = float(self.forward_time(np.array([B]), union, miss)[0])
+        return t, t * self.ratio("fwd", B)
+
+    def plain(self, B: int, resident: np.ndarray, *, refined: bool = True) -> float:
+        raw, ref = self.plain_parts(B, resident)
+        return ref if refined else raw
+
+    def spec_parts(self, gammas: np.ndarray, resident: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row of gammas [C, B] (γ_b drafted tokens for sequence b; `resident` includes the draft set):
+        raw draft seconds, raw verification seconds [C] and the refined total [C]."""
+        g = np.atleast_2d(np.asarray(gammas))
+        C, B = g.shape
+        G = int(g.max()) if g.size else 0
+        rows = (g[:, :, None] > np.arange(G)[None, None, :]).sum(1)  # [C, G] sequences drafting position j
+        draft = self.draft_time(rows).sum(1)
+        n = B + g.sum(1)
+        union, miss = self.expected_union(n, resident, "spec")
+        verify = self.forward_time(n, union, miss)
+        fwd = np.array([self.ratio("fwd", int(k)) for k in n])
+        return draft, verify, draft * self.ratio("draft", B) + verify * fwd
+
+    def spec(self, gammas: np.ndarray, resident: np.ndarray, *, refined: bool = True) -> np.ndarray:
+        d, v, ref = self.spec_parts(gammas, resident)
+        return ref if refined else d + v
+
+    def ratio(self, part: str, n: int) -> float:
+        """Measured / predicted time of a part ("fwd": target forwards by token count; "draft": draft phases by
+        batch size) at n's bucket; an unmeasured bucket takes the nearest measured one (mostly the machine's
+        speed, e.g. its load), a draft phase never measured takes the forwards' ratio (both are mostly the
+        non-expert model)."""
+        t = self.ref.time
+        b = bucket(n)
+        if (part, b) in t:
+            return t[(part, b)]
+        near = [k for k in t if k[0] == part]
+        if near:
+            return t[min(near, key=lambda k: (abs(math.log2(k[1]) - math.log2(b)), k[1]))]
+        return self.ratio("fwd", n) if part == "draft" and any(k[0] == "fwd" for k in t) else 1.0
+
+    def refine(self, part: str, n: int, measured_s: float, raw_predicted_s: float) -> None:
+        """Fold in one measured part of a step (`raw_predicted_s`: its prediction without refinement)."""
+        if raw_predicted_s > 0 and measured_s > 0:
+            self.ref.ema(self.ref.time, (part, bucket(n)), measured_s / raw_predicted_s)
+
+    def refine_misses(self, kind: str, measured: float, predicted: float) -> None:
+        if predicted > 0.5:
+            self.ref.ema(self.ref.misses, kind, measured / predicted * self.ref.misses.get(kind, 1.0))
+
+    def stats(self) -> dict:
+        return {"coefficients": {**asdict(self.c), "read_gbps": self.c.read_gbps},
+                "time_refinement": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.time.items())},
+                "miss_refinement": dict(self.ref.misses)}
