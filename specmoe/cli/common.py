@@ -85,15 +85,18 @@ def option_kwargs(args) -> dict:
             if hasattr(args, "opt__" + f.name)}
 
 
-def make_llm(args, progress: bool = True, **kw):
-    from specmoe import LLM
-    from specmoe.errors import InputError
+def llm_kwargs(args) -> dict:
+    """LLM(...) keywords from add_model_args + add_option_args flags."""
     if getattr(args, "opt__prefetch", None) == "oracle":  # it needs a recorded identical run to replay
         raise InputError("--prefetch oracle replays a recorded identical run and is measured by `specmoe bench` "
                          "(system 'overlap') only; use --prefetch predicted")
-    return LLM(args.model, dtype=args.dtype, device=args.device, max_batch=args.max_batch, progress=progress,
-               threads=args.threads, **kw,
-               **option_kwargs(args))
+    return dict(model=args.model, dtype=args.dtype, device=args.device, max_batch=args.max_batch,
+                threads=args.threads, **option_kwargs(args))
+
+
+def make_llm(args, progress: bool = True, **kw):
+    from specmoe import LLM
+    return LLM(progress=progress, **kw, **llm_kwargs(args))
 
 
 def print_json(obj) -> None:
