@@ -7,7 +7,7 @@ import sys
 
 from specmoe.errors import SpecMoEError
 
-SUBCOMMANDS = ("generate", "inspect", "profile", "bench", "serve", "plan", "batch")
+SUBCOMMANDS = ("generate", "inspect", "profile", "bench", "serve", "plan", "batch", "quantize", "perplexity")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,7 @@ def describe(path) -> dict:
             "vocab_size": cfg.vocab_size, "context_length": cfg.max_position_embeddings, "dtype": cfg.dtype,
             "expert_bytes": expert_bytes, "non_expert_bytes": other,
             "bytes_per_expert": expert_bytes // max(1, len(cfg.moe_layers) * cfg.num_experts)}
+    info["expert_formats"] = expert_formats(ck)
     prof = path / "expert_profile.json"
     if prof.is_file():
         read_json_object(prof)  # not UTF-8 / not JSON / not an object: a CheckpointError naming the file
@@ -51,13 +52,35 @@ def describe(path) -> dict:
     return info
 
 
+def expert_formats(ck) -> list[dict]:
+    """Each expert storage format: bytes per expert, and the bytes a token implies when every one of its
+    routed experts is fetched (top-k per MoE layer, a cold cache: the upper bound a cache divides down)."""
+    from specmoe.experts.formats import ExpertShape, all_formats
+    from specmoe.experts.repack import find_repack
+    cfg = ck.config
+    fmts = all_formats(ExpertShape.of(cfg), ck.storage_dtype)
+    base = fmts[0].stored_bytes
+    per_token = cfg.top_k * len(cfg.moe_layers)
+    return [{"expert_format": "checkpoint" if i == 0 else f.name, "storage": f.name,
+             "bytes_per_expert": f.stored_bytes, "ratio": round(f.stored_bytes / base, 4),
+             "bytes_per_token_cold": f.stored_bytes * per_token,
+             "repacked": find_repack(ck, f) is not None} for i, f in enumerate(fmts)]
+
+
 def run(args) -> int:
     info = describe(args.path)
     if args.json:
         print_json(info)
         return 0
+    formats = info.pop("expert_formats")
     for k, v in info.items():
         if isinstance(v, int) and k.endswith("bytes"):
             v = f"{v:,} ({v / 2**20:.2f} MiB)"
         print(f"{k:>26}: {v}")
+    print(f"{'expert formats':>26}: bytes per expert, and per token with every routed expert fetched "
+          f"(top-k x MoE layers)")
+    for f in formats:
+        name = f["expert_format"] + (f" ({f['storage']})" if f["storage"] != f["expert_format"] else "")
+        print(f"{name:>26}: {f['bytes_per_expert']:>12,} B/expert ({f['ratio']:.3f}x)  "
+              f"{f['bytes_per_token_cold'] / 2**20:>9.2f} MiB/token" + ("  [repacked]" if f["repacked"] else ""))
     return 0

@@ -59,7 +59,7 @@ class LLM:
         self._lock = threading.Lock()  # one generate/logits at a time: they share the KV cache and stats
         self.ckpt = Checkpoint(self.path)
         self.config = self.ckpt.config
-        self.dtype = resolve_dtype(dtype, default=self.config.dtype)
+        self.dtype = resolve_dtype(dtype, default=self.config.dtype, device=self.device)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
         self.provider, self.expert_memory = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype,

@@ -115,6 +115,11 @@ class OffloadConfig:
                                     "cache slots + scratch + staging + host tier, + SpecMoE's draft copy (not the "
                                     "KV cache or the non-expert weights); too small is an error at construction; "
                                     "llm.stats['memory'] shows each part", type=size)
+    expert_format: str = opt("checkpoint", "storage format of the offloaded experts: the checkpoint's own "
+                             "dtype, or int8 (per output channel) / int4 (groups of 32; int4-g64: of 64) made once "
+                             "by `specmoe quantize` (or on first use) into the repack; experts move in these "
+                             "bytes and are dequantised into the compute dtype on arrival",
+                             ("checkpoint", "int8", "int4", "int4-g32", "int4-g64"))
     repack_dir: str | None = opt(None, "disk tier: directory of the aligned expert repack (default: "
                                  "<checkpoint>/.specmoe, else ~/.cache/specmoe/<hash>)", type=str)
 

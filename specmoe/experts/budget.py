@@ -73,9 +73,15 @@ def plan_resident(mc: ModelConfig, *, expert_bytes: int, draft_experts: int,
 
 def plan_offload(mc: ModelConfig, *, offload: str, slot_bytes: int, expert_bytes: int, cuda: bool,
                  draft_experts: int, cache_experts: int | None, cache_bytes: int | None,
-                 memory_budget: int | None) -> ExpertMemory:
+                 memory_budget: int | None, stored_bytes: int | None = None,
+                 staging: bool | None = None, tier_staging: int = 0) -> ExpertMemory:
     """Slots per layer from cache_experts, cache_bytes or memory_budget (default: E/4, at least top-k), and
-    every part; raises when a limit cannot hold top-k slots and the fixed parts, or is exceeded."""
+    every part; raises when a limit cannot hold top-k slots and the fixed parts, or is exceeded.
+    `stored_bytes`: one expert in the tier's storage format (default: expert_bytes, the compute dtype's);
+    `staging`: whether pinned staging rows exist (default: CUDA + disk); `tier_staging`: bytes of the
+    tier's own staging rows (CPU disk reads), counted under staging too."""
+    stored_bytes = expert_bytes if stored_bytes is None else stored_bytes
+    staging = cuda and offload == "disk" if staging is None else staging
     if cache_experts is not None and cache_bytes is not None:
         raise InputError("set cache_experts or cache_bytes, not both")
     L, E, K = len(mc.moe_layers), mc.num_experts, mc.top_k
@@ -84,9 +90,9 @@ def plan_offload(mc: ModelConfig, *, offload: str, slot_bytes: int, expert_bytes
     def parts_for(slots: int) -> dict[str, int]:
         return {"resident_experts": 0, "expert_cache_slots": slots * per_slot,
                 "scratch": SCRATCH_BUFFERS * slot_bytes if slots < E else 0,
-                "staging": STAGING_BUFFERS * slot_bytes if cuda and offload == "disk" else 0,
+                "staging": (STAGING_BUFFERS * slot_bytes if staging else 0) + tier_staging,
                 **draft_parts(mc, draft_experts, expert_bytes),
-                "host_tier": E * L * expert_bytes if offload == "host" else 0}
+                "host_tier": E * L * stored_bytes if offload == "host" else 0}
 
     fixed = parts_for(0)  # everything but the slots (scratch counted: a cache smaller than E needs it)
     default = max(K, math.ceil(E / 4))

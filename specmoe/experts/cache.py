@@ -100,7 +100,9 @@ class ExpertCache(ExpertStore):
         # a union larger than a layer's slots streams through a few spare rows, allocated here, reused, never grown
         n_scratch = scratch_buffers if slots < cfg.num_experts else 0
         self.scratch_bytes = n_scratch * self.slot_bytes
-        self.staging_bytes = STAGING_BUFFERS * self.slot_bytes if self.cuda and tier.kind != "host" else 0
+        # CUDA: reads that are not a plain host copy (disk, or a decoding tier) land in pinned staging rows
+        self._host_copy = tier.kind == "host" and tier.identity
+        self.staging_bytes = STAGING_BUFFERS * self.slot_bytes if self.cuda and not self._host_copy else 0
         check_fits(f"the expert cache ({slots} slots × {len(self.moe_layers)} MoE layers × "
                    f"{fmt_bytes(self.slot_bytes)} + {n_scratch} scratch)", self.nbytes + self.scratch_bytes,
                    self.device, budget=memory_budget)
@@ -180,7 +182,7 @@ class ExpertCache(ExpertStore):
     def _cuda_load(self, layer: int, e: int, dst: torch.Tensor, after):
         """Runs on the I/O thread: stage (disk) and copy on the dedicated stream; returns its event."""
         with torch.cuda.stream(self.copy_stream):
-            if self.tier.kind == "host":
+            if self._host_copy:
                 src = self.tier.source(layer, e).view(torch.uint8)  # pinned
             else:
                 stage = self._staging[self._stage_i]
@@ -193,7 +195,7 @@ class ExpertCache(ExpertStore):
             dst[: self.expert_bytes].copy_(src[: self.expert_bytes], non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(self.copy_stream)
-            if self.tier.kind != "host":
+            if not self._host_copy:
                 stage[1] = ev
         return ev
 
@@ -258,9 +260,9 @@ class ExpertCache(ExpertStore):
     def _count_transfer(self, layer: int, n: int, kind: str | None = None) -> None:
         s = self._s
         s["fetches"] += n
-        s["bytes_moved"] += n * self.expert_bytes
+        s["bytes_moved"] += n * self.tier.stored_bytes  # bytes read from the tier (its storage format)
         if kind:
-            s[f"{kind}_bytes"] += n * self.expert_bytes
+            s[f"{kind}_bytes"] += n * self.tier.stored_bytes
 
     def _make_resident(self, L: _Layer, layer: int, ids: list[int], kind: str) -> None:
         """Load `ids` into slots synchronously and protect them as `kind` ('pin' or 'static')."""
@@ -339,7 +341,7 @@ class ExpertCache(ExpertStore):
             n += 1
         self._count_transfer(layer, n, "prefetch")
         self._flush()
-        return n * self.expert_bytes
+        return n * self.tier.stored_bytes
 
     def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
         """ForwardContext observer: accumulate routed-assignment counts per expert."""
@@ -494,7 +496,8 @@ class ExpertCache(ExpertStore):
         s = self._s
         req = s["hits"] + s["misses"]
         out = {"offload": self.tier.kind, "cache_policy": self.policy, "prefetch": self.prefetch_mode,
-               "cache_slots_per_layer": self.slots, "cache_bytes": self.nbytes, "bytes_per_expert": self.expert_bytes,
+               "cache_slots_per_layer": self.slots, "cache_bytes": self.nbytes, "bytes_per_expert": self.tier.stored_bytes,
+               "expert_format": self.tier.fmt.name, "compute_bytes_per_expert": self.expert_bytes,
                "direct_io": self.tier.direct_io,
                "emulated_link": self.link is not None, **(self.link or {}),
                **{k: (list(v) if isinstance(v, list) else v) for k, v in s.items()},

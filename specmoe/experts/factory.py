@@ -7,6 +7,7 @@ import torch
 
 from specmoe.engine.options import OffloadConfig
 from specmoe.errors import InputError
+from specmoe.experts.formats import ExpertShape, make_format
 from specmoe.experts.budget import SCRATCH_BUFFERS, plan_offload, plan_resident
 from specmoe.experts.memory import check_budget_value, round_up
 from specmoe.experts.resident import ResidentExperts
@@ -15,43 +16,62 @@ from specmoe.weights.checkpoint import Checkpoint
 
 def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, device: torch.device,
                    draft_experts: int = 0, progress: bool = False, model=None):
-    """Returns (provider, ExpertMemory plan). `draft_experts` is SpecMoE's N (0 without speculation): its copy
-    of N experts per MoE layer counts against memory_budget / cache_bytes. `model` (the loaded Transformer)
-    gives predicted prefetch its routers and lets the static policy profile the model when the checkpoint
-    ships no expert_profile.json."""
+    """Returns (provider, ExpertMemory plan). `dtype` is the compute dtype slots hold; experts stay in their
+    storage format (`cfg.expert_format`: the checkpoint's dtype, or int8 / int4) in the tier and are decoded
+    on arrival. `draft_experts` is SpecMoE's N (0 without speculation): its copy of N experts per MoE layer
+    counts against memory_budget / cache_bytes. `model` (the loaded Transformer) gives predicted prefetch its
+    routers and lets the static policy profile the model when the checkpoint ships no expert_profile.json."""
     device = torch.device(device)
     check_budget_value("memory_budget", cfg.memory_budget, device)
     check_budget_value("cache_bytes", cfg.cache_bytes, device)
     mc = ckpt.config
+    fmt = make_format(cfg.expert_format, ExpertShape.of(mc), ckpt.storage_dtype)
     expert_bytes = mc.expert_numel * torch.empty((), dtype=dtype).element_size()
     if cfg.offload == "none":
         plan = plan_resident(mc, expert_bytes=expert_bytes, draft_experts=draft_experts,
                              memory_budget=cfg.memory_budget)
-        return ResidentExperts(ckpt, dtype, device, progress=progress), plan
+        reader = None
+        if fmt.quantized:  # the resident experts are the quantized model's, decoded as a tier would
+            from specmoe.experts.repack import open_repack
+            rp = open_repack(ckpt, fmt, cfg.repack_dir, progress=progress)
+            reader = lambda layer, e, out: fmt.decode(rp.read(layer, e).to(out.device), out)  # noqa: E731
+        return ResidentExperts(ckpt, dtype, device, progress=progress, reader=reader), plan
     from specmoe.experts.cache import ExpertCache
     from specmoe.experts.tiers import DiskTier, EmulatedLink, HostTier
-    stride = round_up(expert_bytes) if cfg.offload == "disk" else round_up(expert_bytes, 64)
+    # CUDA disk reads land straight in pinned staging rows; CPU ones go through the tier's staging row (tiers.py)
+    direct = cfg.offload == "disk" and fmt.identity(dtype) and device.type == "cuda"
+    stride = round_up(fmt.stored_bytes) if direct else round_up(expert_bytes, 64)
+    # CUDA: a tier whose bytes are not the slot's decodes on the host into pinned staging rows first
+    staging = device.type == "cuda" and (cfg.offload == "disk" or not fmt.identity(dtype))
     # every part is known before any allocation or repack: a budget too small fails here, with the numbers
     plan = plan_offload(mc, offload=cfg.offload, slot_bytes=stride, expert_bytes=expert_bytes,
                         cuda=device.type == "cuda", draft_experts=draft_experts, cache_experts=cfg.cache_experts,
-                        cache_bytes=cfg.cache_bytes, memory_budget=cfg.memory_budget)
+                        cache_bytes=cfg.cache_bytes, memory_budget=cfg.memory_budget,
+                        stored_bytes=fmt.stored_bytes, staging=staging,
+                        tier_staging=0 if direct or cfg.offload != "disk" else DiskTier.staging_for(fmt.stored_bytes))
     link = None
     if cfg.offload == "host":
         emulate = cfg.link_gbps is not None or cfg.link_latency_us is not None
         if emulate and device.type == "cuda":
             raise InputError("the emulated link is for CPU runs; on CUDA the real host-device link is used")
+        reader = None
+        if fmt.quantized:
+            from specmoe.experts.repack import open_repack
+            reader = open_repack(ckpt, fmt, cfg.repack_dir, progress=progress).read
         tier = HostTier(ckpt, dtype, pin=device.type == "cuda",
                         link=EmulatedLink(cfg.link_gbps, cfg.link_latency_us) if emulate else None,
-                        progress=progress)
+                        progress=progress, fmt=fmt, reader=reader)
         if emulate:
             link = {"link_gbps": cfg.link_gbps, "link_latency_us": cfg.link_latency_us or 0.0}
     else:
         from specmoe.experts.repack import open_repack
-        tier = DiskTier(open_repack(ckpt, dtype, cfg.repack_dir, progress=progress))
+        tier = DiskTier(open_repack(ckpt, fmt, cfg.repack_dir, progress=progress), dtype, direct=direct)
+    assert tier.stride == stride, "plan and tier disagree on the slot size"
     cache = ExpertCache(tier, mc, slots=plan.slots, policy=cfg.cache_policy, prefetch=cfg.prefetch, device=device,
                         memory_budget=cfg.memory_budget, link=link, scratch_buffers=SCRATCH_BUFFERS)
     assert (cache.nbytes, cache.scratch_bytes, cache.staging_bytes) == (
-        plan.parts["expert_cache_slots"], plan.parts["scratch"], plan.parts["staging"]), "plan and cache disagree"
+        plan.parts["expert_cache_slots"], plan.parts["scratch"], plan.parts["staging"] - tier.staging_bytes), \
+        "plan and cache disagree"
     if model is not None:
         cache.attach_model(model)
     if cfg.cache_policy == "static":

@@ -1,12 +1,14 @@
 """One-time repack of a checkpoint's experts into one aligned file for direct reads.
 
 Layout: every expert of every MoE layer, packed as [gate (I·D); up (I·D); down (D·I)] in
-the compute dtype and padded to a 4096-byte boundary, at offset (li·E + e)·stride where li
-is the layer's index among the MoE layers. A fetch is then one aligned read (O_DIRECT).
+its storage format (experts/formats.py: the checkpoint's dtype, or int8 / int4 from `specmoe
+quantize`) and padded to a 4096-byte boundary, at offset (li·E + e)·stride where li is the
+layer's index among the MoE layers. A fetch is then one aligned read (O_DIRECT).
 
-Files: `experts-<dtype>-<key>.bin` and its manifest `experts-<dtype>-<key>.json`, where
-`key` identifies the checkpoint (a hash of its resolved path), so one repack directory can
-serve several checkpoints; every message names this checkpoint's two files, never the
+Files: `experts-<format>-<key>.bin` and its manifest `experts-<format>-<key>.json`, where
+`format` is the storage format's name (`bfloat16`, `int8`, `int4-g32`, ...) and `key`
+identifies the checkpoint (a hash of its resolved path), so one repack directory can serve
+several checkpoints and formats; every message names this checkpoint's two files, never the
 directory. The manifest records the layout, one checksum per expert (integrity.py; the
 disk tier verifies every expert it reads against it) and the content fingerprint of the
 checkpoint's weight files (name, size, mtime and sha256 of each).
@@ -42,6 +44,7 @@ import torch
 
 from specmoe.errors import CheckpointError, InputError, IntegrityError
 from specmoe.experts import integrity
+from specmoe.experts.formats import ExpertFormat, ExpertShape, Plain
 from specmoe.experts.memory import fmt_bytes, round_up
 from specmoe.weights.checkpoint import Checkpoint
 
@@ -59,7 +62,7 @@ class Repacked:
     expert_numel: int
     expert_bytes: int
     stride: int
-    dtype: torch.dtype
+    fmt: ExpertFormat
     sums: tuple[int, ...]  # integrity.checksum of each padded expert, in file order
 
     def index(self, layer: int, expert: int) -> int:
@@ -71,6 +74,17 @@ class Repacked:
     @property
     def hint(self) -> str:
         return hint(self.file, self.manifest)
+
+    def read(self, layer: int, expert: int) -> torch.Tensor:
+        """One expert's stored bytes (a buffered read; for loading a host tier), checked against its checksum."""
+        buf = np.zeros(self.stride, dtype=np.uint8)
+        with open(self.file, "rb") as fh:
+            fh.seek(self.offset(layer, expert))
+            got = fh.readinto(memoryview(buf))
+        if got != self.stride or integrity.checksum(buf) != self.sums[self.index(layer, expert)]:
+            raise IntegrityError(f"expert repack file {self.file} is corrupt: layer {layer} expert {expert} fails "
+                                 f"its checksum; {self.hint}")
+        return torch.from_numpy(buf[: self.expert_bytes])
 
 
 def hint(file: Path, manifest: Path) -> str:
@@ -86,12 +100,21 @@ def checkpoint_key(ckpt: Checkpoint) -> str:
     return hashlib.sha1(str(ckpt.path.resolve()).encode()).hexdigest()[:16]
 
 
-def file_base(ckpt: Checkpoint, dtype: torch.dtype) -> str:
-    return f"experts-{dtype_name(dtype)}-{checkpoint_key(ckpt)}"
+def as_format(ckpt: Checkpoint, fmt: ExpertFormat | torch.dtype) -> ExpertFormat:
+    """A storage format; a bare dtype means the packed expert in that dtype."""
+    return fmt if isinstance(fmt, ExpertFormat) else Plain(ExpertShape.of(ckpt.config), fmt)
 
 
-def expert_bytes_of(ckpt: Checkpoint, layer: int, e: int, dtype: torch.dtype) -> np.ndarray:
-    return ckpt.read_expert(layer, e, dtype).contiguous().view(torch.uint8).numpy()
+def file_base(ckpt: Checkpoint, fmt: ExpertFormat | torch.dtype) -> str:
+    return f"experts-{as_format(ckpt, fmt).name}-{checkpoint_key(ckpt)}"
+
+
+def expert_bytes_of(ckpt: Checkpoint, layer: int, e: int, fmt: ExpertFormat | torch.dtype) -> np.ndarray:
+    """Expert (layer, e) of the checkpoint in storage format `fmt`: its stored bytes (quantized formats are
+    quantised from the weights read in fp32)."""
+    fmt = as_format(ckpt, fmt)
+    w = ckpt.read_expert(layer, e, fmt.dtype if isinstance(fmt, Plain) else torch.float32)
+    return fmt.encode(w).numpy()
 
 
 def candidate_dirs(ckpt: Checkpoint, repack_dir: str | Path | None) -> list[Path]:
@@ -135,21 +158,33 @@ def clean_stale_temps(d: Path, base: str) -> None:
                 pass
 
 
-def open_repack(ckpt: Checkpoint, dtype: torch.dtype, repack_dir: str | Path | None = None, *,
+def find_repack(ckpt: Checkpoint, fmt: ExpertFormat | torch.dtype, repack_dir: str | Path | None = None
+                ) -> Path | None:
+    """The manifest of an existing repack of `ckpt` in `fmt` (not validated), or None."""
+    base = file_base(ckpt, fmt)
+    for d in candidate_dirs(ckpt, repack_dir):
+        if (d / f"{base}.json").is_file():
+            return d / f"{base}.json"
+    return None
+
+
+def open_repack(ckpt: Checkpoint, fmt: ExpertFormat | torch.dtype, repack_dir: str | Path | None = None, *,
                 progress: bool = False) -> Repacked:
-    """Return a validated repack of `ckpt`'s experts in `dtype`, repacking once if none exists."""
-    base = file_base(ckpt, dtype)
+    """Return a validated repack of `ckpt`'s experts in storage format `fmt` (a dtype: the packed expert in
+    that dtype), repacking (or quantizing) once if none exists."""
+    fmt = as_format(ckpt, fmt)
+    base = file_base(ckpt, fmt)
     dirs = candidate_dirs(ckpt, repack_dir)
     unusable = []  # this checkpoint's repacks that must be rebuilt (unreadable, old format, data file gone)
     for d in dirs:
         clean_stale_temps(d, base)
         if (d / f"{base}.json").is_file():
-            rp = validate(ckpt, d / f"{base}.json", dtype)
+            rp = validate(ckpt, d / f"{base}.json", fmt)
             if isinstance(rp, Repacked):
-                _remove_legacy(ckpt, dtype, dirs)
+                _remove_legacy(ckpt, fmt, dirs)
                 return rp
             unusable.append(rp)
-    lay = layout(ckpt, dtype)
+    lay = layout(ckpt, fmt)
     need = len(lay["moe_layers"]) * lay["num_experts"] * lay["stride"]
     reasons = []
     for d in dirs:
@@ -164,21 +199,24 @@ def open_repack(ckpt: Checkpoint, dtype: torch.dtype, repack_dir: str | Path | N
             if reasons:
                 warnings.warn(f"cannot write the expert repack in {'; '.join(reasons)}; repacking into {d}",
                               stacklevel=3)
-            man = repack(ckpt, d, dtype, progress=progress)
-            rp = validate(ckpt, man, dtype)
+            man = repack(ckpt, d, fmt, progress=progress)
+            rp = validate(ckpt, man, fmt)
             if not isinstance(rp, Repacked):
                 raise CheckpointError(f"the expert repack just written to {man} does not read back; "
                                       f"{hint(man.with_suffix('.bin'), man)}")
-            _remove_legacy(ckpt, dtype, dirs)
+            _remove_legacy(ckpt, fmt, dirs)
             return rp
         reasons.append(f"{d} ({why})")
     hint_ = "pass repack_dir=DIR (--repack-dir) pointing at a writable directory with room"
     raise InputError(f"cannot write the expert repack file: {'; '.join(reasons)}; {hint_}")
 
 
-def _remove_legacy(ckpt: Checkpoint, dtype: torch.dtype, dirs: list[Path]) -> None:
+def _remove_legacy(ckpt: Checkpoint, fmt: ExpertFormat, dirs: list[Path]) -> None:
     """Remove this checkpoint's format-1 repack (`experts-<dtype>.bin/.json`, no per-read checksums) once
     its replacement exists; another checkpoint's files are left alone."""
+    if not isinstance(fmt, Plain):
+        return
+    dtype = fmt.dtype
     for d in dirs:
         man = d / f"experts-{dtype_name(dtype)}.json"
         try:
@@ -196,11 +234,13 @@ def _remove_legacy(ckpt: Checkpoint, dtype: torch.dtype, dirs: list[Path]) -> No
                           "(replaced by one with per-read checksums)", stacklevel=3)
 
 
-def layout(ckpt: Checkpoint, dtype: torch.dtype) -> dict:
+def layout(ckpt: Checkpoint, fmt: ExpertFormat | torch.dtype) -> dict:
+    """The manifest's layout fields ("dtype" names the storage format; expert_bytes are stored bytes)."""
     cfg = ckpt.config
+    fmt = as_format(ckpt, fmt)
     numel = cfg.expert_numel
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    return {"model_type": cfg.model_type, "dtype": dtype_name(dtype), "moe_layers": list(cfg.moe_layers),
+    nbytes = fmt.stored_bytes
+    return {"model_type": cfg.model_type, "dtype": fmt.name, "moe_layers": list(cfg.moe_layers),
             "num_experts": cfg.num_experts, "expert_numel": numel, "expert_bytes": nbytes, "stride": round_up(nbytes)}
 
 
@@ -219,11 +259,11 @@ def _write_file(path: Path, data) -> None:
         os.close(fd)
 
 
-def repack(ckpt: Checkpoint, d: Path, dtype: torch.dtype, *, progress: bool = False) -> Path:
+def repack(ckpt: Checkpoint, d: Path, fmt: ExpertFormat | torch.dtype, *, progress: bool = False) -> Path:
     """Write `<base>.bin` + manifest into `d` atomically (temp files, fsync, rename; manifest last)."""
     from tqdm import tqdm
-    lay = layout(ckpt, dtype)
-    base = file_base(ckpt, dtype)
+    lay = layout(ckpt, fmt)
+    base = file_base(ckpt, fmt)
     tmp_bin = d / f".{base}.bin.{os.getpid()}.tmp"
     tmp_man = d / f".{base}.json.{os.getpid()}.tmp"
     total = len(lay["moe_layers"]) * lay["num_experts"]
@@ -233,10 +273,11 @@ def repack(ckpt: Checkpoint, d: Path, dtype: torch.dtype, *, progress: bool = Fa
         sums = []
         buf = np.zeros(lay["stride"], dtype=np.uint8)  # the padding stays zero
         fd = os.open(tmp_bin, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        with tqdm(total=total, desc="repack experts", unit="exp", disable=not progress, leave=False) as bar:
+        with tqdm(total=total, desc=f"repack experts ({lay['dtype']})", unit="exp", disable=not progress,
+                  leave=False) as bar:
             for layer in lay["moe_layers"]:
                 for e in range(lay["num_experts"]):
-                    buf[: lay["expert_bytes"]] = expert_bytes_of(ckpt, layer, e, dtype)
+                    buf[: lay["expert_bytes"]] = expert_bytes_of(ckpt, layer, e, fmt)
                     sums.append(integrity.checksum(buf))
                     _write_all(fd, buf)
                     bar.update()
@@ -287,9 +328,9 @@ def _well_formed(man, lay: dict, data_file: str) -> bool:
             and all(isinstance(v, dict) for v in man["checkpoint_files"].values()))
 
 
-def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repacked | str:
+def validate(ckpt: Checkpoint, manifest_path: Path, fmt: ExpertFormat | torch.dtype) -> Repacked | str:
     """The opened repack, or why it must be rebuilt (unreadable, old format, data file missing)."""
-    lay = layout(ckpt, dtype)
+    lay = layout(ckpt, fmt)
     try:
         man = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as e:
@@ -331,7 +372,8 @@ def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repac
             tmp.unlink(missing_ok=True)
     rp = Repacked(file=f, manifest=manifest_path, moe_layers=tuple(lay["moe_layers"]),
                   num_experts=lay["num_experts"], expert_numel=lay["expert_numel"],
-                  expert_bytes=lay["expert_bytes"], stride=lay["stride"], dtype=dtype, sums=tuple(man["sums"]))
+                  expert_bytes=lay["expert_bytes"], stride=lay["stride"], fmt=as_format(ckpt, fmt),
+                  sums=tuple(man["sums"]))
     buf = np.zeros(rp.stride, dtype=np.uint8)
     with open(f, "rb") as fh:
         for layer, e in sample_ids(lay["moe_layers"], lay["num_experts"]):
@@ -340,7 +382,7 @@ def validate(ckpt: Checkpoint, manifest_path: Path, dtype: torch.dtype) -> Repac
             if integrity.checksum(np.frombuffer(fh.read(rp.stride), dtype=np.uint8)) != want:
                 raise IntegrityError(f"expert repack file {f} is corrupt: layer {layer} expert {e} fails its "
                                      f"checksum; {fix}")
-            buf[: rp.expert_bytes] = expert_bytes_of(ckpt, layer, e, dtype)
+            buf[: rp.expert_bytes] = expert_bytes_of(ckpt, layer, e, fmt)
             if integrity.checksum(buf) != want:
                 raise changed(f"layer {layer} expert {e} differs from the repack")
     return rp

@@ -12,7 +12,9 @@ class ResidentExperts(ExpertStore):
     """Every expert of every MoE layer packed in one [E, 3·I·D] tensor per layer."""
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 progress: bool = False):
+                 progress: bool = False, reader=None):
+        """`reader(layer, e, out)` fills one expert's row (quantized formats decode their stored bytes);
+        default: the checkpoint's weights in `dtype`."""
         cfg = ckpt.config
         self.moe_layers = tuple(cfg.moe_layers)
         self.num_experts = cfg.num_experts
@@ -22,7 +24,10 @@ class ResidentExperts(ExpertStore):
         for layer in cfg.moe_layers:
             buf = torch.empty(cfg.num_experts, cfg.expert_numel, dtype=dtype, device=device)
             for e in range(cfg.num_experts):
-                buf[e].copy_(ckpt.read_expert(layer, e, dtype))
+                if reader is not None:
+                    reader(layer, e, buf[e])
+                else:
+                    buf[e].copy_(ckpt.read_expert(layer, e, dtype))
                 bar.update()
             self.layers[layer] = buf
         bar.close()

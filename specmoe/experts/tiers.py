@@ -1,14 +1,22 @@
 """Backing tiers: where an expert's bytes live when they are not in a device slot.
 
-A tier copies one expert into a destination buffer with one transfer:
-- `HostTier`: every expert packed in host RAM ([E, 3·I·D] per layer, pinned when the
-  compute device is CUDA), optionally behind an *emulated link* that throttles each
-  transfer to latency + bytes / bandwidth (labelled as emulation in every stats dict);
-- `DiskTier`: experts read on demand from the aligned repack file (see repack.py) with
-  one `preadv` per expert, through `O_DIRECT` so the page cache is bypassed and the read
-  really hits the SSD; every read is verified against the expert's checksum (integrity.py).
-  Where the filesystem refuses O_DIRECT it falls back, with a warning, to buffered reads
-  followed by `posix_fadvise(DONTNEED)`.
+A tier holds every expert in its *storage format* (experts/formats.py: the checkpoint's dtype, or int8 /
+int4 made by `specmoe quantize`) and fills a slot with the *compute dtype*: one transfer of the stored
+bytes, decoded (upcast or dequantised) on arrival. `bytes_moved` counts stored bytes.
+- `HostTier`: every expert's stored bytes in host RAM ([E, stored bytes] per layer, pinned when the
+  compute device is CUDA), optionally behind an *emulated link* that throttles each transfer to
+  latency + stored bytes / bandwidth (labelled as emulation in every stats dict);
+- `DiskTier`: experts read on demand from the aligned repack file (see repack.py) with one `preadv`
+  per expert, through `O_DIRECT` so the page cache is bypassed and the read really hits the SSD; every
+  read is verified against the expert's checksum (integrity.py). A read lands in an aligned staging row
+  of the tier, is verified there, and is decoded (or copied) into the slot, on the I/O thread or, for up
+  to STAGE_ROWS reads at a time, by `verify` on the compute thread while the I/O thread reads the next
+  expert (the cache calls it before using a slot): O_DIRECT reads straight into
+  the CPU slots the model computes from slowed the whole compute thread 6-10x on the development
+  machine (non-expert layers included; benchmarks/quant_bench.py's notes), while the extra copy costs
+  about a memory pass. `direct=True` (CUDA: the destination is a pinned staging buffer) reads straight
+  into the destination when no decode is needed. Where the filesystem refuses O_DIRECT it falls back,
+  with a warning, to buffered reads followed by `posix_fadvise(DONTNEED)`.
 """
 from __future__ import annotations
 
@@ -18,35 +26,54 @@ import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
 from specmoe.errors import CheckpointError, IntegrityError
+from specmoe.experts.formats import ExpertFormat, ExpertShape, Plain
 from specmoe.experts.integrity import checksum
 from specmoe.experts.memory import aligned_empty, check_fits, round_up
-from specmoe.experts.repack import Repacked
+from specmoe.experts.repack import Repacked, expert_bytes_of
 from specmoe.weights.checkpoint import Checkpoint
 
 
 class Tier(ABC):
     """A backing tier. Contract: `read_into(layer, e, dst, verify=)` fills `dst` (a uint8 CPU row of at least
-    `stride` bytes) with expert e packed as [gate; up; down] in `dtype`, with one transfer; `verify(layer, e,
-    dst)` checks what a read left in `dst` (a no-op where there is nothing to check) and raises
-    IntegrityError; `read_into(..., verify=False)` leaves that to the caller, which may run it on another
-    thread, overlapped with the next read. `reads` / `read_s` / `verify_s` count reads and the seconds spent
-    reading and verifying."""
+    `stride` bytes) with expert e packed as [gate; up; down] in the compute `dtype` (`expert_bytes` bytes),
+    from one transfer of its `stored_bytes` in the storage format `fmt`; `verify(layer, e, dst)` checks what
+    a read left in `dst` (a no-op where there is nothing to check, or where the read verified the stored
+    bytes itself before decoding them) and raises IntegrityError; `read_into(..., verify=False)` leaves
+    that to the caller, which may run it on another thread, overlapped with the next read. `reads` /
+    `read_s` / `verify_s` count reads and the seconds spent reading and verifying."""
     kind: str
-    dtype: torch.dtype
-    expert_bytes: int
+    dtype: torch.dtype  # compute dtype: what a slot holds
+    fmt: ExpertFormat  # storage format: what the tier holds and moves
+    expert_bytes: int  # bytes of one expert in a slot (compute dtype)
     direct_io: bool = False
     reads: int = 0
     read_s: float = 0.0
     verify_s: float = 0.0
 
     @property
+    def stored_bytes(self) -> int:
+        """Bytes one expert moves from this tier (its stored size)."""
+        return self.fmt.stored_bytes
+
+    @property
+    def identity(self) -> bool:
+        """The stored bytes are the slot's bytes: no decode on arrival."""
+        return self.fmt.identity(self.dtype)
+
+    @property
     def stride(self) -> int:
         """Bytes of one expert's slot row (the disk tier reads whole aligned strides into it)."""
         return round_up(self.expert_bytes, 64)
+
+    @property
+    def staging_bytes(self) -> int:
+        """Host buffers of the tier's own that reads land in before a slot (0 where none)."""
+        return 0
 
     @abstractmethod
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
@@ -64,58 +91,87 @@ class Tier(ABC):
 
 class EmulatedLink:
     """Holds each transfer to `latency_us + nbytes / (gbps·1e9)` seconds (GB/s = 10^9 bytes/s).
-    Transfers are serialised, like one PCIe link."""
+    Transfers are serialised, like one PCIe link.
+
+    Pacing sleeps to the transfer's deadline, so the interpreter is free while a transfer is held and the
+    compute thread runs undisturbed (a busy-wait held the GIL and slowed it ~20x). `time.sleep` wakes up a
+    little late; the link learns that oversleep (a moving average) and sleeps that much less, and only the
+    last few microseconds, if any are left, are spun. `held_s` / `spin_s` / `late_s` count the seconds
+    transfers were held, spent spinning, and overshot their deadline."""
+
+    SPIN_MAX_S = 20e-6  # never spin longer than this: a longer remainder is slept
 
     def __init__(self, gbps: float | None, latency_us: float | None):
         self.gbps, self.latency_us = gbps, latency_us or 0.0
         self.lock = threading.Lock()
+        self.oversleep = 50e-6  # learned: how late time.sleep wakes up on this machine
+        self.held_s = self.spin_s = self.late_s = 0.0
+
+    def duration(self, nbytes: int) -> float:
+        return self.latency_us * 1e-6 + (nbytes / (self.gbps * 1e9) if self.gbps else 0.0)
 
     def hold(self, nbytes: int, t0: float) -> None:
-        target = t0 + self.latency_us * 1e-6 + (nbytes / (self.gbps * 1e9) if self.gbps else 0.0)
-        rest = target - time.perf_counter()
-        if rest > 2e-3:
-            time.sleep(rest - 1e-3)  # sleep most of it, spin the last millisecond for precision
-        while time.perf_counter() < target:
-            pass
+        """Return at t0 + duration(nbytes) (not before), without holding the GIL while waiting."""
+        deadline = t0 + self.duration(nbytes)
+        now = time.perf_counter()
+        while deadline - now > self.SPIN_MAX_S:
+            want = max(deadline - now - self.oversleep, 0.0)
+            time.sleep(want)
+            after = time.perf_counter()
+            self.oversleep += 0.1 * ((after - now - want) - self.oversleep)
+            now = after
+        spin0 = now
+        while now < deadline:
+            now = time.perf_counter()
+        self.spin_s += now - spin0
+        self.late_s += max(0.0, now - deadline)
+        self.held_s += now - t0
 
 
 class HostTier(Tier):
     kind = "host"
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, *, pin: bool, link: EmulatedLink | None = None,
-                 budget: int | None = None, progress: bool = False):
+                 budget: int | None = None, progress: bool = False, fmt: ExpertFormat | None = None,
+                 reader: Callable[[int, int], torch.Tensor] | None = None):
+        """`fmt`: the storage format (default: `dtype` itself); `reader(layer, e)`: an expert's stored bytes
+        (default: encoded from the checkpoint; the factory passes the repack's reader for quantized
+        formats)."""
         from tqdm import tqdm
         cfg = ckpt.config
         self.dtype, self.link = dtype, link
+        self.fmt = fmt if fmt is not None else Plain(ExpertShape.of(cfg), dtype)
         self.numel = cfg.expert_numel
         self.expert_bytes = self.numel * torch.empty((), dtype=dtype).element_size()
-        total = self.expert_bytes * cfg.num_experts * len(cfg.moe_layers)
+        read = reader or (lambda layer, e: torch.from_numpy(expert_bytes_of(ckpt, layer, e, self.fmt)))
+        total = self.stored_bytes * cfg.num_experts * len(cfg.moe_layers)
         check_fits("the host expert tier (all experts in host RAM)", total, torch.device("cpu"), budget=budget)
         self.nbytes = total
         self.layers: dict[int, torch.Tensor] = {}
         bar = tqdm(total=len(cfg.moe_layers) * cfg.num_experts, desc="host experts", unit="exp",
                    disable=not progress, leave=False)
         for layer in cfg.moe_layers:
-            buf = torch.empty(cfg.num_experts, self.numel, dtype=dtype, pin_memory=pin)  # [E, 3·I·D]
+            buf = torch.empty(cfg.num_experts, self.stored_bytes, dtype=torch.uint8, pin_memory=pin)
             for e in range(cfg.num_experts):
-                buf[e].copy_(ckpt.read_expert(layer, e, dtype))
+                buf[e].copy_(read(layer, e))
                 bar.update()
             self.layers[layer] = buf
         bar.close()
 
     def source(self, layer: int, e: int) -> torch.Tensor:
-        """The expert's host buffer (pinned on CUDA), for an async device copy."""
+        """The expert's stored bytes in host RAM (pinned on CUDA), for an async device copy (identity only)."""
         return self.layers[layer][e]
 
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
-        """Copy into `dst`, a uint8 row of at least expert_bytes (CPU)."""
+        """Decode into `dst`, a uint8 row of at least expert_bytes (CPU); the link is held for the stored bytes."""
         t0 = time.perf_counter()
+        out = dst[: self.expert_bytes].view(self.dtype)
         if self.link is not None:
             with self.link.lock:
-                dst[: self.expert_bytes].view(self.dtype).copy_(self.layers[layer][e])
-                self.link.hold(self.expert_bytes, t0)
+                self.fmt.decode(self.layers[layer][e], out)
+                self.link.hold(self.stored_bytes, t0)
         else:
-            dst[: self.expert_bytes].view(self.dtype).copy_(self.layers[layer][e])
+            self.fmt.decode(self.layers[layer][e], out)
 
     def close(self) -> None:
         self.layers = {}  # the (pinned) host copies go now, not when the engine is collected
@@ -123,14 +179,27 @@ class HostTier(Tier):
 
 class DiskTier(Tier):
     kind = "disk"
+    STAGE_ROWS = 2  # reads whose decode the compute thread finishes while the next read runs
 
-    def __init__(self, rp: Repacked):
+    def __init__(self, rp: Repacked, dtype: torch.dtype | None = None, *, direct: bool = False):
+        """`dtype`: the compute dtype slots hold (default: the repack's own); `direct`: read straight into the
+        destination where no decode is needed (else through the staging row)."""
         self.rp = rp
-        self.dtype, self.numel = rp.dtype, rp.expert_numel
-        self.expert_bytes = rp.expert_bytes
+        self.fmt = rp.fmt
+        self.dtype = dtype if dtype is not None else rp.fmt.dtype
+        self.direct = direct and self.fmt.identity(self.dtype)
+        self.numel = rp.expert_numel
+        self.expert_bytes = self.numel * torch.empty((), dtype=self.dtype).element_size()
         self.nbytes = 0
         self.direct_io = False
         self.fd = -1
+        # staged reads: one row for reads finished on the I/O thread, STAGE_ROWS for reads whose checksum and
+        # decode are left to `verify` (the compute thread, overlapped with the I/O thread's next read)
+        self._stage = None if self.direct else aligned_empty(rp.stride)
+        self._rows = [] if self.direct else [aligned_empty(rp.stride) for _ in range(self.STAGE_ROWS)]
+        self._free = list(range(len(self._rows)))
+        self._pending: dict[int, int] = {}  # destination address -> staging row awaiting `verify`
+        self._lock = threading.Lock()
         if hasattr(os, "O_DIRECT"):
             fd = -1
             try:
@@ -155,18 +224,60 @@ class DiskTier(Tier):
                                       f"{rp.hint}") from None
         self.reset_io_stats()
 
+    @staticmethod
+    def staging_for(stored_bytes: int) -> int:
+        """Bytes of a staged tier's rows: one for reads finished on the I/O thread + STAGE_ROWS deferred."""
+        return (1 + DiskTier.STAGE_ROWS) * round_up(stored_bytes)
+
+    @property
+    def staging_bytes(self) -> int:
+        return 0 if self.direct else self.staging_for(self.stored_bytes)
+
     @property
     def stride(self) -> int:
-        return self.rp.stride
+        """A slot row: the repack's whole aligned stride when reads land in it, else the decoded expert."""
+        return self.rp.stride if self.direct else round_up(self.expert_bytes, 64)
 
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
-        """One pread of the padded expert into `dst` (an ALIGN-aligned uint8 CPU row of `stride` bytes);
-        a failed or short read raises IntegrityError, and so does a checksum mismatch (`verify`)."""
-        if dst.numel() < self.stride or (self.direct_io and dst.data_ptr() % 4096):
+        """One pread of the padded stored expert, into `dst` (`direct`: an ALIGN-aligned uint8 CPU row of
+        `stride` bytes), else into a staging row, verified and decoded into `dst`: here (`verify=True`, or
+        when every deferred row is taken), else by `verify(layer, e, dst)`, which the caller must run before
+        using `dst`. A failed or short read raises IntegrityError, and so does a checksum mismatch. Called by
+        one thread at a time (the I/O thread); `verify` may run on another."""
+        if dst.numel() < self.stride or (self.direct and self.direct_io and dst.data_ptr() % 4096):
             raise ValueError("disk reads need an aligned destination of stride bytes")
+        idx = None
+        if not self.direct:
+            with self._lock:
+                old = self._pending.pop(dst.data_ptr(), None)  # an earlier read into dst never finished
+                if old is not None:
+                    self._free.append(old)
+                if not verify and self._free:
+                    idx = self._free.pop()
+        try:
+            self._read(layer, e, dst if self.direct else self._stage if idx is None else self._rows[idx])
+        except BaseException:
+            if idx is not None:
+                with self._lock:
+                    self._free.append(idx)
+            raise
+        if self.direct:
+            if verify:
+                self._check(layer, e, dst)
+        elif idx is None:
+            self._finish(layer, e, self._stage, dst)
+        else:
+            with self._lock:
+                self._pending[dst.data_ptr()] = idx
+
+    def _finish(self, layer: int, e: int, land: torch.Tensor, dst: torch.Tensor) -> None:
+        self._check(layer, e, land)
+        self.fmt.decode(land, dst[: self.expert_bytes].view(self.dtype))
+
+    def _read(self, layer: int, e: int, land: torch.Tensor) -> None:
         rp = self.rp
         off = rp.offset(layer, e)
-        row = dst[: self.stride].numpy()
+        row = land[: rp.stride].numpy()
         t0 = time.perf_counter()
         try:
             n = os.preadv(self.fd, [row], off)
@@ -174,25 +285,38 @@ class DiskTier(Tier):
             raise IntegrityError(f"cannot read layer {layer} expert {e} from the expert repack file {rp.file}: "
                                  f"{exc.strerror or exc}; {rp.hint}") from None
         t1 = time.perf_counter()
-        if n != self.stride:
+        if n != rp.stride:
             raise IntegrityError(f"short read of layer {layer} expert {e} from the expert repack file {rp.file}: "
-                                 f"{n} of {self.stride} bytes at offset {off} (truncated or replaced while in "
+                                 f"{n} of {rp.stride} bytes at offset {off} (truncated or replaced while in "
                                  f"use?); {rp.hint}")
         if not self.direct_io:
-            os.posix_fadvise(self.fd, off, self.stride, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self.fd, off, rp.stride, os.POSIX_FADV_DONTNEED)
         self.read_s += t1 - t0
         self.reads += 1
-        if verify:
-            self.verify(layer, e, dst)
 
     def verify(self, layer: int, e: int, dst: torch.Tensor) -> None:
-        """The expert's checksum (stored at repack time) against the bytes a read left in `dst`."""
+        """Finish a `read_into(..., verify=False)`: the expert's checksum (stored at repack time) against the
+        bytes read, then (staged reads) the decode into `dst`. Nothing to do for a read finished already."""
+        if self.direct:
+            self._check(layer, e, dst)
+            return
+        with self._lock:
+            idx = self._pending.pop(dst.data_ptr(), None)
+        if idx is None:
+            return
+        try:
+            self._finish(layer, e, self._rows[idx], dst)
+        finally:
+            with self._lock:
+                self._free.append(idx)
+
+    def _check(self, layer: int, e: int, buf: torch.Tensor) -> None:
         t0 = time.perf_counter()
         rp = self.rp
-        if checksum(dst[: self.stride].numpy()) != rp.sums[rp.index(layer, e)]:
+        if checksum(buf[: rp.stride].numpy()) != rp.sums[rp.index(layer, e)]:
             off = rp.offset(layer, e)
             raise IntegrityError(f"expert repack file {rp.file} is corrupt: layer {layer} expert {e} (bytes "
-                                 f"{off}-{off + self.stride}) fails its checksum; {rp.hint}")
+                                 f"{off}-{off + rp.stride}) fails its checksum; {rp.hint}")
         self.verify_s += time.perf_counter() - t0
 
     def close(self) -> None:

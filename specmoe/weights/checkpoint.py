@@ -26,8 +26,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.floa
 FLOAT_CODES = {"F32", "F16", "BF16", "F64"}
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, default: str = "float32") -> torch.dtype:
-    """The compute dtype for LLM(dtype=...): "auto" (the checkpoint's), a name, or a floating torch.dtype."""
+def resolve_dtype(dtype: str | torch.dtype | None, default: str = "float32", device: torch.device | str | None = None
+                  ) -> torch.dtype:
+    """The compute dtype for LLM(dtype=...): a name, a floating torch.dtype, or "auto": the checkpoint's
+    (`default`) on CUDA and wherever it is fp32; on a CPU, a half-precision checkpoint computes in its own
+    dtype only if this CPU's half matmul is not slower than fp32 (a cached micro-benchmark,
+    weights/autodtype.py), else in fp32. Expert weights keep the checkpoint's dtype in their tiers either way."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise InputError(f"dtype={dtype} is not a supported compute dtype; use float32, float16 or bfloat16")
@@ -37,6 +41,11 @@ def resolve_dtype(dtype: str | torch.dtype | None, default: str = "float32") -> 
     name = (dtype or default)
     if name == "auto":
         name = default
+        if device is not None and torch.device(device).type == "cpu" and DTYPES.get(name) in (torch.bfloat16,
+                                                                                             torch.float16):
+            from specmoe.weights.autodtype import half_matmul_is_fast
+            if not half_matmul_is_fast(DTYPES[name]):
+                name = "float32"
     if name not in DTYPES:
         raise InputError(f"dtype={name!r} is not supported; use one of auto, float32, float16, bfloat16")
     return DTYPES[name]
@@ -185,6 +194,11 @@ class Checkpoint:
         t = self._open(self.key_to_file[key]).get_tensor(key)
         return t.to(dtype) if dtype is not None and t.dtype != dtype else t
 
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype the checkpoint declares for its weights (what its experts are stored and moved in)."""
+        return DTYPES[self.config.dtype]
+
     def read_part(self, part: ExpertPart, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One expert's part (see `ExpertPart`): of a fused tensor only that expert's row is read."""
         sl = self._open(self.key_to_file[part.key]).get_slice(part.key)
@@ -195,9 +209,11 @@ class Checkpoint:
             t = t.T
         return t.to(dtype) if dtype is not None and t.dtype != dtype else t
 
-    def read_expert(self, layer: int, expert: int, dtype: torch.dtype) -> torch.Tensor:
+    def read_expert(self, layer: int, expert: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One expert packed as a contiguous flat buffer [gate (I·D); up (I·D); down (D·I)] (+ with expert
-        biases [gate bias (I); up bias (I); down bias (D)]), whatever the checkpoint's layout."""
+        biases [gate bias (I); up bias (I); down bias (D)]), whatever the checkpoint's layout, in `dtype`
+        (default: the checkpoint's `storage_dtype`)."""
+        dtype = dtype or self.storage_dtype
         parts = expert_parts(self.config, layer, expert)
         return torch.cat([self.read_part(p, dtype).reshape(-1) for p in parts.values()])
 

@@ -1,0 +1,1 @@
+"""Model-quality evaluation (held-out perplexity), used to compare expert storage formats."""

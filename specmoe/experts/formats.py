@@ -1,0 +1,328 @@
+"""Expert storage formats: how one expert's weights are laid out as bytes in a tier, and how those bytes
+become the compute-dtype expert a device slot holds.
+
+An expert is packed as [gate (I·D); up (I·D); down (D·I)] (row-major, output channels as rows). A
+format turns that packed expert into stored bytes (`encode`, done once: by the repack or by
+`specmoe quantize`) and stored bytes back into the compute dtype (`decode`, on every arrival in a
+slot). Tiers and the repack hold stored bytes, so `bytes_moved` counts them; the MoE block only ever
+sees decoded slots, so plain and speculative decoding compute on the same numbers, and an offloaded
+model decodes exactly what the resident one does.
+
+Formats (`expert_format=`):
+- `checkpoint`: the checkpoint's own dtype (`Plain`): bf16 stays bf16 in host RAM and on disk, and is
+  upcast on arrival when the model computes in fp32;
+- `int8`: one int8 per weight, one fp32 scale per output channel (row): w ≈ q · s, s = max|row| / 127;
+- `int4` (`int4-g32`) / `int4-g64`: two 4-bit values per byte (low nibble first), one fp16 scale per
+  group of 32 / 64 consecutive weights of the packed expert (groups never span two of the three
+  matrices; they span rows only where a row is not a multiple of the group): w ≈ (n − 8) · s,
+  s = max|group| / 7.
+
+Also the dequantisation of two published formats, for checkpoints that ship quantized experts:
+`dequantize_mxfp4` (GPT-OSS: FP4 e2m1 values two per byte, one e8m0 exponent per block of 32) and
+`dequantize_fp8_blocks` (DeepSeek-V3: float8 e4m3 weights, one fp32 `weight_scale_inv` per 128×128
+block).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specmoe.errors import InputError
+
+FORMATS = ("checkpoint", "int8", "int4", "int4-g32", "int4-g64")
+QUANTIZED = ("int8", "int4-g32", "int4-g64")
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """The three matrices of one expert, as (rows, cols) in packed order: gate [I, D], up [I, D], down [D, I];
+    with `bias` (GPT-OSS) the biases [gate (I); up (I); down (D)] follow them."""
+    hidden: int  # D
+    inter: int  # I
+    bias: bool = False
+
+    @property
+    def mats(self) -> tuple[tuple[int, int], ...]:
+        D, I = self.hidden, self.inter
+        return (I, D), (I, D), (D, I)
+
+    @property
+    def weights(self) -> int:
+        return 3 * self.hidden * self.inter
+
+    @property
+    def bias_numel(self) -> int:
+        return 2 * self.inter + self.hidden if self.bias else 0
+
+    @property
+    def numel(self) -> int:
+        return self.weights + self.bias_numel
+
+    @classmethod
+    def of(cls, cfg) -> "ExpertShape":
+        return cls(hidden=cfg.hidden_size, inter=cfg.expert_intermediate_size, bias=cfg.expert_bias)
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+CHUNK = 1 << 18  # elements dequantised per pass: the fp32 temporary stays ~1 MiB, reused, cache-resident
+_scratch = threading.local()  # per thread (the I/O thread and the compute thread decode concurrently)
+
+
+def _temp(name: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A reusable per-thread scratch buffer (a fresh multi-MiB temporary costs page faults on every decode:
+    ~10x the arithmetic on a busy machine)."""
+    key = (name, dtype, str(device))
+    buf = getattr(_scratch, "bufs", None)
+    if buf is None:
+        buf = _scratch.bufs = {}
+    t = buf.get(key)
+    if t is None or t.numel() < n:
+        t = buf[key] = torch.empty(max(n, CHUNK), dtype=dtype, device=device)
+    return t[:n]
+
+
+class ExpertFormat(ABC):
+    """Contract: `stored_bytes` bytes per expert; `encode(w)` maps a packed expert (any float dtype, flat
+    [numel]) to a uint8 tensor of exactly `stored_bytes`; `decode(src, out)` writes the expert into `out`
+    (flat [numel], the compute dtype, on any device) from `src` (uint8, at least `stored_bytes`, same
+    device as `out`). `decode` is deterministic: the same bytes give the same compute-dtype values
+    everywhere they are decoded."""
+    name: str
+    shape: ExpertShape
+
+    @property
+    @abstractmethod
+    def stored_bytes(self) -> int:
+        ...
+
+    @abstractmethod
+    def encode(self, w: torch.Tensor) -> torch.Tensor:
+        ...
+
+    @abstractmethod
+    def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        ...
+
+    @property
+    def quantized(self) -> bool:
+        return self.name in QUANTIZED
+
+    def identity(self, dtype: torch.dtype) -> bool:
+        """The stored bytes are the compute-dtype expert itself (a read can land straight in a slot)."""
+        return False
+
+    def _parts(self, flat: torch.Tensor):
+        """Views of the three matrices of a flat packed expert."""
+        off = 0
+        for r, c in self.shape.mats:
+            yield flat[off:off + r * c].view(r, c)
+            off += r * c
+
+
+class Plain(ExpertFormat):
+    """The packed expert in a float dtype (the checkpoint's)."""
+
+    def __init__(self, shape: ExpertShape, dtype: torch.dtype):
+        self.shape, self.dtype, self.name = shape, dtype, DTYPE_NAMES[dtype]
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.shape.numel * torch.empty((), dtype=self.dtype).element_size()
+
+    def encode(self, w: torch.Tensor) -> torch.Tensor:
+        return w.reshape(-1).to(self.dtype).contiguous().view(torch.uint8)
+
+    def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(src[: self.stored_bytes].view(self.dtype))  # an exact upcast when out is wider
+
+    def identity(self, dtype: torch.dtype) -> bool:
+        return dtype == self.dtype
+
+
+class Int8(ExpertFormat):
+    """int8 weights (all three matrices, packed order), padded to 16 bytes, then one fp32 scale per row, then
+    the expert biases (if any) in fp32."""
+    name = "int8"
+
+    def __init__(self, shape: ExpertShape):
+        self.shape = shape
+        self.rows = sum(r for r, _ in shape.mats)
+        self.q_bytes = _align(shape.weights, 16)
+        self.bias_at = self.q_bytes + 4 * self.rows
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.bias_at + 4 * self.shape.bias_numel
+
+    def encode(self, w: torch.Tensor) -> torch.Tensor:
+        w = w.reshape(-1).float()
+        out = torch.zeros(self.stored_bytes, dtype=torch.uint8)
+        q = out[: self.shape.weights].view(torch.int8)
+        s = out[self.q_bytes:self.bias_at].view(torch.float32)
+        _encode_bias(self.shape, w, out[self.bias_at:])
+        qoff = soff = 0
+        for m in self._parts(w):
+            r, c = m.shape
+            scale = m.abs().amax(dim=1) / 127.0
+            inv = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, 1.0), 0.0)
+            q[qoff:qoff + r * c].view(r, c).copy_(torch.round(m * inv[:, None]).clamp_(-127, 127).to(torch.int8))
+            s[soff:soff + r] = scale
+            qoff, soff = qoff + r * c, soff + r
+        return out
+
+    def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        q = src[: self.shape.weights].view(torch.int8)
+        s = src[self.q_bytes:self.bias_at].view(torch.float32)
+        _decode_bias(self.shape, src[self.bias_at:self.stored_bytes], out)
+        soff = 0
+        for qm, om in zip(self._parts(q), self._parts(out)):
+            r, c = qm.shape
+            step = max(1, CHUNK // c)  # rows per pass
+            for i in range(0, r, step):
+                j = min(r, i + step)
+                if om.dtype == torch.float32:
+                    torch.mul(qm[i:j], s[soff + i:soff + j, None], out=om[i:j])
+                else:  # int8 x fp32 in fp32, then one rounding to the compute dtype
+                    tmp = _temp("int8", (j - i) * c, torch.float32, out.device).view(j - i, c)
+                    torch.mul(qm[i:j], s[soff + i:soff + j, None], out=tmp)
+                    om[i:j].copy_(tmp)
+            soff += r
+
+
+class Int4(ExpertFormat):
+    """4-bit weights two per byte (low nibble = even index), each matrix padded to whole groups, then one
+    fp16 scale per group, then the expert biases (if any) in fp32."""
+
+    def __init__(self, shape: ExpertShape, group: int = 32):
+        if group not in (32, 64):
+            raise InputError(f"int4 group size must be 32 or 64, got {group!r}")
+        self.shape, self.group, self.name = shape, group, f"int4-g{group}"
+        self.groups = [math.ceil(r * c / group) for r, c in shape.mats]  # per matrix
+        self.n_groups = sum(self.groups)
+        self.q_bytes = _align(self.n_groups * group // 2, 16)
+        self.bias_at = _align(self.q_bytes + 2 * self.n_groups, 4)
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.bias_at + 4 * self.shape.bias_numel
+
+    def encode(self, w: torch.Tensor) -> torch.Tensor:
+        w = w.reshape(-1).float()
+        G = self.group
+        padded = torch.zeros(self.n_groups * G)
+        off = goff = 0
+        for (r, c), g in zip(self.shape.mats, self.groups):
+            padded[goff * G: goff * G + r * c] = w[off:off + r * c]
+            off, goff = off + r * c, goff + g
+        groups = padded.view(self.n_groups, G)
+        scale = (groups.abs().amax(dim=1) / 7.0)
+        if not torch.isfinite(scale.half()).all():
+            raise InputError("int4: a weight group's scale does not fit in fp16 (weights larger than ~4.5e5); "
+                             "use expert_format='int8'")
+        scale = scale.half().float()  # quantise against the scale that will be stored
+        inv = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, 1.0), 0.0)
+        n = (torch.round(groups * inv[:, None]).clamp_(-7, 7) + 8).to(torch.uint8).view(-1)
+        out = torch.zeros(self.stored_bytes, dtype=torch.uint8)
+        out[: n.numel() // 2] = n[0::2] | (n[1::2] << 4)
+        out[self.q_bytes:self.q_bytes + 2 * self.n_groups].view(torch.float16).copy_(scale.half())
+        _encode_bias(self.shape, w, out[self.bias_at:])
+        return out
+
+    def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        G = self.group
+        s = src[self.q_bytes:self.q_bytes + 2 * self.n_groups].view(torch.float16)
+        _decode_bias(self.shape, src[self.bias_at:self.stored_bytes], out)
+        step = max(1, CHUNK // G)  # groups per pass
+        off = goff = 0
+        for (r, c), g in zip(self.shape.mats, self.groups):
+            numel = r * c
+            for i in range(0, g, step):
+                k = min(g, i + step) - i  # groups in this pass
+                packed = src[(goff + i) * G // 2:(goff + i + k) * G // 2]
+                n = _temp("nibbles", k * G, torch.uint8, out.device).view(-1, 2)
+                torch.bitwise_and(packed, 0xF, out=n[:, 0])
+                torch.bitwise_right_shift(packed, 4, out=n[:, 1])
+                vals = _temp("int4", k * G, torch.float32, out.device).view(k, G)
+                vals.copy_(n.view(k, G))
+                vals.sub_(8.0).mul_(s[goff + i:goff + i + k, None])
+                m = min(k * G, numel - i * G)  # the matrix's last group may be padding
+                out[off + i * G: off + i * G + m].copy_(vals.view(-1)[:m])
+            off, goff = off + numel, goff + g
+
+
+def _encode_bias(shape: ExpertShape, w: torch.Tensor, dst: torch.Tensor) -> None:
+    """Expert biases are few: kept exact, in fp32."""
+    if shape.bias_numel:
+        dst.view(torch.float32).copy_(w[shape.weights:].float())
+
+
+def _decode_bias(shape: ExpertShape, src: torch.Tensor, out: torch.Tensor) -> None:
+    if shape.bias_numel:
+        out[shape.weights:].copy_(src.view(torch.float32))
+
+
+def canonical(name: str) -> str:
+    """`int4` is `int4-g32`; other names as given (validated)."""
+    if name not in FORMATS:
+        raise InputError(f"expert_format={name!r}; choose one of {', '.join(FORMATS)}")
+    return "int4-g32" if name == "int4" else name
+
+
+def make_format(name: str, shape: ExpertShape, checkpoint_dtype: torch.dtype) -> ExpertFormat:
+    """The storage format `expert_format=name` means for a checkpoint whose weights are `checkpoint_dtype`."""
+    name = canonical(name)
+    if name == "checkpoint":
+        return Plain(shape, checkpoint_dtype)
+    if name == "int8":
+        return Int8(shape)
+    return Int4(shape, int(name.rsplit("g", 1)[1]))
+
+
+def all_formats(shape: ExpertShape, checkpoint_dtype: torch.dtype) -> list[ExpertFormat]:
+    """Every format an expert of `shape` can be stored in (for `specmoe inspect`)."""
+    return [Plain(shape, checkpoint_dtype), Int8(shape), Int4(shape, 32), Int4(shape, 64)]
+
+
+# ---------------------------------------------------------------- published checkpoint formats
+
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """MXFP4 (OCP microscaling, as GPT-OSS ships its experts): `blocks` [..., G, 16] uint8 holds 32 FP4 e2m1
+    values per block, two per byte (low nibble first); `scales` [..., G] uint8 is each block's e8m0 exponent
+    (value 2^(s − 127)). Returns [..., G·32] in `dtype` (GPT-OSS's `*_blocks` tensors are [E, out, G, 16]:
+    the result is [E, out, in], output channels as rows, as in the packed expert)."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise InputError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise InputError(f"MXFP4 blocks {list(blocks.shape)} do not match scales {list(scales.shape)} "
+                         "(expected blocks [..., G, 16] and scales [..., G])")
+    lut = torch.tensor(FP4_E2M1, dtype=torch.float32, device=blocks.device)
+    vals = torch.stack((lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]), dim=-1)  # [..., G, 16, 2]
+    vals = vals.reshape(*blocks.shape[:-1], 32)
+    out = torch.ldexp(vals, scales.to(torch.int32).unsqueeze(-1) - 127)
+    return out.reshape(*blocks.shape[:-2], blocks.shape[-2] * 32).to(dtype)
+
+
+def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (128, 128),
+                          dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Block-scaled FP8 (DeepSeek-V3): `weight` [..., R, C] float8_e4m3fn, `scale_inv` [..., ⌈R/br⌉, ⌈C/bc⌉]
+    fp32, one multiplier per `block` (edge blocks may be partial). Returns weight · scale in `dtype`,
+    computed in fp32."""
+    br, bc = block
+    R, C = weight.shape[-2:]
+    want = (math.ceil(R / br), math.ceil(C / bc))
+    if tuple(scale_inv.shape[-2:]) != want:
+        raise InputError(f"FP8 scales {list(scale_inv.shape)} do not match weight {list(weight.shape)} with "
+                         f"{br}x{bc} blocks (expected [..., {want[0]}, {want[1]}])")
+    s = scale_inv.to(torch.float32).repeat_interleave(br, dim=-2).repeat_interleave(bc, dim=-1)[..., :R, :C]
+    return (weight.to(torch.float32) * s).to(dtype)
