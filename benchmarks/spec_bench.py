@@ -71,7 +71,7 @@ def run(llm: LLM, prompts: list, max_tokens: int, spec: SpecConfig, temperature:
             "verify_time_s", "accept_time_s", "ar_time_s", "steps", "ar_steps", "decode_steps", "decode_time_s",
             "decode_tokens_per_s", "tokens_per_s", "generated_tokens", "bytes_moved", "bytes_per_token",
             "hit_rate", "fallback_choice", "controller_steps", "controller_reasons", "draft_phase_bytes", "pin_bytes",
-            "draft_pin_refused", "offload", "cache_policy", "cache_slots_per_layer", "direct_io")
+            "offload", "cache_policy", "cache_slots_per_layer", "direct_io")
     rec = {k: s[k] for k in keep if k in s}
     rec.update(wall_s=wall, batch=len(prompts), max_tokens=max_tokens, temperature=temperature,
                draft_experts=spec.draft_experts,

@@ -26,15 +26,15 @@ class TimedProvider(DelegatingStore):
         self.boundary: int | None = None  # provider calls of the prefill; bytes_moved is sampled there
         self.bytes_at_boundary: int | None = None
 
-    def fetch(self, layer: int, ids):
+    def fetch(self, layer: int, routing):
         if self.boundary is not None and len(self.calls) == self.boundary and self.bytes_at_boundary is None:
             self.bytes_at_boundary = self.bytes_moved  # everything before this call belongs to the prefill
-        gen = self.inner.fetch(layer, ids)
+        ids = routing.needed
+        gen = self.inner.fetch(layer, routing)
         used = self.used.setdefault(layer, {})
         for e in ids:
             used[e] = used.get(e, 0) + 1
         wait = compute = 0.0
-        n = 0
         try:
             while True:
                 t0 = time.perf_counter()
@@ -47,9 +47,8 @@ class TimedProvider(DelegatingStore):
                 wait += t1 - t0
                 yield item
                 compute += time.perf_counter() - t1
-                n += 1
         finally:
-            self.calls.append((wait, compute, n))
+            self.calls.append((wait, compute, len(ids)))
             gen.close()
 
 

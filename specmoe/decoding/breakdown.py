@@ -44,7 +44,7 @@ class StepBreakdown:
         self.s["accept_sample_s"] += wall
 
     def setup(self, wall: float) -> None:
-        """The draft set's first selection, load and the draft's form calibration (once per run)."""
+        """The draft set's first selection and load (once per run)."""
         self.s["draft_setup_s"] += wall
 
 

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from specmoe.decoding.breakdown import now
 
@@ -107,28 +106,40 @@ def _best(f, repeats: int = 3) -> float:
     return min(ts)
 
 
-class _OneBuffer:
-    """A stand-in expert store for calibration: every expert is the same resident random buffer."""
+def _same_expert_slots(buf: torch.Tensor, cfg, n: int, slot_of: torch.Tensor):
+    """A SlotGroup of n slots that all hold the expert `buf` (calibration: every expert costs the same), rows
+    64-byte aligned like the stores' slots so the grouped matmul takes the same form."""
+    from specmoe.experts.buffers import expert_views
+    from specmoe.experts.memory import round_up
+    from specmoe.models.moe import SlotGroup
+    es = buf.element_size()
+    stride = round_up(buf.numel() * es, 64) // es
+    rows = torch.empty(n, stride, dtype=buf.dtype, device=buf.device)[:, : buf.numel()]
+    rows.copy_(buf.expand(n, -1))
+    return SlotGroup.over(expert_views(rows, cfg), slot_of)
 
-    def __init__(self, buf: torch.Tensor):
-        self.buf = buf
 
-    def fetch(self, layer: int, ids: list[int]):
-        for e in ids:
-            yield e, self.buf
+class _SameExperts:
+    """A stand-in expert store for calibration: every expert of every layer is the same resident buffer."""
+
+    def __init__(self, buf: torch.Tensor, cfg):
+        E = cfg.num_experts  # slot e = expert e; E (padding) -> outside the group
+        self.group = _same_expert_slots(buf, cfg, E, torch.arange(E + 1, device=buf.device))
+
+    def fetch(self, layer: int, routing):
+        yield self.group
 
 
 @torch.inference_mode()
 def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_experts: int = 4) -> dict:
-    """Forwards over n tokens (one per sequence, a few positions of context), timed twice: with every
-    routed-expert computation replaced by zeros (→ the per-forward overhead and non-expert compute: attention,
-    norms, routers, shared experts, lm_head) and through the real expert path with every expert resident
-    (→ the expert path's per-layer overhead once the FFNs are subtracted), and as a draft forward computes
-    (N draft experts per layer in the dense form). {"rows", "nonexpert", "full", "draft", "unions"}: seconds
-    and mean union sizes per row count."""
+    """Forwards over n tokens (one per sequence, a few positions of context) through the real expert path with
+    every expert resident (→ "full"; the seconds outside the routed experts → "nonexpert": attention, norms,
+    routers, shared experts, lm_head, per-forward overhead), and as a draft forward computes (every token
+    routed onto N draft slots read in place → "draft"). {"rows", "nonexpert", "full", "draft", "unions"}:
+    seconds and mean union sizes per row count."""
     from specmoe.decoding.runner import ModelRunner
     from specmoe.models.kv_cache import KVCache
-    from specmoe.models.moe import ForwardContext, expert_views
+    from specmoe.models.moe import ForwardContext
     cfg = model.cfg
     dtype = model.head_weight().dtype
     heads, kdim, vdim = cfg.kv_cache_dims
@@ -138,41 +149,33 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_ex
     runner = ModelRunner(model, None, cache, device)
     g = torch.Generator(device="cpu").manual_seed(0)
     out = {"rows": list(rows), "nonexpert": [], "full": [], "unions": [], "draft": []}
-    store = _OneBuffer(buf)
+    store = _SameExperts(buf, cfg)
     E = cfg.num_experts
     nd = max(1, min(draft_experts, E))
-    gate_up, down, _, _ = expert_views(buf, cfg)
-    w1 = gate_up.repeat(nd, 1)  # [Nd·2I, D]
-    w2 = down.repeat(1, nd)     # [D, Nd·I]
-    sub = torch.arange(E, device=device) % nd
-
-    def draft_experts(layer, x, w, ids):  # the draft's dense form: substitute, weight per draft expert, 2 GEMMs
-        loc = sub[ids]
-        dense = torch.zeros(x.shape[0], nd + 1, dtype=x.dtype, device=x.device).scatter_add_(
-            1, loc, w.to(x.dtype))[:, :nd]
-        g, u = F.linear(x, w1).view(x.shape[0], nd, -1).chunk(2, dim=-1)
-        return F.linear((F.silu(g) * u * dense[..., None]).reshape(x.shape[0], -1), w2)
+    sub = torch.cat([torch.arange(E, device=device) % nd, torch.tensor([nd], device=device)])  # E (padding) -> S
+    draft_group = _same_expert_slots(buf, cfg, nd, sub)
+    draft_slots = {layer: draft_group for layer in cfg.moe_layers}
     for n in rows:
         tokens = torch.randint(cfg.vocab_size, (n, 1), generator=g).to(device)
         bv = runner.batch_view(list(range(n)), [1] * n)
         unions: list[int] = []
-
-        def zero():
-            model(tokens, cache, bv, ForwardContext(provider=None,
-                                                    experts_override=lambda layer, x, w, i: torch.zeros_like(x)))
-            now(device)
+        expert_s: list[float] = []
 
         def full():
             unions.clear()
-            model(tokens, cache, bv, ForwardContext(provider=store, observers=[
-                lambda layer, ids, counts: unions.append(sum(c > 0 for c in counts))]))
+            ctx = ForwardContext(provider=store, observers=[lambda layer, r: unions.append(len(r.needed))])
+            t0 = time.perf_counter()
+            model(tokens, cache, bv, ctx)
             now(device)
+            expert_s.append(ctx.expert_s / max(time.perf_counter() - t0, 1e-12))
+
         def drafted():
-            model(tokens, cache, bv, ForwardContext(provider=None, experts_override=draft_experts))
+            model(tokens, cache, bv, ForwardContext(provider=None, draft_slots=draft_slots))
             now(device)
-        out["nonexpert"].append(_best(zero))
         out["draft"].append(_best(drafted))
-        out["full"].append(_best(full))
+        t_full = _best(full)
+        out["full"].append(t_full)
+        out["nonexpert"].append(t_full * (1 - float(np.median(expert_s))))
         out["unions"].append(sum(unions) / max(1, len(unions)))
     return out
 
@@ -180,20 +183,25 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_ex
 @torch.inference_mode()
 def measure_expert(cfg, dtype, device, rows=(1, 4, 16, 64)) -> tuple[float, float]:
     """(fixed, per row) seconds of one expert FFN at the model's shapes."""
-    from specmoe.models.moe import expert_ffn
+    from specmoe.experts.buffers import expert_views
+    from specmoe.models.moe import ExpertMath, swiglu
     D = cfg.hidden_size
     g = torch.Generator(device="cpu").manual_seed(0)
-    buf = (torch.randn(cfg.expert_numel, generator=g) * 0.02).to(device=device, dtype=dtype)
+    buf = (torch.randn(1, cfg.expert_numel, generator=g) * 0.02).to(device=device, dtype=dtype)
+    gate_up, down, gub, db = expert_views(buf, cfg)
+    gub, db = (None if b is None else b[0] for b in (gub, db))
+    math = ExpertMath.of(cfg)
     ts = []
     for n in rows:
         x = torch.randn(n, D, generator=g).to(device=device, dtype=dtype)
-        ts.append(_best(lambda: (expert_ffn(x, buf, cfg), now(device))))
+        ts.append(_best(lambda: (swiglu(x, gate_up[0], down[0], gub, db, math), now(device))))
     return _fit(list(rows), ts)
 
 
 def measure_reads(store, cfg) -> tuple[float, float]:
     """(seconds per expert, latency) of cold fetches of 1 and 4 experts through the store (its I/O thread,
     checksum verification included), taken on experts that are not resident. (0, 0) for resident stores."""
+    from specmoe.models.moe import Routing
     layer = cfg.moe_layers[-1]
     ts = {}
     for k in (1, 4):
@@ -204,8 +212,10 @@ def measure_reads(store, cfg) -> tuple[float, float]:
             ids = [e for e in range(cfg.num_experts) if e not in res][:k]
             if len(ids) < k:
                 return 0.0, 0.0
+            routing = Routing(torch.tensor(ids, device=store.device)[:, None],
+                              torch.ones(k, 1, device=store.device), cfg.num_experts)
             t0 = time.perf_counter()
-            for _e, _buf in store.fetch(layer, ids):
+            for _group in store.fetch(layer, routing):
                 pass
             best = min(best, time.perf_counter() - t0)
         ts[k] = best
@@ -267,15 +277,15 @@ class RoutingStats:
         self.pending: dict[int, list[int]] = {}
         self.union_seen: dict[int, int] = {}
 
-    def observe(self, layer: int, ids, counts: list[int]) -> None:
-        self.pending[layer] = counts
+    def observe(self, layer: int, routing) -> None:
+        self.pending[layer] = routing.counts  # [E] on the device: read to the host once per flush, not per layer
 
     def flush(self) -> None:
         """Fold the counts seen since the last flush into the EMA."""
         if not self.pending:
             return
         idx = [self.index[layer] for layer in self.pending]
-        c = np.array(list(self.pending.values()), float)  # [l, E]
+        c = torch.stack(list(self.pending.values())).double().cpu().numpy()  # [l, E]: one host read
         n = c.sum(1, keepdims=True) / self.top_k  # tokens routed (each picks top-k experts)
         self.p[idx] = (1 - self.alpha) * self.p[idx] + self.alpha * np.minimum(c / np.maximum(n, 1e-9), 1.0)
         self.pending = {}

@@ -1,22 +1,22 @@
 """SpecMoE's draft model: the target's non-expert weights + `N` draft experts per MoE layer
 (arXiv 2604.10152). No extra weights, no training, no copy of the model.
 
-`DraftExperts` owns the draft set (N expert ids per MoE layer, plus a private copy of
-their packed weights stacked for one grouped op) and everything the draft forward
-needs as `ForwardContext` parts:
+`DraftExperts` owns the draft set (N expert ids per MoE layer, pinned in the expert store)
+and everything the draft forward needs as `ForwardContext` parts:
 
 - `routing_hook` substitutes a routed non-draft expert: `affinity` (nearest draft expert
   by weight distance), `mask` (top-k among the draft experts by the router's own scores,
   renormalised per the family's rule), `random` (ablation);
-- `experts_override` computes the N draft experts as two GEMMs, without the provider and
-  without a host sync per layer;
+- `draft_slots`: per MoE layer the store's slot tensors and a map draft expert → the slot it is
+  pinned in; the draft computes through the same grouped op as the target (models.moe.routed_experts),
+  over the tokens routed to each draft expert, reading the pinned slots in place (no copy, no host read);
 - the draft never calls the provider, so drafting moves zero bytes by construction.
 
 Draft-set policies: `hot-temporal` (top-N by activation count in the last verification
-forward: those experts streamed by in that forward, so the new set is copied from the
-fetch stream, no extra traffic), `hot-global` (static, `<ckpt>/expert_profile.json` or a
-profile of the prompts' prefill), `random` (static, seeded). The provider is asked to
-`pin` the draft set when it can, so a bounded expert cache keeps it resident.
+forward: the new set is pinned as that forward routes it, so a cache keeps the experts its own
+fetch brought in; no extra traffic, no copy), `hot-global` (static, `<ckpt>/expert_profile.json`
+or a profile of the prompts' prefill), `random` (static, seeded). A store that cannot pin N
+experts per layer is an InputError.
 """
 from __future__ import annotations
 
@@ -24,14 +24,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specmoe.config import ModelConfig
 from specmoe.decoding.affinity import nearest_draft
-from specmoe.decoding.breakdown import now
 from specmoe.errors import InputError
-from specmoe.experts.store import DelegatingStore, ExpertStore
-from specmoe.models.moe import ForwardContext, expert_views, glu, grouped_experts, swiglu
+from specmoe.experts.store import ExpertStore
+from specmoe.models.moe import ForwardContext, Routing, SlotGroup
 
 # N=tokens, E=experts, K=top-k, Nd=draft experts per layer, D=hidden, I=expert hidden
 
@@ -52,30 +50,12 @@ def top_n(counts: list[int] | list[float], n: int, prefer: set[int] = frozenset(
     return sorted(order[:n])
 
 
-class _CapturingProvider(DelegatingStore):
-    """Wraps the provider during a target forward and copies each expert joining the next draft set
-    into the draft's stacks as it streams by (HotTemporal refresh without extra fetches)."""
-
-    def __init__(self, inner: ExpertStore, owner: "DraftExperts"):
-        super().__init__(inner)
-        self.owner = owner
-
-    def fetch(self, layer: int, ids: list[int]):
-        want = self.owner.arriving.get(layer, {})
-        for e, buf in self.inner.fetch(layer, ids):
-            if e in want:
-                self.owner.write_row(layer, want[e], buf)
-                self.owner.captured.add((layer, e))
-            yield e, buf
-
-
 class DraftExperts:
     """The draft set and the draft's forward context parts (see the module docstring)."""
 
-    def __init__(self, cfg: ModelConfig, provider, *, num_draft: int, policy: str, substitution: str, seed: int,
-                 device: torch.device, affinity: dict[int, torch.Tensor] | None = None,
-                 profile: dict[int, list[int]] | None = None, prefetch: bool = False,
-                 calibration: dict | None = None):
+    def __init__(self, cfg: ModelConfig, provider: ExpertStore, *, num_draft: int, policy: str, substitution: str,
+                 seed: int, device: torch.device, affinity: dict[int, torch.Tensor] | None = None,
+                 profile: dict[int, list[int]] | None = None, prefetch: bool = False):
         assert substitution != "affinity" or affinity is not None, "affinity substitution needs the affinity table"
         self.cfg, self.provider, self.device = cfg, provider, device
         self.n = min(num_draft, cfg.num_experts)
@@ -90,28 +70,21 @@ class DraftExperts:
         self.ids_t: dict[int, torch.Tensor] = {}   # [Nd]
         self.local: dict[int, torch.Tensor] = {}   # [E] → index in the draft set (Nd for non-draft experts)
         self.sub: dict[int, torch.Tensor] = {}     # [E] → substitute draft expert (affinity)
-        self.w1: dict[int, torch.Tensor] = {}      # [Nd, 2I, D] gate and up of the draft experts
-        self.w2cat: dict[int, torch.Tensor] = {}   # [D, Nd·I] down, concatenated for one GEMM
-        self.b1: dict[int, torch.Tensor] = {}      # [Nd, 2I] gate/up biases (families with expert biases)
-        self.b2: dict[int, torch.Tensor] = {}      # [Nd, D] down biases
+        self.groups: dict[int, SlotGroup] = {}     # the store's slots with the map draft expert → its pinned slot
         self.last_counts: dict[int, list[int]] = {}
+        self._deferred: dict[int, torch.Tensor] = {}  # layer → counts [E] on the device, not read yet
         self.prefill_counts: dict[int, list[int]] = {}
         self.verifying = False
-        self.arriving: dict[int, dict[int, int]] = {}  # layer → {expert joining the set: stack row it takes}
-        self.captured: set[tuple[int, int]] = set()     # (layer, expert) already copied into its row
+        self.changed: dict[int, list[int]] = {}  # layer → its next draft set (pinned, indexed at end_target)
         self.hits = self.assignments = 0
         # draft-guided prefetch: experts the target's routers pick for drafted tokens, loaded while drafting
         self.prefetch = prefetch
         self.prefetch_bytes = 0
         self.prefetch_want: dict[int, set[int]] = {}  # this draft phase's picks per layer (kept, not evicted)
         self.refreshes = 0
+        self.forwards = 0  # draft forwards run (one per drafted position per step)
         self.setup_bytes = self.refresh_bytes = 0
         self.refresh_s = 0.0  # seconds in end_target's refresh (step breakdown)
-        self.sparse_from: int | None = None  # token count from which the grouped form runs (see calibrate)
-        # token count -> {form: seconds}, plus "grouped_from"; shared by the drafters of one engine
-        self.calibration: dict = {} if calibration is None else calibration
-        self.pin_refused: set[int] = set()
-        self.pinned: dict[int, set[int]] = {}  # what the provider was last asked to pin
 
     # ------------------------------------------------------------ draft set
     @property
@@ -122,20 +95,13 @@ class DraftExperts:
         return self.provider.bytes_moved
 
     def _pin(self, layer: int, ids: list[int]) -> None:
-        """Ask the provider to keep the draft set resident. A cache too small for N pinned experts refuses
-        (InputError); the draft still works from its own copy, and `draft_pin_refused` says so."""
-        pin = self.provider.pin
-        prev, new = self.pinned.get(layer, set()), set(ids)
+        """Make the draft set resident in fixed slots of the store (the draft reads them in place). A store
+        too small for N pinned experts raises InputError."""
         try:
-            if prev - new:  # unpin the leaving experts first, so the cache may evict them for the arriving ones
-                pin(layer, sorted(prev & new))
-                self.pinned[layer] = prev & new
-            pin(layer, sorted(new))
-            self.pinned[layer] = new
-        except InputError:
-            self.pin_refused.add(layer)
-        else:
-            self.pin_refused.discard(layer)
+            self.provider.pin(layer, sorted(ids))
+        except InputError as e:
+            raise InputError(f"draft_experts={self.n} cannot stay resident: {e}; lower draft_experts or raise "
+                             "cache_experts / cache_bytes") from None
 
     def initial_ids(self, layer: int) -> list[int]:
         E = self.cfg.num_experts
@@ -148,8 +114,9 @@ class DraftExperts:
         return top_n(counts or [0] * E, self.n)
 
     def setup(self) -> None:
-        """Choose the first draft set, make it resident (pin) and copy it into the draft's stacks. The
-        bytes this moves are setup cost, outside every draft phase (`draft_setup_bytes`)."""
+        """Choose the first draft set and make it resident (pin). The bytes this moves are setup cost, outside
+        every draft phase (`draft_setup_bytes`)."""
+        self.resolve_counts()
         b0 = self._bytes()
         ids = {layer: self.initial_ids(layer) for layer in self.cfg.moe_layers}
         for layer, lids in ids.items():
@@ -158,57 +125,54 @@ class DraftExperts:
         for layer, lids in ids.items():
             self.assign(layer, lids)
         self.setup_bytes += self._bytes() - b0
-        self.calibrate()
+
+    def repin(self) -> None:
+        """Pin the current draft set again after the store's pins were dropped (a plain stretch of `auto` gave
+        the slots back): experts evicted meanwhile are fetched again, and the slot maps follow the new slots."""
+        for layer, ids in self.ids.items():
+            self._pin(layer, ids)
+            self.assign(layer, ids)
 
     def assign(self, layer: int, ids: list[int]) -> None:
-        """Make `ids` (n distinct experts) the layer's draft set, expert ids[i] in stack row i, copying each
-        from the provider into the stacks (allocated on first use, in the dtype the provider computes in)."""
-        cfg = self.cfg
-        D, I, Nd = cfg.hidden_size, cfg.expert_intermediate_size, self.n
-        assert len(ids) == Nd, f"a draft set holds {Nd} experts, got {len(ids)}"
-        row = {e: i for i, e in enumerate(ids)}
-        for e, buf in self.provider.fetch(layer, sorted(ids)):
-            if layer not in self.w1:
-                self.w1[layer] = torch.empty(Nd, 2 * I, D, dtype=buf.dtype, device=self.device)
-                self.w2cat[layer] = torch.empty(D, Nd * I, dtype=buf.dtype, device=self.device)
-                if cfg.expert_bias:
-                    self.b1[layer] = torch.empty(Nd, 2 * I, dtype=buf.dtype, device=self.device)
-                    self.b2[layer] = torch.empty(Nd, D, dtype=buf.dtype, device=self.device)
-            self.write_row(layer, row[e], buf)
-        self._index(layer, ids)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the draft's private copy of its experts (the stacks, allocated once per layer)."""
-        return sum(t.numel() * t.element_size() for d in (self.w1, self.w2cat, self.b1, self.b2) for t in d.values())
-
-    def write_row(self, layer: int, i: int, buf: torch.Tensor) -> None:
-        """Copy a packed expert buffer [gate; up; down] into row i of the draft's stacks (in place: the
-        stacks are allocated once, a refresh copies only the experts that join the set)."""
-        I = self.cfg.expert_intermediate_size
-        gate_up, down, gate_up_bias, down_bias = expert_views(buf, self.cfg)
-        self.w1[layer][i].copy_(gate_up)
-        self.w2cat[layer][:, i * I:(i + 1) * I].copy_(down)
-        if self.cfg.expert_bias:
-            self.b1[layer][i].copy_(gate_up_bias)
-            self.b2[layer][i].copy_(down_bias)
-
-    def _index(self, layer: int, ids: list[int]) -> None:
-        """Routing maps of a draft set whose expert ids[i] sits in stack row i."""
-        E, Nd = self.cfg.num_experts, len(ids)
+        """Make `ids` (n distinct experts, resident in the store) the layer's draft set: routing maps and the
+        map of each draft expert to the slot it is pinned in. Nothing is copied."""
+        assert len(ids) == self.n, f"a draft set holds {self.n} experts, got {len(ids)}"
+        E = self.cfg.num_experts
         self.ids[layer] = list(ids)
         self.ids_t[layer] = torch.tensor(ids, device=self.device)
-        local = torch.full((E,), Nd, dtype=torch.long, device=self.device)
-        local[self.ids_t[layer]] = torch.arange(Nd, device=self.device)
+        local = torch.full((E,), len(ids), dtype=torch.long, device=self.device)
+        local[self.ids_t[layer]] = torch.arange(len(ids), device=self.device)
         self.local[layer] = local
         if self.substitution == "affinity":
             self.sub[layer] = nearest_draft(self.affinity[layer], self.ids_t[layer])
+        slots = self.provider.slot_tensors(layer)
+        slot_of = [slots[0].shape[0]] * (E + 1)  # non-draft experts and E (padding): outside the group
+        for e, s in zip(ids, self.provider.slot_index(layer, ids)):
+            slot_of[e] = s
+        self.groups[layer] = SlotGroup.over(slots, torch.tensor(slot_of, device=self.device))
 
     # ------------------------------------------------------------ target forwards (counts, refresh)
-    def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
+    def observe(self, layer: int, routing: Routing) -> None:
         """ForwardContext observer, registered on the runner: sees every target forward (prefill,
-        verification, AR steps of `auto`). Draft forwards bypass it (they use `experts_override`).
-        Padding rows of ragged forwards never reach it: the MoE block routes real tokens only."""
+        verification, AR steps of `auto`), never the draft's. Counts exclude padding. On a store that needs
+        the union on the host anyway (a cache) the counts are used at once (the new draft set must be pinned
+        before the layer's fetch); on a store that holds every expert they stay on the device until the
+        forward ends (`end_target`: one host read for all layers)."""
+        if self.provider.holds_all:
+            self._deferred[layer] = routing.counts
+            return
+        self._counted(layer, routing.counts_host)
+
+    def resolve_counts(self) -> None:
+        """The deferred counts of the last target forward, read to the host at once."""
+        if self._deferred:
+            layers = list(self._deferred)
+            rows = torch.stack([self._deferred[layer] for layer in layers]).tolist()
+            self._deferred = {}
+            for layer, counts in zip(layers, rows):
+                self._counted(layer, counts)
+
+    def _counted(self, layer: int, counts: list[int]) -> None:
         self.last_counts[layer] = counts
         if not self.verifying:
             acc = self.prefill_counts.setdefault(layer, [0] * len(counts))
@@ -221,55 +185,46 @@ class DraftExperts:
         if self.policy == "hot-temporal" and layer in self.ids:
             cur = self.ids[layer]
             new = top_n(counts, self.n, set(cur))
-            arriving = sorted(set(new) - set(cur))
-            if arriving:
-                # each arriving expert takes the stack row of a leaving one; it is copied there as this layer's
-                # fetch streams it by (`_CapturingProvider`)
-                rows = [i for i, e in enumerate(cur) if e not in new]
-                self.arriving[layer] = dict(zip(arriving, rows))
-                # pin now, before this layer's fetch: the new draft experts were routed in this forward, so a
-                # cache loads them once (as hits of the fetch that follows) instead of fetching and re-pinning
+            if set(new) != set(cur):
+                # the staying experts keep their place; pin now, before this layer's fetch: the new draft experts
+                # were routed in this forward, so a cache loads them once (as hits of the fetch that follows) and
+                # keeps them; the draft reads them in place from the next draft phase on
+                leaving = iter([i for i, e in enumerate(cur) if e not in new])
+                ids = list(cur)
+                for e in sorted(set(new) - set(cur)):
+                    ids[next(leaving)] = e
+                self.changed[layer] = ids
                 self._pin(layer, new)
 
-    def target_context(self, ctx: ForwardContext) -> ForwardContext:
-        """Turn the runner's context of a target forward into one that also captures the next draft set."""
-        if self.policy == "hot-temporal" and self.ready:
-            ctx.provider = _CapturingProvider(ctx.provider, self)
-        return ctx
-
     def begin_target(self) -> None:
+        self.resolve_counts()  # a prefill's deferred counts
         self.verifying = True
-        self.arriving, self.captured = {}, set()
+        self.changed = {}
 
     def end_target(self) -> None:
-        """Finish the HotTemporal refresh: the arriving experts sit in their rows (copied from the fetch
-        stream), so only the small routing maps change."""
-        self.verifying = False
-        if not self.arriving:
-            return
+        """Finish the HotTemporal refresh: the arriving experts were pinned as the forward routed them, so only
+        the small routing and slot maps change (no expert is copied)."""
         t0 = time.perf_counter()
+        self.resolve_counts()
+        self.verifying = False
+        if not self.changed:
+            self.refresh_s += time.perf_counter() - t0
+            return
         b0 = self._bytes()
-        for layer, rows in self.arriving.items():
-            missing = [e for e in rows if (layer, e) not in self.captured]
-            if missing:  # not expected: every arriving expert was routed, hence fetched, in this forward
-                for e, buf in self.provider.fetch(layer, missing):
-                    self.write_row(layer, rows[e], buf)
-            ids = list(self.ids[layer])
-            for e, i in rows.items():
-                ids[i] = e
-            self._index(layer, ids)
+        for layer, ids in self.changed.items():
+            self.assign(layer, ids)
         self.refreshes += 1
         self.refresh_bytes += self._bytes() - b0
         self.refresh_s += time.perf_counter() - t0
-        self.arriving, self.captured = {}, set()
+        self.changed = {}
 
     # ------------------------------------------------------------ draft forwards
     def context(self, observers: list | None = None) -> ForwardContext:
-        """The draft's ForwardContext (one per draft phase). Its provider refuses to be used: the draft
-        computes only from its own stacks."""
+        """The draft's ForwardContext (one per draft phase): it computes from the pinned draft slots in place;
+        its provider refuses to be used."""
         self.prefetch_want = {}
         return ForwardContext(provider=_NoProvider(), routing_hook=self.routing_hook, observers=list(observers or []),
-                              layer_hooks=[], experts_override=self.experts_override)
+                              layer_hooks=[], draft_slots=self.groups)
 
     def routing_hook(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
         """Map the router's top-k (weights [N, K] fp32, ids [N, K]) onto draft experts."""
@@ -303,85 +258,17 @@ class DraftExperts:
         self.prefetch_bytes += self.provider.prefetch(layer, want, keep)
         keep.update(want)
 
-    def experts_override(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The draft's routed-expert output for x [N, D] with every id in the draft set → [N, D], in the form
-        measured faster at this token count (`calibrate`): the grouped form of the target (each used draft
-        expert once over its tokens: K/Nd of the FLOPs and only the used experts' bytes) or dense over all
-        Nd draft experts as two GEMMs (no host read, fewest ops: wins for small experts and few tokens)."""
-        loc = self.local[layer][ids]  # [N, K] in [0, Nd)
-        if self.sparse_from is not None and ids.shape[0] >= self.sparse_from:
-            return self._grouped(layer, x, weights, loc)
-        return self._dense(layer, x, weights, loc)
-
-    def _grouped(self, layer: int, x: torch.Tensor, weights: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        I, bias = cfg.expert_intermediate_size, cfg.expert_bias
-
-        def run(needed, xs):
-            for i, j in enumerate(needed):  # j: row of the draft's stacks
-                yield i, swiglu(xs[i], self.w1[layer][j], self.w2cat[layer][:, j * I:(j + 1) * I],
-                                self.b1[layer][j] if bias else None, self.b2[layer][j] if bias else None,
-                                cfg.swiglu_limit, cfg.swiglu_alpha)
-        return grouped_experts(x, weights, loc, len(self.ids[layer]), run)
-
-    def _dense(self, layer: int, x: torch.Tensor, weights: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-        N, Nd = loc.shape[0], len(self.ids[layer])
-        dense = torch.zeros(N, Nd + 1, dtype=x.dtype, device=x.device).scatter_add_(
-            1, loc, weights.to(x.dtype))[:, :Nd]  # [N, Nd] routing weight of each draft expert
-        cfg = self.cfg
-        h = F.linear(x, self.w1[layer].view(-1, x.shape[1]),
-                     self.b1[layer].view(-1) if cfg.expert_bias else None).view(N, Nd, -1)  # [N, Nd, 2I]
-        g, u = h.chunk(2, dim=-1)
-        a = glu(g, u, cfg.swiglu_limit, cfg.swiglu_alpha) * dense[..., None]  # [N, Nd, I]
-        out = F.linear(a.reshape(N, -1), self.w2cat[layer])  # [N, D]
-        return out + dense @ self.b2[layer] if cfg.expert_bias else out
-
-    @torch.inference_mode()
-    def calibrate(self, token_counts=(1, 8, 64), repeats: int = 2) -> None:
-        """Time both forms on this machine for the first MoE layer's stacks (random tokens routed uniformly
-        over the draft set) and use the grouped form from the smallest token count at which it wins at that
-        count and every larger one measured (`draft_grouped_from`, None: always dense)."""
-        if "grouped_from" in self.calibration:  # measured by an earlier run of this engine
-            self.sparse_from = self.calibration["grouped_from"]
-            return
-        layer = self.cfg.moe_layers[0]
-        Nd, K, D = len(self.ids[layer]), min(self.cfg.top_k, len(self.ids[layer])), self.cfg.hidden_size
-        g = torch.Generator(device=self.device).manual_seed(0)
-        wins = []
-        for N in token_counts:
-            x = torch.randn(N, D, generator=g, device=self.device, dtype=self.w1[layer].dtype)
-            loc = torch.rand(N, Nd, generator=g, device=self.device).argsort(-1)[:, :K]  # K distinct per token
-            w = torch.rand(N, K, generator=g, device=self.device)
-            best = {}
-            for name, f in (("dense", self._dense), ("grouped", self._grouped)):
-                f(layer, x, w, loc)  # warm-up
-                t = []
-                for _ in range(repeats):
-                    t0 = now(self.device)
-                    f(layer, x, w, loc)
-                    t.append(now(self.device) - t0)
-                best[name] = min(t)
-            wins.append(best["grouped"] < best["dense"])
-            self.calibration[N] = best
-        self.sparse_from = None
-        for i in range(len(token_counts) - 1, -1, -1):
-            if not wins[i]:
-                break
-            self.sparse_from = token_counts[i]
-        self.calibration["grouped_from"] = self.sparse_from
-
     def stats(self) -> dict:
         return {"draft_set_hit_rate": self.hits / self.assignments if self.assignments else 0.0,
                 "draft_prefetch": self.prefetch, "draft_prefetch_bytes": self.prefetch_bytes,
-                "draft_grouped_from": self.sparse_from,
-                "draft_set_refreshes": self.refreshes, "draft_setup_bytes": self.setup_bytes,
-                "draft_refresh_bytes": self.refresh_bytes, "draft_pin_refused": sorted(self.pin_refused),
-                "draft_copy_bytes": self.nbytes,
+                "draft_set_refreshes": self.refreshes, "draft_forwards": self.forwards,
+                "draft_setup_bytes": self.setup_bytes,
+                "draft_refresh_bytes": self.refresh_bytes,
                 "draft_set": {layer: sorted(ids) for layer, ids in self.ids.items()}}
 
 
 class _NoProvider:
     """The draft's provider: the draft must never reach an expert tier."""
 
-    def fetch(self, layer: int, ids: list[int]):
-        raise AssertionError(f"the draft tried to fetch experts {ids} of layer {layer}")
+    def fetch(self, layer: int, routing):
+        raise AssertionError(f"the draft tried to fetch experts of layer {layer}")

@@ -42,8 +42,8 @@ def controller_of(engine):
 
 def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None,
                  controller=None):
-    """`memo` outlives one generate call (the engine keeps it): the affinity table and the draft's
-    grouped/dense calibration are computed once per engine, not once per call."""
+    """`memo` outlives one generate call (the engine keeps it): the affinity table is computed once per
+    engine, not once per call."""
     from specmoe.decoding.affinity import load_or_compute_affinity
     from specmoe.decoding.draft import DraftExperts, load_profile
     from specmoe.decoding.specmoe import SpecMoEDecoder
@@ -56,7 +56,7 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
         substitution=cfg.substitution, seed=cfg.seed, device=runner.device,
         affinity=memo.get("affinity") if cfg.substitution == "affinity" else None,
         profile=load_profile(ckpt.path, mcfg) if cfg.draft_policy == "hot-global" else None,
-        prefetch=cfg.draft_prefetch, calibration=memo.setdefault("calibration", {}))
+        prefetch=cfg.draft_prefetch)
     return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           controller=controller)
 

@@ -51,7 +51,7 @@ class ModelRunner:
         contiguous = slice(slots[0], slots[0] + B) if slots == list(range(slots[0], slots[0] + B)) else None
         key_len = max(self.cache.lengths[s] + n for s, n in zip(slots, new_lens))
         return BatchView(slots=torch.tensor(slots, device=self.device), positions=positions, valid=valid,
-                         contiguous=contiguous, key_len=key_len)
+                         contiguous=contiguous, key_len=key_len, real_tokens=sum(new_lens))
 
     @torch.inference_mode()
     def forward(self, seqs: list[Sequence], new_tokens: list[list[int]], *, ctx: ForwardContext | None = None,
@@ -61,6 +61,13 @@ class ModelRunner:
         lens = [len(t) for t in new_tokens]
         T = max(lens)
         tokens = torch.tensor([t + [0] * (T - len(t)) for t in new_tokens], device=self.device)  # [B, T]
+        return self.forward_padded(seqs, tokens, lens, ctx=ctx, all_logits=all_logits)
+
+    @torch.inference_mode()
+    def forward_padded(self, seqs: list[Sequence], tokens: torch.Tensor, lens: list[int], *,
+                       ctx: ForwardContext | None = None, all_logits: bool = False) -> torch.Tensor:
+        """`forward` over tokens already on the device: tokens [B, T], row b real for its first lens[b]
+        positions (the rest is padding, whatever it holds)."""
         bv = self.batch_view([s.slot for s in seqs], lens)
         ctx = ctx or self.context()
         try:

@@ -37,7 +37,6 @@ from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sampling import (check_finite, coupled_noise, coupled_pick, finite_rows, probs_from_logits,
                                        sample)
 from specmoe.decoding.sequence import Sequence
-from specmoe.errors import InputError
 
 # B=sequences, G=gamma (max drafted tokens this step), T=G+1 verified positions, V=vocab
 
@@ -70,6 +69,7 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
             bv = runner.batch_view([s.slot for s in sub], [1] * len(sub))
             idx = None if len(rows) == B else torch.tensor(rows, device=dev)
             logits = runner.model(tok if idx is None else tok[idx], cache, bv, ctx)[:, -1].float()  # [b, V]
+            drafter.forwards += 1
             nxt = logits.argmax(-1)  # [b]
             if on_logits is not None:
                 on_logits(j, rows, logits)
@@ -106,13 +106,16 @@ def step_noise(seqs: list[Sequence], gammas: list[int], vocab: int, device) -> d
             for b, (s, g) in enumerate(zip(seqs, gammas)) if not s.params.greedy and s.params.seed is not None}
 
 
-def verify(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], drafts: list[list[int]]):
-    """One target forward over the pending token + drafts of every sequence → logits [B, T, V]."""
-    ctx = drafter.target_context(runner.context())
+def verify(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], drafts: torch.Tensor,
+           gammas: list[int]):
+    """One target forward over the pending token + the first gammas[b] drafts of every sequence (drafts [B, G]
+    on the device; the input is built there, no host read) → logits [B, T, V]."""
+    G = max(gammas)
+    pending = torch.tensor([[s.output_ids[-1]] for s in seqs], device=drafts.device)  # [B, 1]
+    tokens = torch.cat([pending, drafts[:, :G]], 1) if G else pending  # [B, G + 1]
     drafter.begin_target()
     try:
-        return runner.forward(seqs, [[s.output_ids[-1]] + d for s, d in zip(seqs, drafts)], ctx=ctx,
-                              all_logits=True)
+        return runner.forward_padded(seqs, tokens, [g + 1 for g in gammas], all_logits=True)
     finally:
         drafter.end_target()
 
@@ -137,11 +140,14 @@ def accept(seqs: list[Sequence], drafts: torch.Tensor, q: torch.Tensor | None, l
         tgt[b, :gammas[b] + 1] = coupled_pick(logits[b, :gammas[b] + 1], seqs[b].params, n)
     exact = [b for b, s in enumerate(seqs) if s.params.greedy or b in noise]
     if exact:
-        n_acc = greedy_accept(drafts, tgt[:, :drafts.shape[1] + 1], torch.tensor(gammas, device=dev))  # [B]
-        d_l, t_l, n_l, ok = drafts.tolist(), tgt.tolist(), n_acc.tolist(), finite.tolist()  # one host read
-        check_finite(ok)
+        G = drafts.shape[1]
+        n_acc = greedy_accept(drafts, tgt[:, :G + 1], torch.tensor(gammas, device=dev))  # [B]
+        # one host read: drafts [B, G] | target picks [B, T] | accepted [B] | finite [B]
+        rows = torch.cat([drafts, tgt, n_acc[:, None], finite[:, None].long()], 1).tolist()
+        check_finite([r[-1] == 1 for r in rows])
         for b in exact:
-            out[b] = d_l[b][:n_l[b]] + [t_l[b][n_l[b]]]
+            r, n = rows[b], rows[b][-2]
+            out[b] = r[:n] + [r[G + n]]
     for b, s in enumerate(seqs):
         if s.params.greedy or b in noise:
             continue
@@ -192,8 +198,8 @@ class SpecMoEDecoder:
                 runner.provider.pin(layer, [])
         self.pf = {"tp": 0, "fp": 0, "fn": 0}  # draft-guided prefetch picks vs what verification needed
 
-    def _observe(self, layer: int, ids, counts: list[int]) -> None:
-        self.last_counts[layer] = counts
+    def _observe(self, layer: int, routing) -> None:
+        self.last_counts[layer] = routing.counts_host  # draft-guided prefetch only: a cache reads it anyway
 
     def _gamma_for(self, s: Sequence) -> int:
         """Never draft past what the sequence may still emit (max_tokens, context length)."""
@@ -255,17 +261,14 @@ class SpecMoEDecoder:
 
     # ------------------------------------------------------------ draft set residency on plain stretches
     def _unpin(self) -> None:
-        """A long plain stretch: give the draft set's cache slots back (the draft keeps its own copy)."""
+        """A long plain stretch: give the draft set's cache slots back (they are pinned again, and their experts
+        fetched where evicted, before the next draft phase)."""
         for layer in self.drafter.cfg.moe_layers:
             self.runner.provider.pin(layer, [])
         self.dormant, self.unpins = True, self.unpins + 1
 
     def _repin(self) -> None:
-        for layer, ids in self.drafter.ids.items():
-            try:
-                self.runner.provider.pin(layer, sorted(ids))
-            except InputError:
-                pass  # a cache too small to pin: the draft computes from its own copy all the same
+        self.drafter.repin()  # the draft reads its experts in place: they must be resident, in known slots
         self.dormant = False
 
     @torch.inference_mode()
@@ -315,16 +318,15 @@ class SpecMoEDecoder:
         G = max(gammas, default=0)  # rows may have stopped early (the controller's stopping rule)
         drafts = drafts[:, :G]
         q = q[:, :G] if q is not None else None
-        # bytes the draft itself fetched (always 0: it computes from its own stacks); draft-guided
+        # bytes the draft itself fetched (always 0: it computes from its pinned slots in place); draft-guided
         # prefetch loads in the background for the verification and is counted apart
         self.draft_phase_bytes += self._bytes() - b0 - (self.drafter.prefetch_bytes - p0)
         picks = ({layer: (set(w), set(self.drafter.ids[layer])) for layer, w in self.drafter.prefetch_want.items()}
                  if self.drafter.prefetch else None)
-        d_list = drafts.tolist()
         t1 = now(dev)
         e1, w1 = r.expert_s, r.provider.fetch_wait_s
         self.last_counts = {}
-        logits = verify(self.runner, self.drafter, seqs, [d[:g] for d, g in zip(d_list, gammas)])  # [B, T, V]
+        logits = verify(self.runner, self.drafter, seqs, drafts, gammas)  # [B, T, V]
         t2 = now(dev)
         out = accept(seqs, drafts, q, logits, gammas, noise)
         for s, toks in zip(seqs, out):

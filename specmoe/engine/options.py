@@ -100,7 +100,8 @@ class OffloadConfig:
     cache_experts: int | None = opt(None, "device cache slots per MoE layer (default: a quarter of the experts, "
                                     "at least top-k)", type=int)
     cache_bytes: int | None = opt(None, "upper bound on the device expert working set over all MoE layers, e.g. "
-                                  "2GiB: cache slots + scratch rows + staging + SpecMoE's draft copy (sets the "
+                                  "2GiB: cache slots (SpecMoE's draft experts are pinned in them) + scratch rows + "
+                                  "staging (sets the "
                                   "slots per layer from what is left; instead of cache_experts)", type=size)
     cache_policy: str = opt("lru", "expert cache policy: ondemand (nothing kept past a layer), static (hottest "
                             "~10%% per layer from a profile stay), lru, lfu", ("ondemand", "static", "lru", "lfu"))
@@ -112,7 +113,7 @@ class OffloadConfig:
     link_latency_us: float | None = opt(None, "host tier only: emulated per-transfer latency in microseconds",
                                         type=float)
     memory_budget: int | None = opt(None, "upper bound on all expert memory, e.g. 8GiB: resident experts, or "
-                                    "cache slots + scratch + staging + host tier, + SpecMoE's draft copy (not the "
+                                    "cache slots + scratch + staging + host tier (not the "
                                     "KV cache or the non-expert weights); too small is an error at construction; "
                                     "llm.stats['memory'] shows each part", type=size)
     expert_format: str = opt("checkpoint", "storage format of the offloaded experts: the checkpoint's own "

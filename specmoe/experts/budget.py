@@ -3,13 +3,13 @@ before anything is allocated.
 
 Parts (bytes): `resident_experts` (offload none), `expert_cache_slots` (slots × slot bytes × MoE
 layers), `scratch` (the cache's spare buffers for a union larger than a layer's slots), `staging`
-(CUDA + disk: pinned host buffers a read lands in before its device copy), `draft_copy` (SpecMoE:
-the draft's private copy of its N experts per MoE layer: stacks allocated once, refreshed in place),
-`host_tier`
-(offload host: every expert in host RAM).
+(CUDA + disk: pinned host buffers a read lands in before its device copy), `host_tier` (offload host:
+every expert in host RAM). SpecMoE's draft owns no expert memory: its N experts per MoE layer are
+pinned in the cache's slots and read in place, so with a draft the slots per layer are at least N
+(by default N + top-k, so the target's misses still find room).
 
 `memory_budget` bounds the sum of all parts; `cache_bytes` bounds the device working set (slots,
-scratch, staging and the draft). Either sets the slots per layer from what is left.
+scratch, staging). Either sets the slots per layer from what is left.
 """
 from __future__ import annotations
 
@@ -22,24 +22,18 @@ from specmoe.errors import InputError, MemoryBudgetError
 SCRATCH_BUFFERS = 2  # double buffering: one spare expert computes while the next loads
 STAGING_BUFFERS = 4  # CUDA + disk tier
 
-PARTS = ("resident_experts", "expert_cache_slots", "scratch", "staging", "draft_copy", "host_tier")
-# parts that `cache_bytes` bounds (the device working set of the offloader and the draft)
-WORKING_SET = ("expert_cache_slots", "scratch", "staging", "draft_copy")
+PARTS = ("resident_experts", "expert_cache_slots", "scratch", "staging", "host_tier")
+# parts that `cache_bytes` bounds (the device working set of the offloader)
+WORKING_SET = ("expert_cache_slots", "scratch", "staging")
 
 
 class BudgetTooSmallError(MemoryBudgetError, InputError):
-    """memory_budget / cache_bytes cannot hold the minimum (top-k slots + scratch + the draft set ...)."""
+    """memory_budget / cache_bytes cannot hold the minimum (top-k or N draft slots + scratch ...)."""
 
 
 def mib(n: int) -> str:
     x = n / 2**20
     return f"{x:.2f} MiB" if x >= 0.01 or x == 0 else f"{x:.2g} MiB"
-
-
-def draft_parts(mc: ModelConfig, draft_experts: int, expert_bytes: int) -> dict[str, int]:
-    """The SpecMoE draft's copy of its experts (0 without speculation)."""
-    n = min(draft_experts, mc.num_experts)
-    return {"draft_copy": n * len(mc.moe_layers) * expert_bytes}
 
 
 @dataclass
@@ -61,13 +55,12 @@ class ExpertMemory:
 
 def plan_resident(mc: ModelConfig, *, expert_bytes: int, draft_experts: int,
                   memory_budget: int | None) -> ExpertMemory:
-    parts = {**dict.fromkeys(PARTS, 0), "resident_experts": mc.num_experts * len(mc.moe_layers) * expert_bytes,
-             **draft_parts(mc, draft_experts, expert_bytes)}
+    parts = {**dict.fromkeys(PARTS, 0), "resident_experts": mc.num_experts * len(mc.moe_layers) * expert_bytes}
     plan = ExpertMemory(slots=0, parts=parts, memory_budget=memory_budget)
     if memory_budget is not None and plan.total > memory_budget:
         raise BudgetTooSmallError(f"memory_budget={mib(memory_budget)} is too small: {plan.describe()} = "
                                   f"{mib(plan.total)}; raise memory_budget, offload the experts (offload='host'/"
-                                  "'disk') or lower draft_experts")
+                                  "'disk')")
     return plan
 
 
@@ -91,11 +84,11 @@ def plan_offload(mc: ModelConfig, *, offload: str, slot_bytes: int, expert_bytes
         return {"resident_experts": 0, "expert_cache_slots": slots * per_slot,
                 "scratch": SCRATCH_BUFFERS * slot_bytes if slots < E else 0,
                 "staging": (STAGING_BUFFERS * slot_bytes if staging else 0) + tier_staging,
-                **draft_parts(mc, draft_experts, expert_bytes),
                 "host_tier": E * L * stored_bytes if offload == "host" else 0}
 
     fixed = parts_for(0)  # everything but the slots (scratch counted: a cache smaller than E needs it)
-    default = max(K, math.ceil(E / 4))
+    N = min(draft_experts, E)  # SpecMoE's draft set, pinned in the slots
+    default = max(K, math.ceil(E / 4), min(E, N + K) if N else 0)
     limits = []  # (name, bytes, parts it bounds)
     if cache_bytes is not None:
         limits.append(("cache_bytes", cache_bytes, WORKING_SET))
@@ -111,12 +104,13 @@ def plan_offload(mc: ModelConfig, *, offload: str, slot_bytes: int, expert_bytes
     slots = min(slots, E)
     plan = ExpertMemory(slots=slots, parts=parts_for(slots), memory_budget=memory_budget, cache_bytes=cache_bytes)
     for name, limit, keys in limits:  # a limit that squeezed the slots below top-k fails here too
-        low = max(slots, K)
+        low = max(slots, K, N)
         need = {k: v for k, v in parts_for(low).items() if k in keys}
         if sum(need.values()) > limit:
             shown = ExpertMemory(low, need)
             raise BudgetTooSmallError(
-                f"{name}={mib(limit)} is too small: {low} slots per layer (top-k is {K}) need "
+                f"{name}={mib(limit)} is too small: {low} slots per layer (top-k is {K}"
+                + (f", {N} draft experts stay pinned" if N else "") + ") need "
                 f"{shown.describe()} = {mib(shown.total)}; raise {name}"
                 + (" or lower draft_experts" if draft_experts else "")
                 + (" or lower cache_experts" if cache_experts is not None and cache_experts > K else ""))

@@ -66,3 +66,20 @@ class Spill:
         self.inflight.clear()
         self.pool += self.taken
         self.taken = []
+
+
+def expert_views(packed: torch.Tensor, cfg) -> tuple:
+    """Typed experts packed [S, ≥ expert numel] as [gate (I·D); up (I·D); down (D·I)] (+ [gate bias (I); up bias
+    (I); down bias (D)] with `cfg.expert_bias`) per row, row stride free → views gate_up [S, 2I, D], down
+    [S, D, I], gate_up bias [S, 2I] or None, down bias [S, D] or None (no copy)."""
+    D, I = cfg.hidden_size, cfg.expert_intermediate_size
+    w = 3 * I * D
+    gate_up, down = packed[:, : 2 * I * D].unflatten(1, (2 * I, D)), packed[:, 2 * I * D: w].unflatten(1, (D, I))
+    if not cfg.expert_bias:
+        return gate_up, down, None, None
+    return gate_up, down, packed[:, w: w + 2 * I], packed[:, w + 2 * I: w + 2 * I + D]
+
+
+def typed_rows(rows: torch.Tensor, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 rows [S, row bytes] → their first `nbytes` as `dtype` [S, nbytes / element size] (a view)."""
+    return rows[:, :nbytes].view(dtype)

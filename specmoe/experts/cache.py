@@ -2,9 +2,10 @@
 
 Each MoE layer owns one preallocated tensor [S, slot bytes] on the compute device; an
 expert is one contiguous buffer [gate (I·D); up (I·D); down (D·I)], so a fetch is one
-copy (or one aligned read straight into the slot). `fetch(layer, ids)` hands out resident
-experts first while misses load on a background I/O thread (mixtral-offloading's
-generator), so compute on resident experts overlaps the transfers.
+copy (or one aligned read straight into the slot). The forward computes over typed views of
+those rows (gate_up [S, 2I, D], down [S, D, I]). `fetch(layer, routing)` hands out the resident
+experts first, as one slot group, while misses load on a background I/O thread, so compute on
+resident experts overlaps the transfers; then the loaded misses as a second group.
 
 Policies (docs/ARCHITECTURE.md, "cache policies"):
 - `ondemand` (MoE-OnDemand): nothing outlives the layer's forward except pinned experts;
@@ -31,11 +32,12 @@ import torch
 from specmoe.config import ModelConfig
 from specmoe.errors import InputError
 from specmoe.experts.budget import SCRATCH_BUFFERS, STAGING_BUFFERS
-from specmoe.experts.buffers import Spill, alloc_rows
+from specmoe.experts.buffers import Spill, alloc_rows, expert_views, typed_rows
 from specmoe.experts.oracle import OracleTrace
 from specmoe.experts.store import ExpertStore
 from specmoe.experts.memory import aligned_empty, check_fits, fmt_bytes
 from specmoe.experts.tiers import slot_bytes
+from specmoe.models.moe import Routing, SlotGroup
 
 # S=slots per layer, E=experts, N=tokens, K=top-k, D=hidden, I=expert hidden
 
@@ -46,8 +48,9 @@ PREFETCH = ("none", "oracle", "predicted")
 class _Layer:
     """Slot bookkeeping of one MoE layer (touched only by the compute thread)."""
 
-    def __init__(self, rows: torch.Tensor, num_experts: int):
+    def __init__(self, rows: torch.Tensor, num_experts: int, views: tuple):
         self.rows = rows  # [S, slot bytes] uint8
+        self.views = views  # typed views of the rows: gate_up [S, 2I, D], down [S, D, I], biases or None
         self.slot_of: dict[int, int] = {}
         self.free = list(range(rows.shape[0]))[::-1]
         self.pinned: set[int] = set()
@@ -66,7 +69,8 @@ class _Layer:
 class ExpertCache(ExpertStore):
     """ExpertProvider over a backing tier.
 
-    Public API: `fetch(layer, ids)` (the ExpertProvider contract), `pin(layer, ids)`,
+    Public API: `fetch(layer, routing)` (the ExpertProvider contract), `slot_tensors(layer)`, `slot_index(layer, ids)`,
+    `pin(layer, ids)`,
     `resident(layer)`, `stats()` / `reset_stats()`, `evict_all()` (cold cache), `set_static(hot)`,
     `attach_model(model)`, `observe` (a ForwardContext observer) and `layer_hook` (a ForwardContext
     layer hook, predicted prefetch) — the engine registers `forward_observers` / `forward_layer_hooks`
@@ -109,7 +113,8 @@ class ExpertCache(ExpertStore):
         self.layers: dict[int, _Layer] = {}
         for layer in self.moe_layers:
             rows = self._alloc(slots)
-            self.layers[layer] = _Layer(rows, cfg.num_experts)
+            views = expert_views(typed_rows(rows, self.expert_bytes, self.dtype), cfg)
+            self.layers[layer] = _Layer(rows, cfg.num_experts, views)
         self._queue: list = []  # loads not yet handed to the I/O thread
         self._scratch: list[torch.Tensor] = list(self._alloc(n_scratch)) if n_scratch else []  # free spare rows
         self.scratch_buffers = n_scratch
@@ -343,10 +348,11 @@ class ExpertCache(ExpertStore):
         self._flush()
         return n * self.tier.stored_bytes
 
-    def observe(self, layer: int, ids: torch.Tensor, counts: list[int]) -> None:
-        """ForwardContext observer: accumulate routed-assignment counts per expert."""
+    def observe(self, layer: int, routing: Routing) -> None:
+        """ForwardContext observer: accumulate routed-assignment counts per expert (the host counts the fetch
+        reads anyway)."""
         row = self._s["expert_counts"][self.moe_layers.index(layer)]
-        for e, c in enumerate(counts):
+        for e, c in enumerate(routing.counts_host):
             row[e] += c
 
     def layer_hook(self, layer: int, x: torch.Tensor) -> None:
@@ -390,9 +396,39 @@ class ExpertCache(ExpertStore):
                 self._release(L, e)
             L.prefetched.clear()
 
-    def fetch(self, layer: int, ids: list[int]):
-        """Yield (expert id, packed buffer) once per id: resident experts first, while misses load."""
+    def slot_tensors(self, layer: int) -> tuple:
+        """The layer's slots as typed views gate_up [S, 2I, D], down [S, D, I], biases [S, 2I] / [S, D] or None
+        (allocated once)."""
+        return self._layer(layer).views
+
+    def slot_index(self, layer: int, ids: list[int]) -> list[int]:
+        """Slot of each of `ids`, which must be resident (e.g. pinned)."""
         L = self._layer(layer)
+        self._await_layer(L)
+        missing = [e for e in ids if e not in L.slot_of]
+        if missing:
+            raise InputError(f"experts {missing} of layer {layer} are not resident")
+        return [L.slot_of[e] for e in ids]
+
+    def _group(self, L: _Layer, experts: list[int], complete: bool, counts: list[int]) -> SlotGroup:
+        """The layer's slots with a map of `experts` (others -> S); `counts`: the routing's host counts."""
+        m = [self.slots] * (self.cfg.num_experts + 1)  # E: padding, no expert
+        for e in experts:
+            m[e] = L.slot_of[e]
+        return SlotGroup.over(L.views, torch.tensor(m, device=self.device), complete, sum(counts[e] for e in experts))
+
+    def _spill_group(self, e: int, row: torch.Tensor, counts: list[int]) -> SlotGroup:
+        """A scratch row holding expert e as a one-slot group."""
+        m = torch.ones(self.cfg.num_experts + 1, dtype=torch.long)
+        m[e] = 0
+        return SlotGroup.over(expert_views(self._typed(row)[None], self.cfg), m.to(self.device), False, counts[e])
+
+    def fetch(self, layer: int, routing: Routing):
+        """Yield slot groups covering routing.needed: the resident experts first (computed while the misses
+        load), then the misses as they arrive (each group: the next load and any later one already done, so
+        compute overlaps the loads still running), then experts streamed through scratch rows one at a time."""
+        L = self._layer(layer)
+        ids = routing.needed
         s = self._s
         li = self.moe_layers.index(layer)
         self._await_layer(L)
@@ -427,21 +463,26 @@ class ExpertCache(ExpertStore):
         self._flush()
         done = set()
         try:
-            for e in hits:
+            if hits:
                 t0 = time.perf_counter()
-                yield e, self._typed(L.rows[L.slot_of[e]])
+                yield self._group(L, hits, not misses, routing.counts_host)
                 s["expert_compute_s"] += time.perf_counter() - t0
-            for e, buf, fut in jobs:
-                self._wait(fut)
-                done.add(e)
+            waiting = list(jobs)
+            while waiting:  # each group: the next load plus every later one already finished, computed while
+                ready = []  # the rest load
+                while waiting and (not ready or waiting[0][2].done()):
+                    e, _, fut = waiting.pop(0)
+                    self._wait(fut)
+                    done.add(e)
+                    ready.append(e)
                 t0 = time.perf_counter()
-                yield e, self._typed(buf)
+                yield self._group(L, ready, not hits and not later and len(ready) == len(jobs), routing.counts_host)
                 s["expert_compute_s"] += time.perf_counter() - t0
             while spilled:
                 e, buf, fut = spilled.pop()
                 self._wait(fut)
                 t0 = time.perf_counter()
-                yield e, self._typed(buf)
+                yield self._spill_group(e, buf, routing.counts_host)
                 s["expert_compute_s"] += time.perf_counter() - t0
                 spilled.done(buf)  # the consumer is done with it: the next spilled expert may overwrite it
         finally:

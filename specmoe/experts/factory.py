@@ -18,8 +18,8 @@ def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, 
                    draft_experts: int = 0, progress: bool = False, model=None):
     """Returns (provider, ExpertMemory plan). `dtype` is the compute dtype slots hold; experts stay in their
     storage format (`cfg.expert_format`: the checkpoint's dtype, or int8 / int4) in the tier and are decoded
-    on arrival. `draft_experts` is SpecMoE's N (0 without speculation): its copy of N experts per MoE layer
-    counts against memory_budget / cache_bytes. `model` (the loaded Transformer) gives predicted prefetch its
+    on arrival. `draft_experts` is SpecMoE's N (0 without speculation): its N experts per MoE layer stay pinned
+    in the slots, which memory_budget / cache_bytes must hold. `model` (the loaded Transformer) gives predicted prefetch its
     routers and lets the static policy profile the model when the checkpoint ships no expert_profile.json."""
     device = torch.device(device)
     check_budget_value("memory_budget", cfg.memory_budget, device)

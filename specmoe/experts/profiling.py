@@ -95,9 +95,9 @@ def collect_counts(model, provider, token_lists: list[list[int]], *, device: tor
     cfg = model.cfg
     counts = [[0] * cfg.num_experts for _ in cfg.moe_layers]
 
-    def obs(layer, ids, c):
+    def obs(layer, routing):
         row = counts[cfg.moe_layers.index(layer)]
-        for e, n in enumerate(c):
+        for e, n in enumerate(routing.counts_host):
             row[e] += n
     ctx = ForwardContext(provider=provider, observers=[obs])
     for toks in token_lists:

@@ -1,26 +1,29 @@
 """`ExpertStore`: the declared interface between a forward (and the strategies and engine around it)
 and wherever expert weights live. `ResidentExperts` and `ExpertCache` implement it; wrappers (the
-draft's capturing view, the bench's timer, test doubles) subclass it and delegate explicitly, so no
-caller ever probes a provider with getattr/hasattr."""
+bench's timer, test doubles) subclass it and delegate explicitly, so no caller ever probes a provider
+with getattr/hasattr."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
-import torch
 
 from specmoe.errors import InputError
+from specmoe.models.moe import Routing, SlotGroup
 
 
 class ExpertStore(ABC):
     """Contract:
 
-    - `fetch(layer, ids)` yields `(expert_id, buffer)` exactly once for every id in `ids` (sorted,
-      distinct), in any order (resident ones first is best); `buffer` is the expert packed flat as
-      [gate (I·D); up (I·D); down (D·I)] on the compute device, valid until the next item is requested
-      (the models.moe.ExpertProvider protocol).
-    - `pin(layer, ids)` keeps exactly `ids` resident from now on (SpecMoE's draft set), raising InputError
-      when the store cannot hold them; `resident(layer)` is the set that is resident now.
+    - `slot_tensors(layer)` is the layer's slot tensors as typed views (gate_up [S, 2I, D], down [S, D, I],
+      gate_up / down biases [S, 2I] / [S, D] or None), the
+      same tensors for the store's lifetime; `slot_index(layer, ids)` the slot of each resident expert.
+    - `fetch(layer, routing)` yields `models.moe.SlotGroup`s (slot tensors + a device map expert -> slot)
+      that together hold every expert `routing.needed` names, each once (resident ones first is best),
+      each valid until the next group is asked for (the models.moe.ExpertProvider protocol).
+    - `pin(layer, ids)` keeps exactly `ids` resident, in fixed slots, from now on (SpecMoE's draft set,
+      which the draft reads in place), raising InputError when the store cannot hold them;
+      `resident(layer)` is the set that is resident now.
     - `prefetch(layer, ids, keep)` starts loading `ids` (most wanted first) in the background without
       blocking or evicting pinned experts or those in `ids` / `keep`; returns the bytes it started
       loading (0 where everything is resident).
@@ -31,9 +34,18 @@ class ExpertStore(ABC):
 
     forward_observers: list
     forward_layer_hooks: list
+    holds_all: bool = False  # every expert is resident for good (no union ever needs reading to the host)
 
     @abstractmethod
-    def fetch(self, layer: int, ids: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
+        ...
+
+    @abstractmethod
+    def slot_tensors(self, layer: int) -> tuple:
+        ...
+
+    @abstractmethod
+    def slot_index(self, layer: int, ids: list[int]) -> list[int]:
         ...
 
     @abstractmethod
@@ -73,15 +85,22 @@ class ExpertStore(ABC):
 
 
 class DelegatingStore(ExpertStore):
-    """An ExpertStore that forwards everything to `inner`; wrappers override what they change (the draft's
-    capturing view and the bench's timer override `fetch`)."""
+    """An ExpertStore that forwards everything to `inner`; wrappers override what they change (the bench's
+    timer overrides `fetch`)."""
 
     def __init__(self, inner: ExpertStore):
         self.inner = inner
         self.forward_observers, self.forward_layer_hooks = inner.forward_observers, inner.forward_layer_hooks
+        self.holds_all = inner.holds_all
 
-    def fetch(self, layer: int, ids: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
-        return self.inner.fetch(layer, ids)
+    def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
+        return self.inner.fetch(layer, routing)
+
+    def slot_tensors(self, layer: int) -> tuple:
+        return self.inner.slot_tensors(layer)
+
+    def slot_index(self, layer: int, ids: list[int]) -> list[int]:
+        return self.inner.slot_index(layer, ids)
 
     def pin(self, layer: int, ids: list[int]) -> None:
         self.inner.pin(layer, ids)
@@ -123,7 +142,13 @@ class ClosedProvider(ExpertStore):
     def _closed(self):
         raise InputError(f"{self._what} is closed (close() was called); create a new LLM")
 
-    def fetch(self, layer: int, ids: list[int]):
+    def fetch(self, layer: int, routing: Routing):
+        self._closed()
+
+    def slot_tensors(self, layer: int):
+        self._closed()
+
+    def slot_index(self, layer: int, ids: list[int]):
         self._closed()
 
     def pin(self, layer: int, ids: list[int]) -> None:

@@ -70,11 +70,13 @@ def prepare(llm: dict, progress: bool = True) -> None:
     if llm.get("offload") != "disk":
         return
     from specmoe.engine.llm import default_model_path
+    from specmoe.experts.formats import ExpertShape, make_format
     from specmoe.experts.repack import open_repack
-    from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
+    from specmoe.weights.checkpoint import Checkpoint
     ckpt = Checkpoint(Path(llm["model"]) if llm.get("model") else default_model_path())
-    open_repack(ckpt, resolve_dtype(llm.get("dtype", "auto"), default=ckpt.config.dtype), llm.get("repack_dir"),
-                progress=progress)
+    # the repack holds the storage format (the checkpoint's dtype, or int8 / int4), whatever the compute dtype
+    fmt = make_format(llm.get("expert_format", "checkpoint"), ExpertShape.of(ckpt.config), ckpt.storage_dtype)
+    open_repack(ckpt, fmt, llm.get("repack_dir"), progress=progress)
 
 
 def work_schema():

@@ -37,6 +37,8 @@ class BatchView:
     valid: torch.Tensor | None = None
     contiguous: slice | None = None
     key_len: int = 0  # S: positions attended over (max position + 1)
+    write_index: torch.Tensor | None = None  # [B·T] KV rows the tokens write (set once per forward)
+    real_tokens: int | None = None  # tokens that are not padding (host int; needed with `valid`)
 
 
 class Attention(nn.Module):
@@ -56,9 +58,10 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(Hq * Dh, cfg.rms_norm_eps), RMSNorm(Hkv * Dh, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv: BatchView):
+        """x [B·T, D] (tokens flattened) → [B·T, D]."""
         cfg = self.cfg
-        B, T, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H·Dh]
+        B, T = bv.positions.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B·T, H·Dh]
         if cfg.qk_norm == "full":  # OLMoE: norm over the whole projection, before the head split
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.clip_qkv is not None:
@@ -70,7 +73,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, cos, sin)  # cos/sin: [B, T, 1, R], sin signed as in `Transformer.rope`
         k = apply_rope(k, cos, sin)
-        cache.write(layer, bv.slots, bv.positions, k, v, bv.valid)
+        cache.write(layer, bv.write_index, k, v)
         keys, values = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, S, Hkv, Dh]
         if cfg.attention_sinks:
             out = sink_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, self.sinks,
@@ -78,7 +81,7 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                                  attn_mask=mask, enable_gqa=cfg.num_heads != cfg.num_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))  # [B, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(B * T, -1))  # [B·T, D]
 
 
 class DecoderLayer(nn.Module):
@@ -129,13 +132,18 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, bv: BatchView, ctx: ForwardContext,
                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, T] → logits [B, T, V] (or [B, n, V] at the index tensor `logits_at` [B, n])."""
-        x = self.embed(tokens)  # [B, T, D]
+        """tokens [B, T] → logits [B, T, V] (or [B, n, V] at the index tensor `logits_at` [B, n]). The hidden
+        states are [B·T, D] between the layers (no reshape per layer)."""
+        B, T = tokens.shape
+        x = self.embed(tokens.reshape(-1))  # [B·T, D]
         cos, sin = self.rope(bv.positions, x.dtype)
         masks = {w: self.attention_mask(bv, w) for w in {layer.window for layer in self.layers}}
-        ctx.token_index = None if bv.valid is None else bv.valid.reshape(-1).nonzero().squeeze(1)
+        bv.write_index = cache.write_index(bv.slots, bv.positions)
+        ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
+        ctx.real_tokens = None if bv.valid is None else bv.real_tokens
         for layer in self.layers:
             x = layer(x, cos, sin, masks, cache, bv, ctx)
+        x = x.view(B, T, -1)
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         x = self.norm(x)

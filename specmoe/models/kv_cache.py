@@ -64,7 +64,8 @@ class KVCache:
         what = f"the KV cache ({slots} slot(s) × {positions} positions × {self.num_layers} layers, {fmt_bytes(need)})"
         check_fits(what, need, self.device)
         try:
-            shape = (self.num_layers, slots, positions, self.num_kv_heads, self.head_dim)
+            num_kv, hd = self.num_kv_heads, self.head_dim
+            shape = (self.num_layers, slots, positions, num_kv, hd)
             k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, Bmax, S, Hkv, Dh]
             v = torch.zeros(shape[:-1] + (self.v_head_dim,), dtype=self.dtype, device=self.device) \
                 if self.v_head_dim else None
@@ -75,24 +76,31 @@ class KVCache:
             if v is not None:
                 v[:, : self.max_batch, : self.max_seq] = self.v
         self.k, self.v = k, v
+        # per-layer views made once: [Bmax, S, Hkv, Dh] to read, [Bmax·S, Hkv, Dh] to write
+        self.k_layer = list(k)
+        self.v_layer = list(v) if v is not None else [None] * self.num_layers
+        self.k_rows = [t.view(-1, num_kv, hd) for t in self.k_layer]
+        self.v_rows = [None if t is None else t.view(-1, num_kv, self.v_head_dim) for t in self.v_layer]
         self.lengths += [0] * (slots - self.max_batch)
         self.max_batch, self.max_seq = slots, positions
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              valid: torch.Tensor | None) -> None:
-        """k, v: [B, T, Hkv, Dh] written at (slots[b], positions[b, t]) where valid[b, t] (v None: keys only)."""
-        B, T = positions.shape
-        rows = slots[:, None].expand(B, T)
-        if valid is not None:
-            rows, positions, k = rows[valid], positions[valid], k[valid]
-            v = None if v is None else v[valid]
-        self.k[layer].index_put_((rows.reshape(-1), positions.reshape(-1)), k.reshape(-1, *k.shape[-2:]))
+    def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat row of each (slots[b], positions[b, t]) in a layer's [Bmax·S, Hkv, Dh] view: [B·T], computed once
+        per forward (every layer writes at the same rows)."""
+        return (slots[:, None] * self.max_seq + positions).reshape(-1)
+
+    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+        """k, v: [B, T, Hkv, Dh] written at the flat rows `index` [B·T] (see `write_index`; v None: keys only).
+        Padding tokens of a ragged batch write too, at positions past their sequence's new tokens: scratch
+        that causality masks and the next real write overwrites."""
+        self.k_rows[layer].index_copy_(0, index, k.reshape(-1, *k.shape[-2:]))
         if v is not None:
-            self.v[layer].index_put_((rows.reshape(-1), positions.reshape(-1)), v.reshape(-1, *v.shape[-2:]))
+            self.v_rows[layer].index_copy_(0, index, v.reshape(-1, *v.shape[-2:]))
 
     def read(self, layer: int, slots: torch.Tensor, contiguous: slice | None, S: int):
         """Keys/values of the batch's slots over positions [0, S): [B, S, Hkv, Dh] each (values None when
         the cache holds keys only)."""
+        k, v = self.k_layer[layer], self.v_layer[layer]
         if contiguous is not None:
-            return self.k[layer, contiguous, :S], None if self.v is None else self.v[layer, contiguous, :S]
-        return self.k[layer, slots, :S], None if self.v is None else self.v[layer, slots, :S]
+            return k[contiguous, :S], None if v is None else v[contiguous, :S]
+        return k[slots, :S], None if v is None else v[slots, :S]

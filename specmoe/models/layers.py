@@ -16,11 +16,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        if dtype != torch.float32:  # a cast to the same dtype is still a dispatched op: skip it
-            x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * (x if dtype == torch.float32 else x.to(dtype))
+        """x·rsqrt(mean(x²) + eps)·weight in fp32 (one fused op); in another dtype normalised in fp32, rounded,
+        then scaled by the weight, as transformers does."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 
 
 class DenseMLP(nn.Module):

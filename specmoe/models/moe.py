@@ -1,18 +1,21 @@
-"""The sparse MoE block: router → (optional routing hook) → experts fetched by
-(layer, expert) from an ExpertProvider → weighted scatter-add (+ shared expert: Qwen2-MoE's
-sigmoid-gated one, or GLM-4's / DeepSeek's plain one).
+"""The sparse MoE block: router → (optional routing hook) → routed experts computed over the expert
+store's slot tensors → (+ shared expert: Qwen2-MoE's sigmoid-gated one, or GLM-4's / DeepSeek's plain one).
 
-The block never knows which tier an expert's bytes come from. A decoding strategy
-changes which experts a forward may use through `ForwardContext.routing_hook`
-(SpecMoE's draft restricts routing to the resident draft experts), never by copying
-the model. Each forward asks the provider once per layer for the *union* of the
-experts its tokens need, whatever the batch size.
+Expert weights are not module parameters. An expert store exposes each MoE layer's slots as typed
+tensors (gate_up [S, 2I, D], down [S, D, I]) and hands a forward `SlotGroup`s: the slot tensors plus a
+device map expert → slot. One grouped operation (`routed_experts`) computes every routed assignment
+of any number of tokens over those slots: assignments sorted by slot, one grouped matmul per projection
+(`F.grouped_mm`, no copy of the weights, no host read). Target forwards, the draft and prefill all use
+it; the draft passes its pinned slots directly (`ForwardContext.draft_slots`), so it reads the store's
+slots in place. A decoding strategy changes which experts a forward may use through
+`ForwardContext.routing_hook` (SpecMoE's draft restricts routing to the pinned draft experts), never by
+copying the model.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -22,42 +25,106 @@ from specmoe.config import ModelConfig
 from specmoe.models.layers import DenseMLP
 from specmoe.models.routers import route
 
-# N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden
+# N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden, S=slots of a group
+
+
+@dataclass
+class SlotGroup:
+    """Experts ready to compute: expert e sits in row `slot_of[e]` of `gate_up` [S, 2I, D] / `down` [S, D, I]
+    (typed views of a store's slots, any batch stride); `slot_of` [E + 1] long on the device holds S for
+    experts outside this group and for E (no expert: padding). `complete`: the group holds every expert of
+    the request (no other group follows)."""
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    slot_of: torch.Tensor
+    complete: bool = True
+    # assignments of the request that fall on this group (a host count the store knows), None: every real one
+    rows: int | None = None
+    # families with expert biases (GPT-OSS): gate_up bias [S, 2I], down bias [S, D]; None otherwise
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+    # the grouped matmul's operands: gate_up / down transposed ([S, D, 2I], [S, I, D]); views, made once per group
+    w_in: torch.Tensor = field(init=False, repr=False)
+    w_out: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.w_in, self.w_out = self.gate_up.transpose(1, 2), self.down.transpose(1, 2)
+        # F.grouped_mm wants 16-byte strides: decided by the shapes and the stores' (aligned) row strides only,
+        # so a resident store and a cache take the same form (offloaded == resident, bit for bit)
+        es = self.gate_up.element_size()
+        self.grouped = all(st * es % 16 == 0 for t in (self.w_in, self.w_out) for st in t.stride() if st != 1) \
+            and all(n * es % 16 == 0 for n in self.gate_up.shape[1:])
+
+    @staticmethod
+    def over(slots: tuple, slot_of: torch.Tensor, complete: bool = True, rows: int | None = None) -> "SlotGroup":
+        """A group over a store's `slot_tensors` (gate_up, down, gate_up bias or None, down bias or None)."""
+        gate_up, down, gate_up_bias, down_bias = slots
+        return SlotGroup(gate_up, down, slot_of, complete, rows, gate_up_bias, down_bias)
+
+
+class Routing:
+    """One MoE layer's routed assignments in one forward: ids [N, K] (E at padding tokens when `padded`), weights
+    [N, K] fp32. `counts` [E] stays
+    on the device; `counts_host` / `needed` (sorted used expert ids) are read to the host at most once, and
+    only by whoever needs them (an offloading cache must know the union to fetch it; a resident store
+    never reads it)."""
+
+    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, num_experts: int, padded: bool = False,
+                 real_tokens: int | None = None):
+        self.ids, self.weights, self.num_experts = ids, weights, num_experts
+        self.padded = padded  # some ids are E (padding tokens: no expert)
+        self.real_tokens = ids.shape[0] if real_tokens is None else real_tokens  # tokens that are not padding
+        self._counts: torch.Tensor | None = None
+        self._host: list[int] | None = None
+
+    @property
+    def counts(self) -> torch.Tensor:
+        if self._counts is None:
+            flat = self.ids.reshape(-1)
+            self._counts = (torch.bincount(flat, minlength=self.num_experts + 1)[: self.num_experts] if self.padded
+                            else torch.bincount(flat, minlength=self.num_experts))
+        return self._counts
+
+    @property
+    def counts_host(self) -> list[int]:
+        if self._host is None:
+            self._host = self.counts.tolist()  # the one host read of this layer's routing
+        return self._host
+
+    @property
+    def needed(self) -> list[int]:
+        return [e for e, c in enumerate(self.counts_host) if c]
 
 
 class ExpertProvider(Protocol):
-    """Contract: `fetch(layer, ids)` yields `(expert_id, buffer)` exactly once for every id
-    in `ids` (a sorted list of distinct ids), in any order (resident ones first is
-    best), where `buffer` is the expert packed flat as [gate (I·D); up (I·D); down (D·I)]
-    (+ [gate bias (I); up bias (I); down bias (D)] with `cfg.expert_bias`) on the compute device, valid until the next item is asked for (an offloading cache reuses
-    its few scratch rows); a consumer that keeps a buffer longer clones it."""
+    """Contract (implemented by `experts.store.ExpertStore`): `fetch(layer, routing)` yields `SlotGroup`s that
+    together hold every expert routing.needed names, each exactly once, each valid until the next group
+    is asked for."""
 
-    def fetch(self, layer: int, ids: list[int]):
+    def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
         ...
 
 
 # (layer, router logits [N, E], weights [N, K] fp32, ids [N, K]) -> (weights, ids)
 RoutingHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-# (layer, x [N, D], weights [N, K] fp32, ids [N, K]) -> routed-expert output [N, D]
-ExpertsOverride = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
 class ForwardContext:
     """What one forward may use: where experts come from, an optional routing hook,
-    and observers called per MoE layer with (layer, ids [N, K], counts [E] list[int])."""
+    and observers called per MoE layer of target forwards with (layer, Routing): they read the counts on the
+    device, or on the host (`counts_host`, one read per layer shared by every reader)."""
     provider: ExpertProvider
     routing_hook: RoutingHook | None = None
     observers: list = field(default_factory=list)
     # called at the start of each MoE layer with (layer, hidden [N, D]); used for prefetch
     layer_hooks: list = field(default_factory=list)
-    # flat indices of real (non-padding) tokens of the current forward, None when all are real;
-    # set by Transformer.forward
-    token_index: torch.Tensor | None = None
-    # optional replacement of the routed-expert computation (provider, observers and the per-layer
-    # host sync are skipped). SpecMoE's draft computes its few resident draft experts as one grouped
-    # op with it; None keeps the regular path.
-    experts_override: ExpertsOverride | None = None
+    # [B·T, 1] True at the padding tokens of a ragged forward, None when all are real; set by Transformer.forward
+    padding: torch.Tensor | None = None
+    real_tokens: int | None = None  # how many tokens are not padding (host int), None: all
+    # layer -> the resident slots this forward computes from (SpecMoE's draft: its pinned draft experts, read
+    # in place); the provider and the observers are not asked, and no host read happens
+    draft_slots: dict[int, SlotGroup] | None = None
     # seconds spent in the routed experts of this forward (fetch wait included), for the step breakdown
     expert_s: float = 0.0
 
@@ -71,58 +138,115 @@ def glu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None, alpha: flo
     return (u.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))
 
 
+@dataclass(frozen=True)
+class ExpertMath:
+    """The family's expert activation: SwiGLU, or GPT-OSS's clamped variant (`limit`, `alpha`)."""
+    limit: float | None = None
+    alpha: float = 1.702
+
+    @staticmethod
+    def of(cfg: ModelConfig) -> "ExpertMath":
+        return ExpertMath(cfg.swiglu_limit, cfg.swiglu_alpha)
+
+
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
-           down_bias: torch.Tensor | None = None, limit: float | None = None, alpha: float = 1.702) -> torch.Tensor:
-    """SwiGLU expert: x [n, D], gate_up [2I, D], down [D, I] (views, any row stride), optional biases [2I] and
-    [D], the activation `glu` → [n, D]."""
+           down_bias: torch.Tensor | None = None, math: ExpertMath = ExpertMath()) -> torch.Tensor:
+    """The expert math, in one place (one expert): x [n, D], gate_up [2I, D], down [D, I] (views, any row
+    stride), optional biases [2I] and [D], the activation `glu` → [n, D]."""
     g, u = F.linear(x, gate_up, gate_up_bias).chunk(2, dim=-1)  # [n, I] each
-    return F.linear(glu(g, u, limit, alpha), down, down_bias)
+    return F.linear(glu(g, u, math.limit, math.alpha), down, down_bias)
 
 
-def expert_views(buf: torch.Tensor, cfg: ModelConfig):
-    """(gate_up [2I, D], down [D, I], gate_up bias [2I] or None, down bias [D] or None) of a packed expert."""
-    D, I = cfg.hidden_size, cfg.expert_intermediate_size
-    w = 3 * I * D
-    gate_up, down = buf[: 2 * I * D].view(2 * I, D), buf[2 * I * D: w].view(D, I)
-    if not cfg.expert_bias:
-        return gate_up, down, None, None
-    return gate_up, down, buf[w: w + 2 * I], buf[w + 2 * I: w + 2 * I + D]
+def swiglu_grouped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torch.Tensor | None,
+                   math: ExpertMath, n: int | None = None) -> torch.Tensor:
+    """`swiglu` over a group's slots: x [n, D] rows sorted by slot, `offs` [S] int32 the end row of each slot's
+    rows (rows past offs[-1] are left unwritten; with `n`, the rows from n on are zeroed before the activation),
+    `slot` [n] the slot of each row (for the biases) → [n, D], one grouped matmul per projection."""
+    if not (g.grouped and grouped_mm_works(x.device, x.dtype)):
+        return _looped(x, g, offs, math)
+    h = F.grouped_mm(x, g.w_in, offs=offs)  # [n, 2I]
+    if n is not None and n < h.shape[0]:
+        h[n:] = 0  # rows past offs[-1] are left unwritten: no activation over garbage (denormals crawl)
+    if g.gate_up_bias is not None:
+        h = h + g.gate_up_bias[slot.clamp(max=g.gate_up_bias.shape[0] - 1)]
+    a, b = h.chunk(2, dim=-1)
+    y = F.grouped_mm(glu(a, b, math.limit, math.alpha), g.w_out, offs=offs)  # [n, D]
+    if g.down_bias is not None:
+        y = y + g.down_bias[slot.clamp(max=g.down_bias.shape[0] - 1)]
+    return y
 
 
-def expert_ffn(x: torch.Tensor, buf: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """The family's SwiGLU expert on a packed buffer. x [n, D] → [n, D]."""
-    return swiglu(x, *expert_views(buf, cfg), limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha)
+def _looped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, math: ExpertMath) -> torch.Tensor:
+    """swiglu_grouped where F.grouped_mm does not run (device/dtype): a loop over the used slots (one host read
+    of the offsets)."""
+    out = torch.zeros(x.shape[0], g.down.shape[1], dtype=x.dtype, device=x.device)
+    start = 0
+    for s, end in enumerate(offs.tolist()):
+        if end > start:
+            out[start:end] = swiglu(x[start:end], g.gate_up[s], g.down[s],
+                                    None if g.gate_up_bias is None else g.gate_up_bias[s],
+                                    None if g.down_bias is None else g.down_bias[s], math)
+        start = end
+    return out
 
 
-def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int, run,
-                    on_counts=None) -> torch.Tensor:
-    """Routed-expert output [N, D] for x [N, D], weights [N, K], ids [N, K]: assignments sorted by expert,
-    each used expert computed once over its tokens, the weighted results scattered back.
+_GROUPED_MM: dict = {}
 
-    `run(needed, xs)` yields `(index into needed, y)` for each used expert id in `needed` (ascending) with its
-    tokens xs[i] [n_e, D], in any order (results land in fixed places, so the sum is bitwise independent of
-    the order); `on_counts(counts)` sees the per-expert assignment counts first (one host read per call)."""
-    N, K = ids.shape
-    flat = ids.reshape(-1)  # [N·K]
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    if on_counts is not None:
-        on_counts(counts)
-    token_of = order // K  # [N·K] token of each sorted assignment
-    needed = [e for e in range(num_experts) if counts[e]]
-    xs = x[token_of].split([counts[e] for e in needed])  # per used expert: its tokens (views)
-    ys: list = [None] * len(needed)
-    for i, y in run(needed, xs):
-        ys[i] = y
-    ws = weights.reshape(-1)[order].to(x.dtype)[:, None]  # [N·K, 1] in sorted order
-    y = ys[0] if len(ys) == 1 else torch.cat(ys)
-    return torch.zeros_like(x).index_add_(0, token_of, y * ws)
+
+def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether F.grouped_mm runs for this device and dtype (tried once on a tiny problem, remembered)."""
+    key = (device.type, dtype)
+    if key not in _GROUPED_MM:
+        try:
+            a = torch.ones(2, 8, dtype=dtype, device=device)
+            b = torch.ones(2, 8, 8, dtype=dtype, device=device)
+            F.grouped_mm(a, b, offs=torch.tensor([1, 2], dtype=torch.int32, device=device))
+            _GROUPED_MM[key] = True
+        except (RuntimeError, NotImplementedError):
+            _GROUPED_MM[key] = False
+    return _GROUPED_MM[key]
+
+
+def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup],
+                   math: ExpertMath = ExpertMath()) -> torch.Tensor:
+    """Routed-expert output [N, D] for x [N, D]: per group, its assignments sorted by slot (stable: each slot's
+    tokens in token order) go through `swiglu`'s grouped form; each assignment's result lands in its own row,
+    and the K results of a token are summed in routing order, so the output does not depend on which slot
+    holds an expert or how the store split the experts into groups (offloaded == resident, bit for bit)."""
+    N, K = routing.ids.shape
+    flat = routing.ids.reshape(-1)  # [N·K]
+    y = None  # [N·K, D] per assignment, in routing order
+    for g in groups:
+        n = routing.real_tokens * K if g.rows is None else g.rows  # the group's assignments sort first
+        if n == 0:
+            continue
+        S = g.gate_up.shape[0]
+        slot = g.slot_of[flat]  # [N·K]; S for experts of other groups and for padding
+        order = torch.argsort(slot, stable=True)
+        per_slot = (torch.bincount(slot, minlength=S + 1)[:S] if n < N * K else torch.bincount(slot, minlength=S))
+        biased = g.gate_up_bias is not None
+        # every group multiplies all N·K rows (the grouped matmul's blocking, hence its bits, depends on the row
+        # count: the same for every store and group split), of which the first n are this group's
+        ys = swiglu_grouped(x[order // K], g, per_slot.cumsum(0, dtype=torch.int32), slot[order] if biased else None,
+                            math, n)  # [N·K, D] sorted by slot; rows from n on are not this group's
+        if y is None:  # rows no group computes (padding) stay 0
+            y = torch.empty(N * K, ys.shape[1], dtype=ys.dtype, device=ys.device) if n == N * K \
+                else torch.zeros(N * K, ys.shape[1], dtype=ys.dtype, device=ys.device)
+        if n < N * K:
+            order, ys = order[:n], ys[:n]
+        y.index_copy_(0, order, ys)
+    if y is None:  # nothing routed (every token is padding)
+        return torch.zeros_like(x)
+    y = y.view(N, K, -1)
+    w = routing.weights if routing.weights.dtype == x.dtype else routing.weights.to(x.dtype)
+    return (y * w[..., None]).sum(1)
 
 
 class MoEBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.cfg, self.layer = cfg, layer
+        self.math = ExpertMath.of(cfg)
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
         if cfg.score_correction_bias:
             self.correction_bias = nn.Parameter(torch.zeros(cfg.num_experts))
@@ -134,32 +258,23 @@ class MoEBlock(nn.Module):
     def route(self, x: torch.Tensor):
         """x [N, D] → logits [N, E], weights [N, K] fp32, ids [N, K]."""
         cfg, w = self.cfg, self.router.weight
-        logits = F.linear(x.to(w.dtype), w, self.router.bias)  # the sigmoid routers keep fp32 weights
+        logits = F.linear(x if x.dtype == w.dtype else x.to(w.dtype), w, self.router.bias)  # sigmoid routers: fp32 w
         weights, ids = route(cfg.model_type, logits, top_k=cfg.top_k, norm_topk_prob=cfg.norm_topk_prob,
                              correction_bias=self.correction_bias if cfg.score_correction_bias else None,
                              n_group=cfg.n_group, topk_group=cfg.topk_group, scale=cfg.routed_scaling_factor)
         return logits, weights, ids
 
-    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        shape = h.shape
-        x = h.reshape(-1, shape[-1])  # [N, D]
-        if ctx.token_index is not None:  # padding is neither routed nor counted, and fetches nothing
-            out = torch.zeros_like(x)
-            out[ctx.token_index] = self._forward_tokens(x[ctx.token_index], ctx)
-            return out.view(shape)
-        return self._forward_tokens(x, ctx).view(shape)
-
-    def _forward_tokens(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x [N, D] (the forward's tokens, flattened) → [N, D]."""
         for hook in ctx.layer_hooks:
             hook(self.layer, x)
         logits, weights, ids = self.route(x)
         if ctx.routing_hook is not None:
             weights, ids = ctx.routing_hook(self.layer, logits, weights, ids)
+        if ctx.padding is not None:  # padding routes to no expert (id E): not counted, fetches nothing, output 0
+            ids = ids.masked_fill(ctx.padding, self.cfg.num_experts)
         t0 = time.perf_counter()
-        if ctx.experts_override is not None:
-            out = ctx.experts_override(self.layer, x, weights, ids)
-        else:
-            out = self.experts_forward(x, weights, ids, ctx)
+        out = self.experts_forward(x, weights, ids, ctx)
         ctx.expert_s += time.perf_counter() - t0
         if self.cfg.shared_expert_intermediate_size:
             shared = self.shared(x)
@@ -167,12 +282,10 @@ class MoEBlock(nn.Module):
         return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
-        def observe(counts):  # the one host read per layer: the union must be known to fetch it
-            for obs in ctx.observers:
-                obs(self.layer, ids, counts)
-
-        def run(needed, xs):  # the provider hands experts out in its own order (resident first)
-            slot = {e: i for i, e in enumerate(needed)}
-            for e, buf in ctx.provider.fetch(self.layer, needed):
-                yield slot[e], expert_ffn(xs[slot[e]], buf, self.cfg)
-        return grouped_experts(x, weights, ids, self.cfg.num_experts, run, observe)
+        routing = Routing(ids, weights, self.cfg.num_experts, padded=ctx.padding is not None,
+                          real_tokens=ctx.real_tokens)
+        if ctx.draft_slots is not None:
+            return routed_experts(x, routing, (ctx.draft_slots[self.layer],), self.math)
+        for obs in ctx.observers:
+            obs(self.layer, routing)
+        return routed_experts(x, routing, ctx.provider.fetch(self.layer, routing), self.math)

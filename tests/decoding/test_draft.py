@@ -1,16 +1,17 @@
-"""The draft's parts: affinity table and its disk cache, substitution hooks, the grouped draft-expert
-op and draft-set profiles."""
+"""The draft's parts: affinity table and its disk cache, substitution hooks, the draft reading its
+pinned slots in place, draft-set profiles."""
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from specmoe.decoding import affinity as aff
 from specmoe.decoding.draft import DraftExperts, load_profile, top_n
 from specmoe.experts.resident import ResidentExperts
-from specmoe.models.moe import ForwardContext, MoEBlock
+from specmoe.models.moe import ForwardContext, MoEBlock, Routing, routed_experts
 from specmoe.weights.checkpoint import Checkpoint
 
 
@@ -71,55 +72,80 @@ def test_substitution_routes_only_to_draft_experts(mixtral, substitution, n):
         assert torch.allclose(w2.sum(-1), torch.ones(50)), "Mixtral renormalises the re-routed top-k"
 
 
+def _reference_experts(store, layer, x, w, ids):
+    """Routed-expert output by a plain per-assignment loop over the store's packed experts (F.linear, no
+    grouped op): the oracle for the grouped path."""
+    D, I = x.shape[1], store.layers[layer].shape[1] // (3 * x.shape[1])
+    out = torch.zeros_like(x)
+    for n in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            buf = store.layers[layer][int(ids[n, k])]
+            h = F.linear(x[n:n + 1], buf[:2 * I * D].view(2 * I, D))
+            g, u = h.chunk(2, -1)
+            out[n] += w[n, k] * F.linear(F.silu(g) * u, buf[2 * I * D:].view(D, I))[0]
+    return out
+
+
 @pytest.mark.parametrize("tokens", [1, 40])
-def test_grouped_draft_op_equals_sparse_path(mixtral, tokens):
+@pytest.mark.parametrize("offload", ["none", "host"])
+def test_draft_reads_pinned_slots_in_place(mixtral, tokens, offload):
+    """The draft's experts are the store's own slots (no copy): its group points into the store's slot tensors,
+    maps each draft expert to the slot it is pinned in, and computes what the target's path computes over the
+    same experts (bit for bit: one grouped op), which equals a plain per-expert loop."""
+    from specmoe.experts.cache import ExpertCache
+    from specmoe.experts.tiers import HostTier
     cfg = mixtral.config
-    d, prov = _drafter(mixtral, "affinity", 4, ids=[0, 2, 5, 7])
+    resident = ResidentExperts(mixtral, torch.float32)
+    store = resident if offload == "none" else ExpertCache(HostTier(mixtral, torch.float32, pin=False), cfg, slots=6)
+    d = DraftExperts(cfg, store, num_draft=4, policy="random", substitution="mask", seed=0,
+                     device=torch.device("cpu"))
+    d.setup()
     layer = cfg.moe_layers[1]
+    d.assign(layer, d.ids[layer])
+    group = d.groups[layer]
+    gate_up, down, _, _ = store.slot_tensors(layer)
+    assert group.gate_up.data_ptr() == gate_up.data_ptr() and group.down.data_ptr() == down.data_ptr()
+    _assert_slots_hold(d, resident, layer)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(tokens, cfg.hidden_size, generator=g)
-    ids = torch.tensor([0, 2, 5, 7])[torch.randint(4, (tokens, 2), generator=g)]
+    ids = d.ids_t[layer][torch.randint(4, (tokens, 2), generator=g)]
     w = torch.rand(tokens, 2, generator=g)
-    block = MoEBlock(cfg, layer)
-    ref = block.experts_forward(x, w, ids, ForwardContext(provider=prov))
-    assert torch.allclose(d.experts_override(layer, x, w, ids), ref, atol=1e-5)
-    loc = d.local[layer][ids]
-    assert torch.allclose(d._dense(layer, x, w, loc), ref, atol=1e-5), "dense form"
-    assert torch.equal(d._grouped(layer, x, w, loc), ref), "the grouped form is the target's own computation"
-    # the calibration measured both forms at every token count and picked the grouped one from a count on
-    assert set(d.calibration) == {1, 8, 64, "grouped_from"} and all(set(d.calibration[n]) == {"dense", "grouped"}
-                                                                          for n in (1, 8, 64))
-    d.sparse_from = 1  # whichever the machine chose, both forms run through experts_override
-    assert torch.equal(d.experts_override(layer, x, w, ids), ref)
-    d.sparse_from = None
-    assert torch.allclose(d.experts_override(layer, x, w, ids), ref, atol=1e-5)
-    _assert_stacks_hold(d, prov, layer)
+    got = routed_experts(x, Routing(ids, w, cfg.num_experts), [group])
+    target = MoEBlock(cfg, layer).experts_forward(x, w, ids, ForwardContext(provider=resident))
+    assert torch.equal(got, target), "the draft runs the target's own grouped op"
+    assert torch.allclose(got, _reference_experts(resident, layer, x, w, ids), atol=1e-5)
+    # the draft forward never reaches the provider
+    with pytest.raises(AssertionError, match="draft tried to fetch"):
+        MoEBlock(cfg, layer).experts_forward(x, w, ids, ForwardContext(provider=d.context().provider))
 
 
-def _assert_stacks_hold(d, prov, layer):
-    """Row i of the draft's stacks is expert d.ids[layer][i], bit for bit."""
+def _assert_slots_hold(d, resident, layer):
+    """The slot each draft expert maps to holds that expert's weights, bit for bit."""
     cfg = d.cfg
     D, I = cfg.hidden_size, cfg.expert_intermediate_size
-    for i, e in enumerate(d.ids[layer]):
-        buf = prov.layers[layer][e]
-        assert torch.equal(d.w1[layer][i], buf[:2 * I * D].view(2 * I, D))
-        assert torch.equal(d.w2cat[layer][:, i * I:(i + 1) * I], buf[2 * I * D:].view(D, I))
+    group = d.groups[layer]
+    S = group.gate_up.shape[0]
+    slot_of = group.slot_of.tolist()
+    assert sorted(e for e, s in enumerate(slot_of) if s < S) == sorted(d.ids[layer])
+    for e in d.ids[layer]:
+        buf = resident.layers[layer][e]
+        assert torch.equal(group.gate_up[slot_of[e]], buf[:2 * I * D].view(2 * I, D))
+        assert torch.equal(group.down[slot_of[e]], buf[2 * I * D:].view(D, I))
 
 
-def test_hot_temporal_refresh_copies_arriving_experts_in_place(tiny_ckpt, monkeypatch):
-    """A verification that routes to other experts refreshes the set: the arriving experts are copied into
-    the rows of the leaving ones as the fetch streams them by; the stacks are never re-allocated."""
+def test_hot_temporal_refresh_repoints_the_draft_at_pinned_slots(tiny_ckpt, monkeypatch):
+    """A verification that routes to other experts refreshes the set: the arriving experts are pinned as the
+    forward brings them in, and the draft's map points at their slots; no expert is copied."""
     from specmoe import LLM, SamplingParams
     seen = {"refreshed": 0}
     orig = DraftExperts.end_target
 
     def checked(self):
         before = {layer: list(ids) for layer, ids in self.ids.items()}
-        ptrs = {layer: (self.w1[layer].data_ptr(), self.w2cat[layer].data_ptr()) for layer in self.ids}
         orig(self)
         for layer in self.ids:
-            assert (self.w1[layer].data_ptr(), self.w2cat[layer].data_ptr()) == ptrs[layer], "re-allocated"
-            _assert_stacks_hold(self, resident, layer)
+            assert self.groups[layer].gate_up.data_ptr() == self.provider.slot_tensors(layer)[0].data_ptr()
+            _assert_slots_hold(self, resident, layer)
             seen["refreshed"] += set(self.ids[layer]) != set(before[layer])
     monkeypatch.setattr(DraftExperts, "end_target", checked)
     resident = ResidentExperts(Checkpoint(tiny_ckpt("olmoe")), torch.float32)
@@ -130,6 +156,14 @@ def test_hot_temporal_refresh_copies_arriving_experts_in_place(tiny_ckpt, monkey
     assert seen["refreshed"] > 0, "some verification changed a draft set"
     st = llm.stats
     assert st["draft_set_refreshes"] > 0 and st["draft_refresh_bytes"] == 0
+
+
+def test_draft_set_larger_than_the_cache_is_a_clear_error(tiny_ckpt):
+    from specmoe import LLM, SamplingParams
+    from specmoe.errors import InputError
+    llm = LLM(tiny_ckpt("olmoe"), decoding="specmoe", draft_experts=5, offload="host", cache_experts=3)
+    with pytest.raises(InputError, match="draft_experts=5 cannot stay resident"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
 
 
 def test_profile_formats_and_top_n(tmp_path, mixtral):
@@ -160,32 +194,25 @@ def test_counts_ignore_padding_rows(mixtral):
     seqs = [Sequence(seq_id=i, prompt_ids=p, params=SamplingParams(), slot=i, generator=torch.Generator())
             for i, p in enumerate([[1, 2, 3, 4, 5], [6]])]  # 6 real tokens, 4 padding rows
     runner.forward(seqs, [s.prompt_ids for s in seqs])
+    d.resolve_counts()  # a resident store's counts stay on the device until read
     for layer in cfg.moe_layers:
         assert sum(d.last_counts[layer]) == 6 * cfg.top_k
 
 
-def test_affinity_and_calibration_are_computed_once_per_engine(tiny_ckpt, monkeypatch):
-    """A second generate call reuses the engine's affinity table and the draft's form calibration."""
+def test_affinity_is_computed_once_per_engine(tiny_ckpt, monkeypatch):
+    """A second generate call reuses the engine's affinity table."""
     from specmoe import LLM, SamplingParams
     import specmoe.decoding.affinity as affinity_mod
-    import specmoe.decoding.draft as draft_mod
-    calls = {"affinity": 0, "timer": 0}
-    load, timer = affinity_mod.load_or_compute_affinity, draft_mod.now
+    calls = {"affinity": 0}
+    load = affinity_mod.load_or_compute_affinity
 
     def counted_load(ck):
         calls["affinity"] += 1
         return load(ck)
-
-    def counted_timer(dev):
-        calls["timer"] += 1
-        return timer(dev)
     monkeypatch.setattr(affinity_mod, "load_or_compute_affinity", counted_load)
-    monkeypatch.setattr(draft_mod, "now", counted_timer)
     llm = LLM(tiny_ckpt("mixtral"), decoding="specmoe", substitution="affinity", draft_experts=2)
     sp = SamplingParams(max_tokens=6, ignore_eos=True)
     first = llm.generate([[1, 2, 3]], sp)[0].token_ids
-    after_first = dict(calls)
-    assert after_first["affinity"] == 1 and after_first["timer"] > 0, "the first run loads and calibrates"
+    assert calls["affinity"] == 1, "the first run loads the table"
     assert llm.generate([[1, 2, 3]], sp)[0].token_ids == first
-    assert calls == after_first, "the second run measured or loaded nothing again"
-    assert "grouped_from" in llm.draft_memo["calibration"]
+    assert calls["affinity"] == 1, "the second run loaded nothing again"

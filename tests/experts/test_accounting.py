@@ -13,8 +13,8 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16]]
 def capture(llm: LLM) -> list[tuple[int, set[int], list[int]]]:
     """Record (layer, union of routed ids, counts) of every MoE forward."""
     seen = []
-    llm.provider.forward_observers.append(lambda layer, ids, counts: seen.append(
-        (layer, set(ids.reshape(-1).tolist()), list(counts))))
+    llm.provider.forward_observers.append(lambda layer, routing: seen.append(
+        (layer, set(routing.needed), list(routing.counts_host))))
     return seen
 
 
