@@ -55,14 +55,17 @@ class ExpertBudget:
         self.normalize = cfg.model_type == "mixtral" or bool(cfg.norm_topk_prob)
         self.assignments = self.rerouted = 0
         self.calls = self.union_exact = self.union_budget = 0  # (forward, layer) pairs; Σ experts used
+        self.real: torch.Tensor | None = None  # [N] bool: the forward's non-padding tokens (set by the caller)
 
     def __call__(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
-        allowed = budget_set(weights, ids, self.E, self.budget)
-        inside = allowed[ids]  # [N, K]
+        real = self.real if self.real is not None and self.real.numel() == ids.shape[0] else None
+        rw, rid = (weights, ids) if real is None else (weights[real], ids[real])  # padding neither counts nor votes
+        allowed = budget_set(rw, rid, self.E, self.budget)
+        inside = allowed[rid]  # [n, K]
         used = torch.zeros(self.E, dtype=torch.bool, device=ids.device)
-        used[ids.reshape(-1)] = True
+        used[rid.reshape(-1)] = True
         n_used, n_out, all_in = int(used.sum()), int((~inside).sum()), bool(inside.all())
-        self.assignments += ids.numel()
+        self.assignments += rid.numel()
         self.calls += 1
         self.union_exact += n_used
         if all_in:
@@ -71,7 +74,7 @@ class ExpertBudget:
         w, new = reroute(logits, allowed, self.k, self.normalize)
         self.rerouted += n_out
         used.zero_()
-        used[new.reshape(-1)] = True
+        used[(new if real is None else new[real]).reshape(-1)] = True
         self.union_budget += int(used.sum())
         return w, new
 

@@ -57,6 +57,9 @@ class DraftedDecoder:
         e1, w1 = r.expert_s, r.provider.fetch_wait_s
         d_list = drafts.tolist()
         ctx = r.context(routing_hook=self.budget)  # the MoE-Spec budget (lossy) when asked for, else exact
+        if self.budget is not None:  # its tokens, flattened [B·T]: padding of shorter rows does not vote
+            pos = torch.arange(G + 1, device=dev)[None, :]
+            self.budget.real = (pos <= torch.tensor(gammas, device=dev)[:, None]).reshape(-1)
         logits = r.forward(seqs, [[s.output_ids[-1]] + d[:g] for s, d, g in zip(seqs, d_list, gammas)], ctx=ctx,
                            all_logits=True)  # [B, T, V]: the pending token + the proposals
         t2 = now(dev)

@@ -67,3 +67,21 @@ def test_budget_rejects_other_router_families():
         model_type, num_experts, top_k, norm_topk_prob = "deepseek_v3", 8, 2, True
     with pytest.raises(InputError):
         ExpertBudget(Cfg(), 4)
+
+
+def test_padding_tokens_do_not_vote():
+    class Cfg:
+        model_type, num_experts, top_k, norm_topk_prob = "qwen3_moe", 8, 2, True
+    logits = torch.full((3, 8), -5.0)
+    logits[0, 0], logits[0, 1] = 5.0, 4.0  # real tokens: experts 0, 1
+    logits[1, 0], logits[1, 1] = 5.0, 4.0
+    logits[2, 6], logits[2, 7] = 9.0, 8.0  # a padding token: experts 6, 7, with the most mass
+    w, ids = softmax_topk(logits, 2, True)
+    hook = ExpertBudget(Cfg(), 2)
+    hook.real = torch.tensor([True, True, False])
+    w2, ids2 = hook(0, logits, w, ids)
+    assert torch.equal(ids2, ids) and hook.rerouted == 0, "real tokens fit the budget: nothing re-routes"
+    assert hook.stats()["budget_experts_per_layer_exact"] == 2
+    hook.real = None  # the same forward with the padding voting: experts 6, 7 take the budget
+    hook(0, logits, w, ids)
+    assert hook.rerouted > 0
