@@ -42,6 +42,13 @@ SYSTEMS: tuple[System, ...] = (
            kind="speculative", note="while drafting, the target routers' picks for drafted tokens load in the background"),
     System("auto", "SpecMoE (auto fallback)", {"decoding": "auto"}, kind="speculative",
            note="speculates only where the cost model predicts a gain"),
+    System("ngram", "n-gram drafts + LRU", {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe",
+                                           "drafter": "ngram"}, kind="speculative",
+           note="prompt/output lookup drafts (no draft compute, no draft-set slots) verified over the LRU cache"),
+    System("ngram-cost", "n-gram drafts, cost-aware length + LRU",
+           {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe", "drafter": "ngram",
+            "draft_selection": "cost"}, kind="speculative",
+           note="verifies the prefix of each proposal that maximises predicted tokens/s (selection.py)"),
 )
 
 OFFLOADED_BASELINE = "ondemand"  # what speedups are quoted against first

@@ -11,6 +11,8 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, engine=None):
     if cfg.decoding == "ar":
         return AutoregressiveDecoder(runner)
     assert engine is not None, f"decoding={cfg.decoding!r} needs the engine (checkpoint, context length)"
+    if cfg.drafter != "self":
+        return make_drafted(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len)
     ctl = controller_of(engine) if cfg.decoding == "auto" else None
     return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo,
                         controller=ctl)
@@ -57,6 +59,19 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
         prefetch=cfg.draft_prefetch)
     return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           controller=controller)
+
+
+def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
+    """Speculation with a drafter other than the self draft (`drafters.py`)."""
+    from specmoe.decoding.budget import ExpertBudget
+    from specmoe.decoding.chainselect import ChainSelector
+    from specmoe.decoding.drafted import DraftedDecoder
+    from specmoe.decoding.drafters import NgramDrafter
+    drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
+    budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
+    selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection == "cost" else None
+    return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
+                          budget=budget, selector=selector)
 
 
 def lookahead(cfg: SpecConfig) -> int:

@@ -364,7 +364,7 @@ class SpecMoEDecoder:
             self.pf["fn"] += len(need - want)
 
     def stats(self) -> dict:
-        st = {"decoding": self.name, "steps": self.steps, "ar_steps": self.ar_steps,
+        st = {"decoding": self.name, "drafter": "self", "steps": self.steps, "ar_steps": self.ar_steps,
               "num_draft_tokens": self.gamma, "draft_experts": self.drafter.n,
               "substitution": self.drafter.substitution, "draft_policy": self.drafter.policy,
               "tokens_per_step": self.emitted / self.seq_steps if self.seq_steps else 0.0,

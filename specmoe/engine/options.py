@@ -157,6 +157,18 @@ class SpecConfig:
                             "(hot-temporal), static from a profile (hot-global), or random (ablation)",
                             ("hot-temporal", "hot-global", "random"))
     seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
+    drafter: str = opt("self", "speculation's draft source: the model's own draft experts (self), or prompt/output "
+                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes)",
+                       ("self", "ngram"))
+    ngram_min: int = opt(2, "ngram drafter: shortest suffix length n matched against the history")
+    ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
+    draft_selection: str = opt("all", "ngram drafter: verify every proposed token (all), or per step the prefix "
+                               "of each proposal that maximises expected tokens per second of verification, from "
+                               "measured acceptance per depth and verification time per position (cost)",
+                               ("all", "cost"))
+    verify_expert_budget: int | None = opt(None, "ngram drafter, LOSSY: per MoE layer, a verification forward uses "
+                                           "only the K experts of most routing mass plus each token's top-1; "
+                                           "tokens re-route among them (MoE-Spec)", type=int)
     draft_prefetch: bool = opt(False, "SpecMoE, offloaded: while drafting, load the experts the target's routers "
                                "pick for the drafted tokens into free cache slots, so the backing tier works "
                                "while the draft computes (draft-guided prefetch)")
@@ -168,6 +180,14 @@ class SpecConfig:
         check_int("draft_experts", self.draft_experts, 1)
         check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
         check_int("seed", self.seed, *SEED_RANGE)
+        check_int("ngram_min", self.ngram_min, 1)
+        check_int("ngram_max", self.ngram_max, self.ngram_min)
+        check_int("verify_expert_budget", self.verify_expert_budget, 1, none_ok=True)
+        if self.verify_expert_budget is not None and self.drafter == "self":
+            raise InputError("verify_expert_budget applies to the verification of drafter='ngram'")
+        if self.drafter == "ngram" and self.decoding == "auto":
+            raise InputError("drafter='ngram' runs at a fixed gamma with decoding='specmoe'; decoding='auto' "
+                             "(the controller) models the self draft")
 
 
 def check_choices(cfg) -> None:

@@ -1,0 +1,105 @@
+"""Speculative decoding with a pluggable `Drafter` at a fixed γ (`decoding="specmoe"`, `drafter` ≠ "self").
+
+One step: the drafter proposes up to γ_b tokens per sequence (`Drafter.propose`), ONE target forward
+verifies the pending token + the proposals of every sequence (`specmoe.verify`), and `specmoe.accept`
+emits the accepted prefix + the correction/bonus token. Rows whose proposal is shorter than γ_b verify
+fewer positions; an empty proposal makes that row a plain decoding step inside the same forward. With
+`verify_expert_budget` the verification forward routes through `budget.ExpertBudget` (lossy).
+"""
+from __future__ import annotations
+
+import torch
+
+from specmoe.decoding.breakdown import StepBreakdown, now
+from specmoe.decoding.budget import ExpertBudget
+from specmoe.decoding.chainselect import ChainSelector
+from specmoe.decoding.drafters import Drafter
+from specmoe.decoding.runner import ModelRunner
+from specmoe.decoding.sequence import Sequence
+from specmoe.decoding.specmoe import accept, step_noise
+
+
+class DraftedDecoder:
+    name = "specmoe"
+
+    def __init__(self, runner: ModelRunner, drafter: Drafter, *, num_draft_tokens: int, max_model_len: int,
+                 budget: ExpertBudget | None = None, selector: ChainSelector | None = None):
+        self.runner, self.drafter, self.budget, self.selector = runner, drafter, budget, selector
+        self.gamma, self.max_model_len = num_draft_tokens, max_model_len
+        self.steps = self.seq_steps = self.emitted = 0
+        self.acc_pos = [0] * num_draft_tokens
+        self.drafted_pos = [0] * num_draft_tokens
+        self.verified_positions = 0
+        self.draft_time = self.verify_time = self.accept_time = 0.0
+        self.draft_phase_bytes = self.step_bytes = 0
+        self.breakdown = StepBreakdown()
+
+    def _gamma_for(self, s: Sequence) -> int:
+        """Never draft past what the sequence may still emit (max_tokens, context length)."""
+        left = min(s.params.max_tokens - len(s.output_ids), self.max_model_len - s.num_tokens)
+        return max(0, min(self.gamma, left - 1))
+
+    @torch.inference_mode()
+    def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+        r, dev = self.runner, self.runner.device
+        gammas = [self._gamma_for(s) for s in seqs]
+        t0 = now(dev)
+        e0, b0 = r.expert_s, r.provider.bytes_moved
+        noise = step_noise(seqs, gammas, r.model.cfg.vocab_size, dev)
+        prop = self.drafter.propose(seqs, gammas, noise)
+        gammas = prop.gammas if self.selector is None else self.selector.choose(prop.gammas)
+        G = max(gammas, default=0)
+        drafts, q = prop.drafts[:, :G], (prop.q[:, :G] if prop.q is not None else None)
+        noise = {b: n[:gammas[b] + 1] for b, n in noise.items()}  # the positions this step verifies
+        b1 = r.provider.bytes_moved
+        self.draft_phase_bytes += b1 - b0
+        t1 = now(dev)
+        e1, w1 = r.expert_s, r.provider.fetch_wait_s
+        d_list = drafts.tolist()
+        ctx = r.context(routing_hook=self.budget)  # the MoE-Spec budget (lossy) when asked for, else exact
+        if self.budget is not None:  # its tokens, flattened [B·T]: padding of shorter rows does not vote
+            pos = torch.arange(G + 1, device=dev)[None, :]
+            self.budget.real = (pos <= torch.tensor(gammas, device=dev)[:, None]).reshape(-1)
+        logits = r.forward(seqs, [[s.output_ids[-1]] + d[:g] for s, d, g in zip(seqs, d_list, gammas)], ctx=ctx,
+                           all_logits=True)  # [B, T, V]: the pending token + the proposals
+        t2 = now(dev)
+        out = accept(seqs, drafts, q, logits, gammas, noise)
+        if self.selector is not None:
+            self.selector.record(gammas, [len(t) - 1 for t in out], len(seqs) + sum(gammas), t2 - t1)
+        for s, toks in zip(seqs, out):
+            r.commit(s, len(toks))  # K/V of the pending token + the accepted drafts
+        t3 = now(dev)
+        self.step_bytes += r.provider.bytes_moved - b0
+        self.breakdown.draft(t1 - t0, e1 - e0)
+        self.breakdown.target(t2 - t1, r.expert_s - e1, r.provider.fetch_wait_s - w1)
+        self.breakdown.accept(t3 - t2)
+        self.steps += 1
+        self.draft_time += t1 - t0
+        self.verify_time += t2 - t1
+        self.accept_time += t3 - t2
+        for toks, g in zip(out, gammas):
+            self.seq_steps += 1
+            self.emitted += len(toks)
+            self.verified_positions += g + 1
+            for j in range(g):
+                self.drafted_pos[j] += 1
+                if j < len(toks) - 1:
+                    self.acc_pos[j] += 1
+        return {s.seq_id: toks for s, toks in zip(seqs, out)}
+
+    def stats(self) -> dict:
+        st = {"decoding": self.name, "steps": self.steps, "ar_steps": 0, "num_draft_tokens": self.gamma,
+              "tokens_per_step": self.emitted / self.seq_steps if self.seq_steps else 0.0,
+              "verified_positions_per_step": self.verified_positions / self.seq_steps if self.seq_steps else 0.0,
+              "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(self.acc_pos, self.drafted_pos)],
+              "drafted_per_position": list(self.drafted_pos), "accepted_per_position": list(self.acc_pos),
+              "drafted_tokens": sum(self.drafted_pos), "accepted_tokens": sum(self.acc_pos),
+              "draft_time_s": self.draft_time, "verify_time_s": self.verify_time, "accept_time_s": self.accept_time,
+              "draft_phase_bytes": self.draft_phase_bytes,
+              "expert_bytes_per_token": self.step_bytes / self.emitted if self.emitted else 0.0,
+              "fallback_choice": "specmoe", "step_breakdown": dict(self.breakdown.s)}
+        st.update(self.drafter.stats())
+        if self.budget is not None:
+            st.update(self.budget.stats())
+        st.update(self.selector.stats() if self.selector is not None else {"draft_selection": "all"})
+        return st

@@ -1,0 +1,52 @@
+"""N-gram (prompt lookup) drafting: propose what followed the latest earlier occurrence of a sequence's
+last n tokens in its own history (prompt + output). Zero compute and zero expert bytes per draft token;
+it pays on text that repeats itself (code, extraction, edits of a given text).
+
+`NgramIndex` keeps, per n in [n_min, n_max], a map from each n-gram of the history to the position right
+after its latest occurrence, updated incrementally as tokens arrive (O(n_max − n_min + 1) per token), so a
+proposal is a few dictionary lookups whatever the history length. The longest matching n wins.
+"""
+from __future__ import annotations
+
+
+class NgramIndex:
+    """Incremental n-gram → continuation index over one token history."""
+
+    def __init__(self, n_min: int = 2, n_max: int = 4):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
+        self.indexed = 0  # n-grams ending before this position are in the maps
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def _index_upto(self, end: int) -> None:
+        """Index every n-gram ending at a position < end (its continuation starts at most at `end`)."""
+        toks = self.tokens
+        for j in range(self.indexed, end):  # n-gram toks[j-n+1 .. j], continuation starts at j+1
+            for n, m in self.maps.items():
+                if j + 1 >= n:
+                    m[tuple(toks[j + 1 - n: j + 1])] = j + 1
+        self.indexed = max(self.indexed, end)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
+        L = len(self.tokens)
+        if k <= 0 or L < self.n_min + 1:
+            return []
+        self._index_upto(L - 1)  # the suffix itself (ending at L-1) must match an *earlier* occurrence
+        for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
+            start = self.maps[n].get(tuple(self.tokens[L - n:]))
+            if start is not None:
+                return self.tokens[start: min(start + k, L)]
+        return []
+
+
+def propose(history: list[int], k: int, n_min: int = 2, n_max: int = 4) -> list[int]:
+    """One-shot form of `NgramIndex.propose` (tests, tools)."""
+    idx = NgramIndex(n_min, n_max)
+    idx.extend(history)
+    return idx.propose(k)
