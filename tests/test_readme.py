@@ -103,3 +103,11 @@ def test_the_link_check_sees_links_and_paths(tmp_path):
     md.write_text("[a](docs/A.md#x) ![p](p.png \"t\") [w](https://e.org) `../shared/DESIGN.md` `a/b.py`")
     assert list(local_targets(md)) == [("link", "docs/A.md"), ("link", "p.png"), ("path", "../shared/DESIGN.md"),
                                        ("path", "a/b.py")]
+
+
+@pytest.mark.parametrize("md", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_docs_carry_no_merge_conflict_markers(md):
+    """A merge once left `<<<<<<<` / `>>>>>>>` blocks in the README; every doc must be free of them."""
+    bad = [i + 1 for i, line in enumerate(md.read_text().splitlines())
+           if re.match(r"(<{7}|>{7})( |$)|={7}$", line)]
+    assert not bad, f"{md.name}: conflict markers at lines {bad}"
