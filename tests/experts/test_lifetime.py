@@ -115,8 +115,10 @@ def test_sigint_during_repack_leaves_no_temp_file(tmp_path):
     ck = make_tiny_checkpoint("mixtral", tmp_path / "ck")
     before = snapshot(ck)
     rp = tmp_path / "rp"
+    # SIGINT as a terminal delivers it, whatever disposition this test process inherited or a library set
     proc = subprocess.Popen([sys.executable, "-c", SLOW_REPACK, str(ck), str(rp)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list(rp.glob(".*.tmp")):  # the repack is writing its temp file
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

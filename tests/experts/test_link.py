@@ -53,19 +53,19 @@ def test_emulated_transfers_do_not_slow_the_compute_thread(tiny_ckpt):
         return (io_cpu[0] - cpu0) / sum(loaded), statistics.median(b / a for a, b in zip(alone, loaded))
 
     _compute()  # warm up
-    # The thread pacing the transfers uses the CPU (and so the interpreter) for at most 5% of the time the
-    # compute thread worked next to it (a busy-waiting link: 10% and more at these ~5 ms transfers, ~100% at
-    # shorter ones); thread CPU time hardly depends on what else runs. The compute thread's wall time barely
+    # The thread pacing the transfers uses the CPU (and so the interpreter) for at most 10% of the time the
+    # compute thread worked next to it (measured 5-7% on a 2-core machine: the wake-ups themselves; a
+    # busy-waiting link: 19% at these ~5 ms transfers, ~100% at shorter ones); thread CPU time hardly depends on what else runs. The compute thread's wall time barely
     # moves (median over pairs; generous for a noisy shared machine: the busy-wait made it many times slower).
     # A neighbour's burst can still spoil one measurement: it is repeated (up to 3 times) before failing.
     results = []
     for _ in range(3):
         results.append(measure())
-        if results[-1][0] <= 0.05 and results[-1][1] <= 2.0:
+        if results[-1][0] <= 0.10 and results[-1][1] <= 2.0:
             break
     share, ratio = results[-1]
     assert reads[0] >= 5 * 9 * len(results)
-    assert share <= 0.05, f"the emulated link used {share:.0%} of a CPU while pacing transfers ({results})"
+    assert share <= 0.10, f"the emulated link used {share:.0%} of a CPU while pacing transfers ({results})"
     assert ratio <= 2.0, f"compute thread {ratio:.2f}x slower during emulated transfers ({results})"
     # the link still holds each transfer for its full duration, and spins at most a few microseconds
     assert link.held_s >= reads[0] * link.duration(tier.expert_bytes) * 0.99
