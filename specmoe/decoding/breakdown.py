@@ -61,3 +61,38 @@ def finish(parts: dict, *, decode_time_s: float, scheduling_s: float) -> dict:
     out["other_s"] = decode_time_s - sum(out[k] for k in PARTS)
     out["decode_wall_s"] = decode_time_s + scheduling_s
     return out
+
+
+class SpecTally:
+    """What speculative steps drafted, verified and accepted, per draft position, and where their time went
+    (draft / verify / accept): one tally for every speculative decoder, so their stats mean the same."""
+
+    def __init__(self, gamma: int):
+        self.steps = self.seq_steps = self.emitted = self.verified = 0
+        self.drafted_pos, self.acc_pos = [0] * gamma, [0] * gamma
+        self.draft_s = self.verify_s = self.accept_s = 0.0
+
+    def record(self, out: list[list[int]], gammas: list[int], draft_s: float, verify_s: float,
+               accept_s: float) -> None:
+        """One step: out[b] = the tokens row b emitted (accepted drafts + 1) of its gammas[b] drafted."""
+        self.steps += 1
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.accept_s += accept_s
+        for toks, g in zip(out, gammas):
+            self.seq_steps += 1
+            self.emitted += len(toks)
+            self.verified += g + 1
+            for j in range(g):
+                self.drafted_pos[j] += 1
+                if j < len(toks) - 1:
+                    self.acc_pos[j] += 1
+
+    def stats(self) -> dict:
+        n = self.seq_steps
+        return {"steps": self.steps, "tokens_per_step": self.emitted / n if n else 0.0,
+                "verified_positions_per_step": self.verified / n if n else 0.0,
+                "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(self.acc_pos, self.drafted_pos)],
+                "drafted_per_position": list(self.drafted_pos), "accepted_per_position": list(self.acc_pos),
+                "drafted_tokens": sum(self.drafted_pos), "accepted_tokens": sum(self.acc_pos),
+                "draft_time_s": self.draft_s, "verify_time_s": self.verify_s, "accept_time_s": self.accept_s}

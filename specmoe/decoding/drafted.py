@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specmoe.decoding.breakdown import StepBreakdown, now
+from specmoe.decoding.breakdown import SpecTally, StepBreakdown, now
 from specmoe.decoding.budget import ExpertBudget
 from specmoe.decoding.chainselect import ChainSelector
 from specmoe.decoding.drafters import Drafter
@@ -26,11 +26,7 @@ class DraftedDecoder:
                  budget: ExpertBudget | None = None, selector: ChainSelector | None = None):
         self.runner, self.drafter, self.budget, self.selector = runner, drafter, budget, selector
         self.gamma, self.max_model_len = num_draft_tokens, max_model_len
-        self.steps = self.seq_steps = self.emitted = 0
-        self.acc_pos = [0] * num_draft_tokens
-        self.drafted_pos = [0] * num_draft_tokens
-        self.verified_positions = 0
-        self.draft_time = self.verify_time = self.accept_time = 0.0
+        self.tally = SpecTally(num_draft_tokens)
         self.draft_phase_bytes = self.step_bytes = 0
         self.breakdown = StepBreakdown()
 
@@ -73,30 +69,14 @@ class DraftedDecoder:
         self.breakdown.draft(t1 - t0, e1 - e0)
         self.breakdown.target(t2 - t1, r.expert_s - e1, r.provider.fetch_wait_s - w1)
         self.breakdown.accept(t3 - t2)
-        self.steps += 1
-        self.draft_time += t1 - t0
-        self.verify_time += t2 - t1
-        self.accept_time += t3 - t2
-        for toks, g in zip(out, gammas):
-            self.seq_steps += 1
-            self.emitted += len(toks)
-            self.verified_positions += g + 1
-            for j in range(g):
-                self.drafted_pos[j] += 1
-                if j < len(toks) - 1:
-                    self.acc_pos[j] += 1
+        self.tally.record(out, gammas, t1 - t0, t2 - t1, t3 - t2)
         return {s.seq_id: toks for s, toks in zip(seqs, out)}
 
     def stats(self) -> dict:
-        st = {"decoding": self.name, "steps": self.steps, "ar_steps": 0, "num_draft_tokens": self.gamma,
-              "tokens_per_step": self.emitted / self.seq_steps if self.seq_steps else 0.0,
-              "verified_positions_per_step": self.verified_positions / self.seq_steps if self.seq_steps else 0.0,
-              "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(self.acc_pos, self.drafted_pos)],
-              "drafted_per_position": list(self.drafted_pos), "accepted_per_position": list(self.acc_pos),
-              "drafted_tokens": sum(self.drafted_pos), "accepted_tokens": sum(self.acc_pos),
-              "draft_time_s": self.draft_time, "verify_time_s": self.verify_time, "accept_time_s": self.accept_time,
+        emitted = self.tally.emitted
+        st = {"decoding": self.name, **self.tally.stats(), "ar_steps": 0, "num_draft_tokens": self.gamma,
               "draft_phase_bytes": self.draft_phase_bytes,
-              "expert_bytes_per_token": self.step_bytes / self.emitted if self.emitted else 0.0,
+              "expert_bytes_per_token": self.step_bytes / emitted if emitted else 0.0,
               "fallback_choice": "specmoe", "step_breakdown": dict(self.breakdown.s)}
         st.update(self.drafter.stats())
         if self.budget is not None:

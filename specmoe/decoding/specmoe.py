@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from specmoe.decoding.breakdown import StepBreakdown, now
+from specmoe.decoding.breakdown import SpecTally, StepBreakdown, now
 from specmoe.decoding.controller import Controller
 from specmoe.decoding.draft import DraftExperts
 from specmoe.decoding.rejection import greedy_accept, rejection_sample
@@ -180,11 +180,9 @@ class SpecMoEDecoder:
         self.last_counts: dict[int, list[int]] = {}
         if drafter.prefetch:
             runner.observers.append(self._observe)
-        self.steps = self.ar_steps = 0
-        self.seq_steps = self.emitted = 0
-        self.acc_pos = [0] * num_draft_tokens
-        self.drafted_pos = [0] * num_draft_tokens
-        self.draft_time = self.verify_time = self.accept_time = self.ar_time = 0.0
+        self.ar_steps = 0
+        self.tally = SpecTally(num_draft_tokens)
+        self.ar_time = 0.0
         self.controller_s = 0.0
         self.draft_phase_bytes = 0
         self.breakdown = StepBreakdown()
@@ -336,17 +334,7 @@ class SpecMoEDecoder:
         self.breakdown.draft(t1 - t0, e1 - e0)
         self.breakdown.target(t2 - t1, r.expert_s - e1, r.provider.fetch_wait_s - w1, self.drafter.refresh_s - f0)
         self.breakdown.accept(t3 - t2)
-        self.steps += 1
-        self.draft_time += t1 - t0
-        self.verify_time += t2 - t1
-        self.accept_time += t3 - t2
-        for toks, g in zip(out, gammas):
-            self.seq_steps += 1
-            self.emitted += len(toks)
-            for j in range(g):
-                self.drafted_pos[j] += 1
-                if j < len(toks) - 1:
-                    self.acc_pos[j] += 1
+        self.tally.record(out, gammas, t1 - t0, t2 - t1, t3 - t2)
         if picks is not None:
             self._score_prefetch(picks)
         if self.ctl is not None:
@@ -364,13 +352,9 @@ class SpecMoEDecoder:
             self.pf["fn"] += len(need - want)
 
     def stats(self) -> dict:
-        st = {"decoding": self.name, "drafter": "self", "steps": self.steps, "ar_steps": self.ar_steps,
+        st = {"decoding": self.name, "drafter": "self", **self.tally.stats(), "ar_steps": self.ar_steps,
               "num_draft_tokens": self.gamma, "draft_experts": self.drafter.n,
               "substitution": self.drafter.substitution, "draft_policy": self.drafter.policy,
-              "tokens_per_step": self.emitted / self.seq_steps if self.seq_steps else 0.0,
-              "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(self.acc_pos, self.drafted_pos)],
-              "drafted_tokens": sum(self.drafted_pos), "accepted_tokens": sum(self.acc_pos),
-              "draft_time_s": self.draft_time, "verify_time_s": self.verify_time, "accept_time_s": self.accept_time,
               "ar_time_s": self.ar_time, "draft_phase_bytes": self.draft_phase_bytes,
               "step_breakdown": dict(self.breakdown.s)}
         st.update(self.drafter.stats())
@@ -382,8 +366,8 @@ class SpecMoEDecoder:
             st.update(self.ctl.stats())
             st.update(controller_s=self.controller_s, draft_set_unpins=self.unpins,
                       step_predictions=[list(p) for p in self.predictions])
-            st["fallback_choice"] = "specmoe" if self.steps and not self.ar_steps else (
-                "ar" if self.ar_steps and not self.steps else "mixed")
+            st["fallback_choice"] = "specmoe" if self.tally.steps and not self.ar_steps else (
+                "ar" if self.ar_steps and not self.tally.steps else "mixed")
         else:
             st["fallback_choice"] = "specmoe"
         return st
