@@ -69,6 +69,13 @@ def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
     from specmoe.decoding.drafters import NgramDrafter
     drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
     budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
+    if cfg.draft_tree:
+        from specmoe.decoding.treedecode import TreeDecoder
+        from specmoe.decoding.treeselect import TreeSelector
+        w = cfg.draft_tree_width
+        sel = TreeSelector(cfg.num_draft_tokens, w) if cfg.draft_selection == "cost" else None
+        return TreeDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
+                           width=w, budget=budget, selector=sel)
     selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection == "cost" else None
     return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           budget=budget, selector=selector)
@@ -76,4 +83,6 @@ def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
 
 def lookahead(cfg: SpecConfig) -> int:
     """KV positions a strategy may write past a sequence's committed length in one step."""
-    return 1 if cfg.decoding == "ar" else cfg.num_draft_tokens + 1
+    if cfg.decoding == "ar":
+        return 1
+    return cfg.num_draft_tokens * (cfg.draft_tree_width if cfg.draft_tree else 1) + 1

@@ -65,10 +65,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_padded(self, seqs: list[Sequence], tokens: torch.Tensor, lens: list[int], *,
-                       ctx: ForwardContext | None = None, all_logits: bool = False) -> torch.Tensor:
+                       ctx: ForwardContext | None = None, all_logits: bool = False,
+                       view: BatchView | None = None) -> torch.Tensor:
         """`forward` over tokens already on the device: tokens [B, T], row b real for its first lens[b]
-        positions (the rest is padding, whatever it holds)."""
-        bv = self.batch_view([s.slot for s in seqs], lens)
+        positions (the rest is padding, whatever it holds). `view`: a prepared BatchView (token trees)."""
+        bv = self.batch_view([s.slot for s in seqs], lens) if view is None else view
         ctx = ctx or self.context()
         try:
             if all_logits:
@@ -81,6 +82,19 @@ class ModelRunner:
         if self._record is not None:
             self._record.update({s.seq_id: out[b] for b, s in enumerate(seqs)})
         return out
+
+    def tree_view(self, seqs: list[Sequence], lens: list[int], depths: torch.Tensor, tree: torch.Tensor) -> BatchView:
+        """The BatchView of a token-tree verification: row b's token t (t < lens[b]) at RoPE position
+        length + depths[b, t], writing its K/V at length + t, seeing the prefix and tree[b, t] ([B, T, T])."""
+        bv = self.batch_view([s.slot for s in seqs], lens)
+        bv.write_positions, bv.positions, bv.tree = bv.positions, bv.positions[:, :1] + depths, tree
+        return bv
+
+    def rerecord(self, seqs: list[Sequence], rows: list[list[int]], logits: torch.Tensor) -> None:
+        """While recording: keep, per sequence, the logits rows[b] of logits [B, T, V] (a tree's accepted
+        path, in emission order) instead of the forward's rows."""
+        if self._record is not None:
+            self._record.update({s.seq_id: logits[b, r] for b, (s, r) in enumerate(zip(seqs, rows))})
 
     def commit(self, seq: Sequence, n: int) -> None:
         self.cache.lengths[seq.slot] += n

@@ -39,6 +39,28 @@ class BatchView:
     key_len: int = 0  # S: positions attended over (max position + 1)
     write_index: torch.Tensor | None = None  # [B·T] KV rows the tokens write (set once per forward)
     real_tokens: int | None = None  # tokens that are not padding (host int; needed with `valid`)
+    # token trees (speculative verification of a draft tree): `positions` are the RoPE positions (start +
+    # depth), the tokens write K/V at `write_positions` [B, T] (start + t, scratch past the committed length)
+    # and query t sees the committed prefix plus the new tokens u with tree[b, t, u] (its ancestors + itself)
+    tree: torch.Tensor | None = None  # [B, T, T] bool
+    write_positions: torch.Tensor | None = None  # [B, T]
+
+
+def tree_attention_mask(bv: BatchView, window: int | None) -> torch.Tensor:
+    """[B, 1, T, S] bool for a tree verification (`BatchView.tree`): key j is visible to query t iff j is in
+    the committed prefix (j < start) or j = start + u with tree[b, t, u]; with a window, iff the key's RoPE
+    position (j itself in the prefix, positions[b, u] in the tree) is inside the query's window."""
+    B, T = bv.positions.shape
+    dev = bv.positions.device
+    keys = torch.arange(bv.key_len, device=dev)
+    rel = keys[None, :] - bv.write_positions[:, :1]  # [B, S]: the key's node index (in [0, T) for the tree)
+    in_tree = (rel >= 0) & (rel < T)
+    node = rel.clamp(0, T - 1)
+    mask = (rel < 0)[:, None, :] | (in_tree[:, None, :] & torch.gather(bv.tree, 2, node[:, None, :].expand(B, T, -1)))
+    if window:
+        key_pos = torch.where(in_tree, torch.gather(bv.positions, 1, node), keys[None, :])  # [B, S]
+        mask &= key_pos[:, None, :] > bv.positions[:, :, None] - window
+    return mask[:, None]
 
 
 class Attention(nn.Module):
@@ -124,6 +146,8 @@ class Transformer(nn.Module):
 
     def attention_mask(self, bv: BatchView, window: int | None) -> torch.Tensor:
         """[B, 1, T, S] bool: key j visible to the query at position p iff j <= p (and inside the window)."""
+        if bv.tree is not None:
+            return tree_attention_mask(bv, window)
         keys = torch.arange(bv.key_len, device=bv.positions.device)
         mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
         if window:
@@ -138,7 +162,7 @@ class Transformer(nn.Module):
         x = self.embed(tokens.reshape(-1))  # [B·T, D]
         cos, sin = self.rope(bv.positions, x.dtype)
         masks = {w: self.attention_mask(bv, w) for w in {layer.window for layer in self.layers}}
-        bv.write_index = cache.write_index(bv.slots, bv.positions)
+        bv.write_index = cache.write_index(bv.slots, bv.positions if bv.write_positions is None else bv.write_positions)
         ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
         ctx.real_tokens = None if bv.valid is None else bv.real_tokens
         for layer in self.layers:

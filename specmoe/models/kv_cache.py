@@ -104,3 +104,12 @@ class KVCache:
         if contiguous is not None:
             return k[contiguous, :S], None if v is None else v[contiguous, :S]
         return k[slots, :S], None if v is None else v[slots, :S]
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the keys/values of flat rows `src` to flat rows `dst` (see `write_index`) in every layer: one
+        gather + one index_copy per cache tensor (all layers at once). Used to compact an accepted tree path
+        onto consecutive positions; the gather happens before the copy, so src and dst may overlap."""
+        for t in (self.k, self.v):
+            if t is not None:
+                rows = t.view(self.num_layers, -1, *t.shape[-2:])  # [L, Bmax·S, Hkv, Dh]
+                rows.index_copy_(1, dst, rows.index_select(1, src))
