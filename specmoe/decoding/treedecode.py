@@ -56,7 +56,7 @@ class TreeDecoder(DraftedDecoder):
             r.cache.move(torch.tensor(src, device=dev), torch.tensor(dst, device=dev))
         r.rerecord(seqs, paths, logits)
         if self.selector is not None:
-            self.selector.record_trees(trees, paths, sum(lens), t2 - t1)
+            self.selector.record_trees(trees, paths, len(lens) * max(lens), t2 - t1)  # rows computed
         for s, toks in zip(seqs, out):
             r.commit(s, len(toks))  # K/V of the pending token + the accepted path, now consecutive
         t3 = now(dev)

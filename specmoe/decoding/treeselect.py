@@ -1,18 +1,21 @@
 """Cost-aware selection over draft trees (`draft_selection="cost"` with `draft_tree=True`, SpecFit).
 
-Per step, the verified set of each sequence is an ancestor-closed subtree of its proposed tree, chosen with
-`selection.select` to maximise (B + Σ_v P(v)) / T(S) over the whole batch: P(v) = Π p(u) along v's path,
+Per step, the verified set of each sequence is an ancestor-closed subtree of its proposed tree, chosen to
+maximise (B + Σ_v P(v)) / T(S) over the whole batch: P(v) = Π p(u) along v's path (`selection.path_probs`),
 p(u) the acceptance measured so far for nodes at u's depth and sibling rank (rank 0: the first child, i.e.
-the drafter's chain; Beta(1, 1) prior, conditional on the parent's acceptance), T(S) the verification time
-fitted against verified positions (`ChainSelector`'s fit; every 8th step verifies whole trees so the fit
-keeps seeing large verifications). Chains are the special case of one child per node; `select` evaluates
-the top-1 chains among its candidates, so the chosen set never scores lower than a chain selection of the
-same budget. Lossless: it only removes nodes.
+the drafter's chain; Beta(1, 1) prior, conditional on the parent's acceptance). The verification forward is
+padded to the largest tree of the batch, so T(S) = a + c · B · (1 + max_b |S_b|), fitted against the rows
+the forward computed (`ChainSelector`'s least-squares fit; every 8th step verifies whole trees so the fit
+keeps seeing large verifications). Candidates: for every cap k, each sequence's k nodes of highest P
+(ancestor-closed: P never grows along a path), and `selection.select`'s SpecFit greedy set; the best by the
+objective wins. For every k the capped set's Σ P is at least that of the first k nodes of the chain, so the
+choice never scores lower than a chain selection of the same budget; chains are the special case of one
+child per node. Lossless: it only removes nodes.
 """
 from __future__ import annotations
 
 from specmoe.decoding.chainselect import ChainSelector
-from specmoe.decoding.selection import DraftNode, VerifyCost, select
+from specmoe.decoding.selection import DraftNode, VerifyCost, path_probs, select
 from specmoe.decoding.tree import DraftTree
 
 
@@ -56,15 +59,29 @@ class TreeSelector(ChainSelector):
         self.calls += 1
         if fit is None or not any(len(t) for t in trees) or self.calls % self.EXPLORE_EVERY == 0:
             return trees
-        a, c = fit
         nodes, where = self.nodes_of(trees)
-        B = len(trees)
-        keep: list[list[int]] = [[] for _ in range(B)]
-        for i in select(nodes, B, VerifyCost(base_s=max(a + c * B, 1e-9), token_s=c)):
-            b, j = where[i]
-            keep[b].append(j)
+        keep = [[where[i][1] for i in S] for S in self.select_sets(nodes, len(trees), fit)]
         self.cut += len(nodes) - sum(len(k) for k in keep)
         return [t.restrict(k) for t, k in zip(trees, keep)]
+
+    @staticmethod
+    def padded_objective(P: list[float], sets: list[list[int]], fit: tuple[float, float]) -> float:
+        a, c = fit
+        B = len(sets)
+        return (B + sum(P[i] for S in sets for i in S)) / (a + c * B * (1 + max((len(S) for S in sets), default=0)))
+
+    @classmethod
+    def select_sets(cls, nodes: list[DraftNode], B: int, fit: tuple[float, float]) -> list[list[int]]:
+        """Per sequence, the node indices (into `nodes`) to verify, by the padded objective."""
+        P = path_probs(nodes)
+        order: list[list[int]] = [[] for _ in range(B)]
+        for i in sorted(range(len(nodes)), key=lambda i: (-P[i], i)):  # a parent before its children
+            order[nodes[i].seq].append(i)
+        cands = [[o[:k] for o in order] for k in range(max(len(o) for o in order) + 1)]
+        a, c = fit
+        spec = select(nodes, B, VerifyCost(base_s=max(a + c * B, 1e-9), token_s=c * B))  # SpecFit greedy
+        cands.append([[i for i in spec if nodes[i].seq == b] for b in range(B)])
+        return max(cands, key=lambda sets: (cls.padded_objective(P, sets, fit), -sum(map(len, sets))))
 
     def record_trees(self, trees: list[DraftTree], paths: list[list[int]], positions: int, seconds: float) -> None:
         """One step: trees verified, paths[b] the accepted forward rows (root 0 first), the forward covered
