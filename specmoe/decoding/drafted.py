@@ -56,8 +56,12 @@ class DraftedDecoder:
         if self.budget is not None:  # its tokens, flattened [B·T]: padding of shorter rows does not vote
             pos = torch.arange(G + 1, device=dev)[None, :]
             self.budget.real = (pos <= torch.tensor(gammas, device=dev)[:, None]).reshape(-1)
-        logits = r.forward(seqs, [[s.output_ids[-1]] + d[:g] for s, d, g in zip(seqs, d_list, gammas)], ctx=ctx,
-                           all_logits=True)  # [B, T, V]: the pending token + the proposals
+        self.drafter.begin_verify()
+        try:
+            logits = r.forward(seqs, [[s.output_ids[-1]] + d[:g] for s, d, g in zip(seqs, d_list, gammas)],
+                               ctx=ctx, all_logits=True)  # [B, T, V]: the pending token + the proposals
+        finally:
+            self.drafter.end_verify()
         t2 = now(dev)
         out = accept(seqs, drafts, q, logits, gammas, noise)
         if self.selector is not None:

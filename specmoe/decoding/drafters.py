@@ -61,6 +61,12 @@ class Drafter(ABC):
         return [chain(rows[b][:g], None if prop.q is None or not g or b in noise or s.params.greedy else prop.q[b, :g])
                 for b, (s, g) in enumerate(zip(seqs, prop.gammas))]
 
+    def begin_verify(self) -> None:
+        """Called right before the verification forward (the self draft starts counting its routing)."""
+
+    def end_verify(self) -> None:
+        """Called right after the verification forward (the self draft refreshes its draft set)."""
+
     @abstractmethod
     def stats(self) -> dict:
         """The drafter's own counters for `llm.stats` (always its `drafter` name)."""

@@ -11,8 +11,8 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, engine=None):
     if cfg.decoding == "ar":
         return AutoregressiveDecoder(runner)
     assert engine is not None, f"decoding={cfg.decoding!r} needs the engine (checkpoint, context length)"
-    if cfg.drafter != "self":
-        return make_drafted(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len)
+    if cfg.drafter != "self" or cfg.draft_tree:
+        return make_drafted(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo)
     ctl = controller_of(engine) if cfg.decoding == "auto" else None
     return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo,
                         controller=ctl)
@@ -44,30 +44,38 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
                  controller=None):
     """`memo` outlives one generate call (the engine keeps it): the affinity table is computed once per
     engine, not once per call."""
+    from specmoe.decoding.specmoe import SpecMoEDecoder
+    return SpecMoEDecoder(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo),
+                          num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len, controller=controller)
+
+
+def draft_experts(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict | None = None):
+    """The self draft's draft-expert set (`draft.DraftExperts`)."""
     from specmoe.decoding.affinity import load_or_compute_affinity
     from specmoe.decoding.draft import DraftExperts, load_profile
-    from specmoe.decoding.specmoe import SpecMoEDecoder
     mcfg = ckpt.config
     memo = {} if memo is None else memo
     if cfg.substitution == "affinity" and "affinity" not in memo:
         memo["affinity"] = load_or_compute_affinity(ckpt)
-    drafter = DraftExperts(
+    return DraftExperts(
         mcfg, runner.provider, num_draft=cfg.draft_experts, policy=cfg.draft_policy,
         substitution=cfg.substitution, seed=cfg.seed, device=runner.device,
         affinity=memo.get("affinity") if cfg.substitution == "affinity" else None,
         profile=load_profile(ckpt.path, mcfg) if cfg.draft_policy == "hot-global" else None,
         prefetch=cfg.draft_prefetch)
-    return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
-                          controller=controller)
 
 
-def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
-    """Speculation with a drafter other than the self draft (`drafters.py`)."""
+def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None):
+    """Speculation with a `Drafter` (`drafters.py`): the ngram lookup, or the self draft's trees."""
     from specmoe.decoding.budget import ExpertBudget
     from specmoe.decoding.chainselect import ChainSelector
     from specmoe.decoding.drafted import DraftedDecoder
     from specmoe.decoding.drafters import NgramDrafter
-    drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
+    if cfg.drafter == "self":
+        from specmoe.decoding.selfdraft import SelfDrafter
+        drafter = SelfDrafter(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo))
+    else:
+        drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
     budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
     if cfg.draft_tree:
         from specmoe.decoding.treedecode import TreeDecoder

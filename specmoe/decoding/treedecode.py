@@ -48,7 +48,11 @@ class TreeDecoder(DraftedDecoder):
             self.budget.real = (torch.arange(tokens.shape[1], device=dev)[None, :]
                                 < torch.tensor(lens, device=dev)[:, None]).reshape(-1)
         bv = r.tree_view(seqs, lens, depths, mask)
-        logits = r.forward_padded(seqs, tokens, lens, ctx=ctx, all_logits=True, view=bv)  # [B, T, V]
+        self.drafter.begin_verify()
+        try:
+            logits = r.forward_padded(seqs, tokens, lens, ctx=ctx, all_logits=True, view=bv)  # [B, T, V]
+        finally:
+            self.drafter.end_verify()
         t2 = now(dev)
         paths, out = accept(seqs, trees, logits, depths, noise)
         src, dst = compaction(seqs, paths, lengths, r.cache.max_seq)

@@ -169,9 +169,10 @@ class SpecConfig:
     verify_expert_budget: int | None = opt(None, "ngram drafter, LOSSY: per MoE layer, a verification forward uses "
                                            "only the K experts of most routing mass plus each token's top-1; "
                                            "tokens re-route among them (MoE-Spec)", type=int)
-    draft_tree: bool = opt(False, "drafter other than self: propose and verify a token tree per sequence (ngram: "
-                           "up to draft_tree_width distinct continuations from the history merged into a trie), "
-                           "one forward with a tree attention mask; the accepted path's K/V is compacted in place")
+    draft_tree: bool = opt(False, "decoding=specmoe: propose and verify a token tree per sequence (ngram: up to "
+                           "draft_tree_width distinct continuations from the history merged into a trie; self: the "
+                           "draft's chain plus its next most likely tokens at every depth as leaves), one forward "
+                           "with a tree attention mask; the accepted path's K/V is compacted in place")
     draft_tree_width: int = opt(3, "draft_tree: most branches per tree (continuations; at most width x gamma nodes)")
     draft_prefetch: bool = opt(False, "SpecMoE, offloaded: while drafting, load the experts the target's routers "
                                "pick for the drafted tokens into free cache slots, so the backing tier works "
@@ -184,9 +185,11 @@ class SpecConfig:
         if not isinstance(self.draft_tree, bool):
             raise InputError(f"draft_tree must be True or False, got {self.draft_tree!r}")
         check_int("draft_tree_width", self.draft_tree_width, 1, 16)
-        if self.draft_tree and (self.drafter == "self" or self.decoding != "specmoe"):
-            raise InputError("draft_tree=True needs decoding='specmoe' with a drafter other than 'self' "
-                             "(e.g. drafter='ngram')")
+        if self.draft_tree and self.decoding != "specmoe":
+            raise InputError("draft_tree=True needs decoding='specmoe' (decoding='auto' models chains of the self "
+                             "draft)")
+        if self.draft_tree and self.draft_prefetch:
+            raise InputError("draft_prefetch applies to the self draft's chains, not to draft_tree=True")
         check_int("draft_experts", self.draft_experts, 1)
         check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
         check_int("seed", self.seed, *SEED_RANGE)
