@@ -39,7 +39,10 @@ class DraftedDecoder:
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         r, dev = self.runner, self.runner.device
         gammas = [self._gamma_for(s) for s in seqs]
+        ts = now(dev)
+        self.drafter.prepare()
         t0 = now(dev)
+        self.breakdown.setup(t0 - ts)
         e0, b0 = r.expert_s, r.provider.bytes_moved
         noise = step_noise(seqs, gammas, r.model.cfg.vocab_size, dev)
         prop = self.drafter.propose(seqs, gammas, noise)

@@ -61,6 +61,10 @@ class Drafter(ABC):
         return [chain(rows[b][:g], None if prop.q is None or not g or b in noise or s.params.greedy else prop.q[b, :g])
                 for b, (s, g) in enumerate(zip(seqs, prop.gammas))]
 
+    def prepare(self) -> None:
+        """Called at the start of every step, before the draft phase is timed and its bytes counted: one-time
+        setup (the self draft pins its draft set here)."""
+
     def begin_verify(self) -> None:
         """Called right before the verification forward (the self draft starts counting its routing)."""
 

@@ -32,20 +32,20 @@ class SelfDrafter(Drafter):
         runner.observers.append(experts.observe)
         self.siblings = 0  # tree nodes beyond the chain proposed
 
-    def _ready(self) -> None:
+    def prepare(self) -> None:
         if not self.experts.ready:
             self.experts.setup()
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], gammas: list[int], noise: dict[int, torch.Tensor]) -> Proposal:
-        self._ready()
+        self.prepare()
         drafts, q = draft(self.runner, self.experts, seqs, gammas, noise)
         return Proposal(drafts, q, list(gammas))
 
     @torch.inference_mode()
     def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int,
                      noise: dict[int, torch.Tensor]) -> list[DraftTree]:
-        self._ready()
+        self.prepare()
         seen: dict[int, tuple[list[int], torch.Tensor]] = {}
 
         def keep(j, rows, logits):  # the draft's logits at depth j + 1 for the sequences in `rows`

@@ -31,7 +31,10 @@ class TreeDecoder(DraftedDecoder):
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         r, dev = self.runner, self.runner.device
         gammas = [self._gamma_for(s) for s in seqs]
+        ts = now(dev)
+        self.drafter.prepare()
         t0 = now(dev)
+        self.breakdown.setup(t0 - ts)
         e0, b0 = r.expert_s, r.provider.bytes_moved
         noise = step_noise(seqs, gammas, r.model.cfg.vocab_size, dev)  # row j: output position j of the step
         trees = self.drafter.propose_tree(seqs, gammas, self.width, noise)

@@ -52,6 +52,31 @@ def test_tree_greedy_equals_plain_greedy(ar_llm, batch, gamma, width, selection)
         assert s["tree_nodes_proposed"] == s["tree_nodes_verified"]
 
 
+@pytest.mark.parametrize("batch,selection", [(1, "all"), (7, "cost"), (64, "all")])
+def test_self_draft_tree_greedy_equals_plain_greedy(ar_llm, batch, selection):
+    """drafter='self' trees: the draft's chain + its next most likely tokens per depth as leaves."""
+    prompts, sp = BATCHES[batch]
+    ref = [o.token_ids for o in ar_llm.generate(prompts, sp)]
+    llm = LLM(dtype="float32", threads=1, decoding="specmoe", draft_tree=True, num_draft_tokens=3, draft_tree_width=3,
+              draft_selection=selection)
+    assert [o.token_ids for o in llm.generate(prompts, sp)] == ref
+    s = llm.stats
+    assert s["drafter"] == "self" and s["tree_sibling_nodes"] > 0 and s["draft_forwards"] > 0
+    assert s["tree_branched_rows"] > 0 and s["accepted_tokens"] > 0 and s["tree_nodes_rejected"] > 0
+    assert s["tree_kv_rows_moved"] > 0, "some accepted path must end on a sibling leaf"
+    assert s["draft_phase_bytes"] == 0 and s["draft_set_refreshes"] > 0
+
+
+def test_self_draft_tree_offloaded_equals_resident(tmp_path):
+    prompts, sp = BATCHES[7]
+    kw = dict(dtype="float32", threads=1, decoding="specmoe", draft_tree=True, num_draft_tokens=3)
+    want = [o.token_ids for o in LLM(**kw).generate(prompts, sp)]
+    off = LLM(**kw, offload="disk", repack_dir=str(tmp_path / "r"), cache_experts=10, cache_policy="lru")
+    assert [o.token_ids for o in off.generate(prompts, sp)] == want
+    s = off.stats
+    assert s["expert_bytes_per_token"] > 0 and s["draft_phase_bytes"] == 0 and s["tree_sibling_nodes"] > 0
+
+
 def test_tree_accepts_off_chain_paths_and_compacts_their_kv(ar_llm):
     """Batch 7: some accepted path leaves the first (chain) branch, so its K/V was moved; afterwards every
     slot's cache equals what plain decoding wrote over the committed positions."""
@@ -89,9 +114,10 @@ def test_seeded_tree_rows_equal_plain_seeded_decoding(tiny_ckpt):
     sps.append(SamplingParams(max_tokens=12, ignore_eos=True))
     prompts.append([9, 9, 1, 9, 9])
     ref = [o.token_ids for o in LLM(path, dtype="float32").generate(prompts, sps)]
-    llm = tree_llm(path, num_draft_tokens=3, draft_tree_width=3)
-    assert [o.token_ids for o in llm.generate(prompts, sps)] == ref
-    assert llm.stats["tree_nodes_verified"] > 0 and llm.stats["accepted_tokens"] > 0
+    for drafter in ("ngram", "self"):
+        llm = tree_llm(path, num_draft_tokens=3, draft_tree_width=3, drafter=drafter, draft_experts=2)
+        assert [o.token_ids for o in llm.generate(prompts, sps)] == ref, drafter
+        assert llm.stats["tree_nodes_verified"] > 0 and llm.stats["accepted_tokens"] > 0
 
 
 def test_tree_offloaded_equals_resident(tmp_path):
@@ -171,7 +197,9 @@ def test_tree_attention_mask_matches_a_brute_force_reference(window):
 
 def test_tree_options_are_checked():
     with pytest.raises(InputError):
-        LLM(decoding="specmoe", draft_tree=True)  # the self drafter has no tree path
+        LLM(decoding="auto", draft_tree=True)  # the controller models chains
+    with pytest.raises(InputError):
+        LLM(decoding="specmoe", draft_tree=True, draft_prefetch=True)
     with pytest.raises(InputError):
         LLM(decoding="specmoe", drafter="ngram", draft_tree="yes")
     with pytest.raises(InputError):

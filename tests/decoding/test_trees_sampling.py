@@ -198,3 +198,20 @@ def test_padded_tree_selection_beats_every_capped_chain(seed):
     for k in range(7):
         chains = [sorted(i for i in ch if nodes[i].seq == b)[:k] for b in range(B)]  # chain order = index order
         assert got >= TreeSelector.padded_objective(P, chains, fit) - 1e-12
+
+
+def test_unseeded_sampled_self_draft_tree_follows_the_target(tiny_ckpt):
+    """Self-draft trees for unseeded rows: the root's children are i.i.d. draws from the draft's q; the 2nd
+    token's law must be the target's given the first."""
+    path = tiny_ckpt("mixtral")
+    prompt, n = [5, 17, 33], 400
+    llm = LLM(path, dtype="float32", decoding="specmoe", draft_tree=True, draft_tree_width=3, num_draft_tokens=2,
+              draft_experts=2)
+    spec = llm.generate([prompt] * n, SamplingParams(max_tokens=3, temperature=1.0))
+    st = llm.stats
+    assert st["tree_sibling_nodes"] >= n and 0 < st["accepted_tokens"] < st["tree_nodes_verified"], st
+    logits = LLM(path, dtype="float32").logits([prompt + [o.token_ids[0]] for o in spec])
+    p = torch.softmax(logits[:, len(prompt)], -1)
+    got = torch.tensor([p[i, o.token_ids[1]].item() for i, o in enumerate(spec)])
+    want = (p * p).sum(-1)
+    assert abs(got.mean() - want.mean()) < 4 * got.std() / n ** 0.5 + 1e-3
