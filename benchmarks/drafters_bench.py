@@ -38,8 +38,9 @@ STAT_KEEP = ("drafter", "drafted_tokens", "accepted_tokens", "verified_positions
              "expert_bytes_per_token", "draft_phase_bytes", "verify_expert_budget", "budget_rerouted_share",
              "draft_selection", "selection_cut_tokens", "draft_tree", "draft_tree_width", "tree_nodes_per_step",
              "tree_nodes_verified", "tree_nodes_rejected", "accepted_path_length", "tree_branched_rows",
-             "tree_kv_rows_moved")
-TREE_PAIRS = (("ngram-tree", "ngram"), ("ngram-tree-cost", "ngram"), ("ngram-tree-cost", "ngram-cost"))
+             "tree_kv_rows_moved", "tree_sibling_nodes")
+TREE_PAIRS = (("ngram-tree", "ngram"), ("ngram-tree-cost", "ngram"), ("ngram-tree-cost", "ngram-cost"),
+              ("specmoe-tree", "specmoe"), ("specmoe-tree-cost", "specmoe"))
 
 
 def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:

@@ -56,6 +56,11 @@ SYSTEMS: tuple[System, ...] = (
            {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe", "drafter": "ngram", "draft_tree": True,
             "draft_selection": "cost"}, kind="speculative",
            note="verifies the ancestor-closed subtree that maximises predicted tokens/s (treeselect.py)"),
+    System("specmoe-tree", "SpecMoE token trees", {"decoding": "specmoe", "draft_tree": True}, kind="speculative",
+           note="the self draft's chain + its next most likely tokens per depth as leaves, one verification"),
+    System("specmoe-tree-cost", "SpecMoE token trees, cost-aware subtree",
+           {"decoding": "specmoe", "draft_tree": True, "draft_selection": "cost"}, kind="speculative",
+           note="self-draft trees, verifying the subtree that maximises predicted tokens/s"),
 )
 
 OFFLOADED_BASELINE = "ondemand"  # what speedups are quoted against first
