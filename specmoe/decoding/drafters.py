@@ -10,6 +10,12 @@ for every drafter. Two drafters:
   expert bytes; a proposal may be shorter than γ_b or empty, and that row then verifies fewer positions
   (only its pending token when empty).
 
+Token trees (`draft_tree=True`, `treedecode.TreeDecoder`): `Drafter.propose_tree` returns a
+`tree.DraftTree` per sequence; its default wraps `propose`'s chain, `NgramDrafter` merges several history
+continuations into a trie and `selfdraft.SelfDrafter` (the self draft behind this interface) adds the
+draft's next most likely tokens per depth as leaves. `prepare` / `begin_verify` / `end_verify` are hooks
+around a step (no-ops by default; the self draft pins and refreshes its draft set there).
+
 Losslessness: greedy and seeded sampled rows use the exact-match rule against the target's pick, which
 does not depend on where drafts come from. Unseeded sampled rows use rejection sampling; a lookup draft
 is deterministic given the history, i.e. drawn from the one-hot q = δ(draft), for which rejection
