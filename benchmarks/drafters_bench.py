@@ -2,7 +2,8 @@
 prompts, experts on the disk tier, back to back in one run (ratios only mean something within one run).
 
     .venv/bin/python benchmarks/drafters_bench.py [--model DIR | --widened] [--batches 1,16]
-        [--systems lru,ngram,ngram-cost,ngram-tree,ngram-tree-cost,specmoe] [--max-tokens 48] [--prompt-tokens 256] [--repeats 2]
+        [--systems lru,ngram,ngram-cost,ngram-tree,ngram-tree-cost,specmoe,specmoe-tree,specmoe-tree-cost]
+        [--max-tokens 48] [--prompt-tokens 256] [--repeats 2]
         [--budget K1,K2] [--out benchmarks/results/drafters.json]
 
 Systems come from the `specmoe bench` registry (`specmoe/bench/systems.py`). Every run is greedy, EOS
