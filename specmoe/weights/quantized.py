@@ -1,0 +1,180 @@
+"""Checkpoints that ship quantized weights, read as stored: the published formats' dequantisation, and how one
+expert's stored tensors become the packed floating-point expert.
+
+- MXFP4 (GPT-OSS experts): FP4 e2m1 values two per byte (low nibble first) in blocks of 32 along a projection's
+  input, one e8m0 exponent per block (value 2^(s − 127));
+- FP8 block-scaled (DeepSeek-V3 and other fine-grained FP8 releases): float8_e4m3fn weights, one fp32
+  multiplier (`weight_scale_inv`) per block of rows × columns (128 × 128 as published; edge blocks partial).
+
+Both dequantise in fp32 and round once to the requested dtype, value for value what transformers' own
+dequantisation computes (tests/formats/test_formats.py).
+
+`StoredLayout` describes one expert's stored tensors (the same for every expert of a checkpoint) and `assemble`
+turns them into the packed expert [gate (I·D); up (I·D); down (D·I)] (+ GPT-OSS's biases). It is the one path
+from stored bytes to compute weights: `Checkpoint.read_expert` (resident experts) and the `mxfp4` / `fp8-block`
+expert formats (experts/formats.py: tiers keep and move the stored bytes, and decode them on arrival in a slot)
+both call it, so offloaded experts equal resident ones bit for bit.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from specmoe.config import ModelConfig
+from specmoe.errors import InputError
+from specmoe.weights.names import ExpertPart, expert_parts, stored_tensors
+
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+BLOCKS_PER_PASS = 1 << 13  # MXFP4 blocks dequantised per pass (the fp32 temporary stays 1 MiB)
+ROWS_PER_PASS = 1 << 18  # FP8: values per pass, rounded to whole scale blocks of rows
+_luts: dict[str, torch.Tensor] = {}
+_lock = threading.Lock()
+
+
+def _pair_lut(device: torch.device) -> torch.Tensor:
+    """[256, 2] fp32: the two FP4 values (low nibble, high nibble) of every byte."""
+    key = str(device)
+    lut = _luts.get(key)
+    if lut is None:
+        vals = torch.tensor(FP4_E2M1, dtype=torch.float32)
+        b = torch.arange(256)
+        lut = torch.stack((vals[b & 0x0F], vals[b >> 4]), dim=1).to(device)
+        with _lock:
+            _luts[key] = lut
+    return lut
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16, *,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """MXFP4: `blocks` [..., G, 16] uint8 holds 32 FP4 e2m1 values per block, two per byte (low nibble first);
+    `scales` [..., G] uint8 is each block's e8m0 exponent. Returns [..., G·32] in `dtype` (or writes `out`, a
+    tensor of that shape). GPT-OSS's `*_blocks` tensors are [E, out, G, 16]: the result is [E, out, in],
+    output channels as rows, as in the packed expert."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise InputError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise InputError(f"MXFP4 blocks {list(blocks.shape)} do not match scales {list(scales.shape)} "
+                         "(expected blocks [..., G, 16] and scales [..., G])")
+    shape = (*blocks.shape[:-2], blocks.shape[-2] * 32)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=blocks.device)
+    elif tuple(out.shape) != shape:
+        raise InputError(f"MXFP4 output {list(out.shape)} does not match blocks {list(blocks.shape)}")
+    rows, exps, dst = blocks.reshape(-1, 16), scales.reshape(-1, 1), out.view(-1, 32)
+    lut = _pair_lut(blocks.device)
+    for i in range(0, rows.shape[0], BLOCKS_PER_PASS):
+        j = min(rows.shape[0], i + BLOCKS_PER_PASS)
+        v = lut.index_select(0, rows[i:j].reshape(-1).to(torch.int32)).view(j - i, 32)
+        v = torch.ldexp(v, exps[i:j].to(torch.int32) - 127)  # exact: a power of two times a 2-bit mantissa
+        dst[i:j].copy_(v)
+    return out
+
+
+def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (128, 128),
+                          dtype: torch.dtype = torch.bfloat16, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Block-scaled FP8: `weight` [R, C] float8_e4m3fn, `scale_inv` [⌈R/br⌉, ⌈C/bc⌉] (fp32), one multiplier per
+    `block` (edge blocks may be partial). Returns weight · scale in `dtype` (or writes `out`, [R, C]), computed
+    in fp32."""
+    br, bc = block
+    if weight.dim() != 2:
+        raise InputError(f"FP8 weight must be 2-D [rows, columns], got {list(weight.shape)}")
+    R, C = weight.shape
+    want = (math.ceil(R / br), math.ceil(C / bc))
+    if tuple(scale_inv.shape) != want:
+        raise InputError(f"FP8 scales {list(scale_inv.shape)} do not match weight {list(weight.shape)} with "
+                         f"{br}x{bc} blocks (expected [{want[0]}, {want[1]}])")
+    if out is None:
+        out = torch.empty(R, C, dtype=dtype, device=weight.device)
+    s = scale_inv.to(torch.float32).repeat_interleave(bc, dim=1)[:, :C]  # [R/br, C]
+    step = max(1, ROWS_PER_PASS // max(1, C * br)) * br  # whole row blocks per pass
+    for i in range(0, R, step):
+        j = min(R, i + step)
+        w = weight[i:j].to(torch.float32)
+        idx = torch.arange(i, j, device=weight.device) // br
+        w.mul_(s.index_select(0, idx))
+        out[i:j].copy_(w)
+    return out
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One expert's row of one stored tensor: its shape and the dtype it is kept in."""
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class StoredLayout:
+    """How a checkpoint with quantized experts stores one expert (the same for all of its experts): `tensors` in
+    stored order (names.stored_tensors), and for each packed part (gate, up, down, biases) the part's cut
+    (`ExpertPart`, keys of the first expert) with the index of its tensor and of its scales (None: a float
+    tensor)."""
+    method: str  # "mxfp4" | "fp8"
+    block: tuple[int, int]
+    tensors: tuple[StoredTensor, ...]
+    parts: tuple[tuple[ExpertPart, int, int | None], ...]
+
+
+def stored_layout(cfg: ModelConfig) -> StoredLayout | None:
+    """The stored layout of `cfg`'s experts (None for a floating-point checkpoint). Weights keep their quantized
+    dtype (uint8 blocks / float8_e4m3fn), MXFP4 scales are uint8, FP8 scales fp32, and float tensors (biases)
+    the checkpoint's dtype."""
+    q = cfg.quantization
+    if q is None:
+        return None
+    parts = expert_parts(cfg, cfg.moe_layers[0], 0)
+    st = stored_tensors(parts)
+    index = {key: i for i, (key, _, _, _) in enumerate(st)}
+    quantized = {p.key for p in parts.values() if p.scale is not None}
+    wdtype = torch.uint8 if q.method == "mxfp4" else torch.float8_e4m3fn
+    sdtype = torch.uint8 if q.method == "mxfp4" else torch.float32
+    fdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[cfg.dtype]
+    tensors = tuple(StoredTensor(shape, sdtype if is_scale else wdtype if key in quantized else fdtype)
+                    for key, _, shape, is_scale in st)
+    return StoredLayout(q.method, q.block, tensors,
+                        tuple((p, index[p.key], index[p.scale] if p.scale else None) for p in parts.values()))
+
+
+def dequantized(method: str, block: tuple[int, int], t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """One expert's quantized tensor in fp32, laid out as transformers' dequantised model holds it (and as the
+    floating-point checkpoint stores it): MXFP4 [in, out] (the blocks are [out, in/32, 16]; a transposed view),
+    FP8 [rows, columns] as stored."""
+    if method == "mxfp4":
+        return dequantize_mxfp4(t, scales, torch.float32).T
+    return dequantize_fp8_blocks(t, scales, block, torch.float32)
+
+
+def cut(part: ExpertPart, t: torch.Tensor) -> torch.Tensor:
+    """The part's values from its (dequantised) tensor row: every `step`-th column from `start`, transposed."""
+    if part.step != 1:
+        t = t[..., part.start::part.step]
+    return t.T if part.transpose else t
+
+
+def assemble(layout: StoredLayout, tensors: list[torch.Tensor], out: torch.Tensor) -> None:
+    """Write the packed expert into `out` (flat [numel], any float dtype and device) from its stored tensors
+    (`layout.tensors` order and dtypes, on out's device): each quantized tensor dequantised once, in fp32, then
+    every part cut from it and rounded once to out's dtype."""
+    deq: dict[int, torch.Tensor] = {}
+    off = 0
+    for part, ti, si in layout.parts:
+        if ti not in deq:
+            t = tensors[ti]
+            deq[ti] = t if si is None else dequantized(layout.method, layout.block, t, tensors[si])
+        v = cut(part, deq[ti])
+        n = v.numel()
+        out[off:off + n].view(v.shape).copy_(v)
+        off += n
+    if off != out.numel():
+        raise InputError(f"the stored expert holds {off} values, the packed expert {out.numel()}")
