@@ -167,8 +167,12 @@ class Checkpoint:
             unexpected.remove("lm_head.weight")
         if unexpected:
             more = f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+            hint = ""
+            if cfg.quantization is None and any(k.endswith(("_scale_inv", "_blocks", "_scales")) for k in unexpected):
+                hint = ("; these are a quantized checkpoint's tensors: its config.json must declare "
+                        "quantization_config (quant_method \"fp8\" or \"mxfp4\")")
             raise CheckpointError(f"checkpoint {self.path} has {len(unexpected)} unexpected tensor(s) for "
-                                  f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}")
+                                  f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}{hint}")
         q = self.config.quantization
         for k, (_, codes) in expected.items():  # the shard map names the right file, and every dtype is expected
             fname = self.key_to_file[k]
