@@ -18,7 +18,8 @@ from specmoe.config import ModelConfig, read_json_object, type_name
 from specmoe.errors import CheckpointError, InputError
 from specmoe.weights.names import (ExpertPart, expert_parts, expert_tensors_per_layer, is_ignored, non_expert_keys,
                                    stored_tensors)
-from specmoe.weights.quantized import assemble, cut, dequantize_fp8_blocks, dequantized, stored_layout
+from specmoe.weights.quantized import (assemble, cut, dequantize_fp8_blocks, dequantize_part, part_shape,
+                                       stored_layout)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -253,7 +254,11 @@ class Checkpoint:
         is dequantised (in fp32) first."""
         t = self._row(part.key, part.expert)
         if part.scale is not None:
-            t = dequantized(self.layout.method, self.layout.block, t, self._row(part.scale, part.expert))
+            lay = self.layout
+            out = torch.empty(part_shape(lay.method, part, t), dtype=dtype or torch.float32)
+            dequantize_part(lay.method, lay.block, part, t, self._row(part.scale, part.expert).to(lay.scale_dtype),
+                            out)
+            return out
         t = cut(part, t)
         return t.to(dtype) if dtype is not None and t.dtype != dtype else t
 
@@ -263,7 +268,8 @@ class Checkpoint:
         if self.layout is None:
             raise InputError(f"{self.path} stores its experts in floating point; there are no quantized tensors")
         st = stored_tensors(expert_parts(self.config, layer, expert))
-        return [self._row(key, row).to(spec.dtype).contiguous() for (key, row, _, _), spec in zip(st, self.layout.tensors)]
+        return [self._row(key, row).to(spec.dtype).contiguous()
+                for (key, row, _, _), spec in zip(st, self.layout.tensors)]
 
     def read_expert(self, layer: int, expert: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One expert packed as a contiguous flat buffer [gate (I·D); up (I·D); down (D·I)] (+ with expert

@@ -75,7 +75,7 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
             gate, up = ExpertPart(**gu, start=0), ExpertPart(**gu, start=1)
         else:
             gu = f"{base}.gate_up_proj"
-            gate, up = ExpertPart(gu, (E, D, 2 * I), expert, 0, 2, True), ExpertPart(gu, (E, D, 2 * I), expert, 1, 2, True)
+            gate, up = (ExpertPart(gu, (E, D, 2 * I), expert, start, 2, True) for start in (0, 1))
             down = ExpertPart(f"{base}.down_proj", (E, I, D), expert, transpose=True)
         return {"gate": gate, "up": up, "down": down,
                 "gate_bias": ExpertPart(gub, (E, 2 * I), expert, 0, 2),

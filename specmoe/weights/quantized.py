@@ -125,6 +125,16 @@ class StoredLayout:
     tensors: tuple[StoredTensor, ...]
     parts: tuple[tuple[ExpertPart, int, int | None], ...]
 
+    @property
+    def scale_dtype(self) -> torch.dtype:
+        return scale_dtype(self.method)
+
+
+def scale_dtype(method: str) -> torch.dtype:
+    """The dtype scales are kept in: MXFP4 e8m0 exponents uint8; FP8 multipliers fp32 (whatever float dtype the
+    file holds them in)."""
+    return torch.uint8 if method == "mxfp4" else torch.float32
+
 
 def stored_layout(cfg: ModelConfig) -> StoredLayout | None:
     """The stored layout of `cfg`'s experts (None for a floating-point checkpoint). Weights keep their quantized
@@ -138,25 +148,40 @@ def stored_layout(cfg: ModelConfig) -> StoredLayout | None:
     index = {key: i for i, (key, _, _, _) in enumerate(st)}
     quantized = {p.key for p in parts.values() if p.scale is not None}
     wdtype = torch.uint8 if q.method == "mxfp4" else torch.float8_e4m3fn
-    sdtype = torch.uint8 if q.method == "mxfp4" else torch.float32
     fdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[cfg.dtype]
+    sdtype = scale_dtype(q.method)
     tensors = tuple(StoredTensor(shape, sdtype if is_scale else wdtype if key in quantized else fdtype)
                     for key, _, shape, is_scale in st)
     return StoredLayout(q.method, q.block, tensors,
                         tuple((p, index[p.key], index[p.scale] if p.scale else None) for p in parts.values()))
 
 
-def dequantized(method: str, block: tuple[int, int], t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """One expert's quantized tensor in fp32, laid out as transformers' dequantised model holds it (and as the
-    floating-point checkpoint stores it): MXFP4 [in, out] (the blocks are [out, in/32, 16]; a transposed view),
-    FP8 [rows, columns] as stored."""
+def part_shape(method: str, part: ExpertPart, t: torch.Tensor) -> tuple[int, int]:
+    """The packed shape of a quantized part, from its stored tensor row `t`."""
+    if method == "mxfp4":  # blocks [out, in/32, 16]: the part is every step-th output row
+        return t.shape[0] // part.step, t.shape[1] * 32
+    return tuple(t.shape)
+
+
+def dequantize_part(method: str, block: tuple[int, int], part: ExpertPart, t: torch.Tensor, scales: torch.Tensor,
+                    out: torch.Tensor) -> None:
+    """Write a quantized part into `out` (its packed shape, any float dtype): the values transformers'
+    dequantised model holds, cut as `part` says. MXFP4 parts are transposed views of the dequantised
+    [out, in] blocks (GPT-OSS's [in, out] parameters): the part is the blocks' rows start::step, dequantised
+    straight into `out`; FP8 parts are whole tensors."""
     if method == "mxfp4":
-        return dequantize_mxfp4(t, scales, torch.float32).T
-    return dequantize_fp8_blocks(t, scales, block, torch.float32)
+        if not part.transpose:
+            raise InputError(f"an MXFP4 part is cut from a transposed parameter; {part.key} is not")
+        sl = slice(part.start, None, part.step)
+        dequantize_mxfp4(t[sl], scales[sl], out=out)
+    else:
+        if part.step != 1 or part.transpose:
+            raise InputError(f"an FP8 part is a whole stored tensor; {part.key} is cut")
+        dequantize_fp8_blocks(t, scales, block, out=out)
 
 
 def cut(part: ExpertPart, t: torch.Tensor) -> torch.Tensor:
-    """The part's values from its (dequantised) tensor row: every `step`-th column from `start`, transposed."""
+    """A float part's values from its tensor row: every `step`-th column from `start`, then transposed."""
     if part.step != 1:
         t = t[..., part.start::part.step]
     return t.T if part.transpose else t
@@ -164,17 +189,24 @@ def cut(part: ExpertPart, t: torch.Tensor) -> torch.Tensor:
 
 def assemble(layout: StoredLayout, tensors: list[torch.Tensor], out: torch.Tensor) -> None:
     """Write the packed expert into `out` (flat [numel], any float dtype and device) from its stored tensors
-    (`layout.tensors` order and dtypes, on out's device): each quantized tensor dequantised once, in fp32, then
-    every part cut from it and rounded once to out's dtype."""
-    deq: dict[int, torch.Tensor] = {}
+    (`layout.tensors` order and dtypes, on out's device): quantized parts dequantised in fp32 straight into their
+    place (rounded once to out's dtype), float parts cut and copied."""
     off = 0
     for part, ti, si in layout.parts:
-        if ti not in deq:
-            t = tensors[ti]
-            deq[ti] = t if si is None else dequantized(layout.method, layout.block, t, tensors[si])
-        v = cut(part, deq[ti])
-        n = v.numel()
-        out[off:off + n].view(v.shape).copy_(v)
+        t = tensors[ti]
+        if si is None:
+            v = cut(part, t)
+            shape = tuple(v.shape)
+        else:
+            shape = part_shape(layout.method, part, t)
+        n = math.prod(shape)
+        if off + n > out.numel():
+            break
+        dst = out[off:off + n].view(shape)
+        if si is None:
+            dst.copy_(v)
+        else:
+            dequantize_part(layout.method, layout.block, part, t, tensors[si], dst)
         off += n
     if off != out.numel():
-        raise InputError(f"the stored expert holds {off} values, the packed expert {out.numel()}")
+        raise InputError(f"the stored expert does not fill the packed expert of {out.numel()} values")

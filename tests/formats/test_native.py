@@ -135,7 +135,8 @@ def test_bad_tensors_are_one_clear_error(method, edit, match, copy):
     ("fp8", {"weight_block_size": [128]}, CheckpointError, "weight_block_size must be a list of two integers"),
     ("fp8", {"activation_scheme": "static"}, UnsupportedModelError, "activation_scheme 'static'"),
     ("fp8", {"fmt": "e5m2"}, UnsupportedModelError, "fmt 'e5m2' is not supported"),
-    ("fp8", {"weight_block_size": [64, 64]}, CheckpointError, r"q_a_proj.weight_scale_inv has shape \[1, 2\], expected \[1, 4\]"),
+    ("fp8", {"weight_block_size": [64, 64]}, CheckpointError,
+     r"q_a_proj.weight_scale_inv has shape \[1, 2\], expected \[1, 4\]"),
 ])
 def test_bad_quantization_config_is_one_clear_error(method, quant, err, match, copy):
     path = copy(method)
