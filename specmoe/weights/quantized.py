@@ -28,20 +28,29 @@ from specmoe.errors import InputError
 from specmoe.weights.names import ExpertPart, expert_parts, stored_tensors
 
 FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-BLOCKS_PER_PASS = 1 << 13  # MXFP4 blocks dequantised per pass (the fp32 temporary stays 1 MiB)
-ROWS_PER_PASS = 1 << 18  # FP8: values per pass, rounded to whole scale blocks of rows
-_luts: dict[str, torch.Tensor] = {}
+BLOCKS_PER_PASS = 1 << 12  # MXFP4 blocks dequantised per pass (128 Ki values: the temporaries stay cache-sized)
+VALUES_PER_PASS = 1 << 16  # FP8 values per pass, in whole rows of one scale block row
+_luts: dict[tuple[str, str], torch.Tensor] = {}
 _lock = threading.Lock()
 
 
-def _pair_lut(device: torch.device) -> torch.Tensor:
-    """[256, 2] fp32: the two FP4 values (low nibble, high nibble) of every byte."""
-    key = str(device)
+def _lut(name: str, device: torch.device) -> torch.Tensor:
+    """Lookup tables, per device: "fp4pairs" [256] int64, the two FP4 values of every byte as two fp32 (low
+    nibble first); "e8m0" [256] fp32, 2^(s − 127) (what torch.ldexp multiplies by); "fp8" [256] fp32, every
+    float8_e4m3fn bit pattern. A lookup is exact and several times faster than unpacking nibbles or converting
+    float8 on a CPU."""
+    key = (name, str(device))
     lut = _luts.get(key)
     if lut is None:
-        vals = torch.tensor(FP4_E2M1, dtype=torch.float32)
         b = torch.arange(256)
-        lut = torch.stack((vals[b & 0x0F], vals[b >> 4]), dim=1).to(device)
+        if name == "fp4pairs":
+            vals = torch.tensor(FP4_E2M1, dtype=torch.float32)
+            lut = torch.stack((vals[b & 0x0F], vals[b >> 4]), dim=1).contiguous().view(torch.int64).view(256)
+        elif name == "e8m0":
+            lut = torch.pow(2.0, (b - 127).to(torch.int32))
+        else:
+            lut = b.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+        lut = lut.to(device)
         with _lock:
             _luts[key] = lut
     return lut
@@ -51,8 +60,8 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """MXFP4: `blocks` [..., G, 16] uint8 holds 32 FP4 e2m1 values per block, two per byte (low nibble first);
     `scales` [..., G] uint8 is each block's e8m0 exponent. Returns [..., G·32] in `dtype` (or writes `out`, a
-    tensor of that shape). GPT-OSS's `*_blocks` tensors are [E, out, G, 16]: the result is [E, out, in],
-    output channels as rows, as in the packed expert."""
+    contiguous tensor of that shape): value · 2^(s − 127) in fp32, rounded once. GPT-OSS's `*_blocks` tensors
+    are [E, out, G, 16]: the result is [E, out, in], output channels as rows, as in the packed expert."""
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise InputError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
     if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
@@ -61,15 +70,14 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     shape = (*blocks.shape[:-2], blocks.shape[-2] * 32)
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=blocks.device)
-    elif tuple(out.shape) != shape:
+    elif tuple(out.shape) != shape or not out.is_contiguous():
         raise InputError(f"MXFP4 output {list(out.shape)} does not match blocks {list(blocks.shape)}")
-    rows, exps, dst = blocks.reshape(-1, 16), scales.reshape(-1, 1), out.view(-1, 32)
-    lut = _pair_lut(blocks.device)
+    rows, exps, dst = blocks.reshape(-1, 16), scales.reshape(-1), out.view(-1, 16, 2)
+    pairs, pow2 = _lut("fp4pairs", blocks.device), _lut("e8m0", blocks.device)
     for i in range(0, rows.shape[0], BLOCKS_PER_PASS):
         j = min(rows.shape[0], i + BLOCKS_PER_PASS)
-        v = lut.index_select(0, rows[i:j].reshape(-1).to(torch.int32)).view(j - i, 32)
-        v = torch.ldexp(v, exps[i:j].to(torch.int32) - 127)  # exact: a power of two times a 2-bit mantissa
-        dst[i:j].copy_(v)
+        v = torch.take(pairs, rows[i:j].to(torch.int64)).view(torch.float32).view(j - i, 16, 2)
+        torch.mul(v, torch.take(pow2, exps[i:j].to(torch.int64)).view(-1, 1, 1), out=dst[i:j])
     return out
 
 
@@ -77,10 +85,10 @@ def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: 
                           dtype: torch.dtype = torch.bfloat16, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Block-scaled FP8: `weight` [R, C] float8_e4m3fn, `scale_inv` [⌈R/br⌉, ⌈C/bc⌉] (fp32), one multiplier per
     `block` (edge blocks may be partial). Returns weight · scale in `dtype` (or writes `out`, [R, C]), computed
-    in fp32."""
+    in fp32 and rounded once."""
     br, bc = block
-    if weight.dim() != 2:
-        raise InputError(f"FP8 weight must be 2-D [rows, columns], got {list(weight.shape)}")
+    if weight.dim() != 2 or weight.dtype != torch.float8_e4m3fn:
+        raise InputError(f"FP8 weight must be a 2-D float8_e4m3fn tensor, got {list(weight.shape)} {weight.dtype}")
     R, C = weight.shape
     want = (math.ceil(R / br), math.ceil(C / bc))
     if tuple(scale_inv.shape) != want:
@@ -89,13 +97,13 @@ def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: 
     if out is None:
         out = torch.empty(R, C, dtype=dtype, device=weight.device)
     s = scale_inv.to(torch.float32).repeat_interleave(bc, dim=1)[:, :C]  # [R/br, C]
-    step = max(1, ROWS_PER_PASS // max(1, C * br)) * br  # whole row blocks per pass
-    for i in range(0, R, step):
-        j = min(R, i + step)
-        w = weight[i:j].to(torch.float32)
-        idx = torch.arange(i, j, device=weight.device) // br
-        w.mul_(s.index_select(0, idx))
-        out[i:j].copy_(w)
+    lut, u = _lut("fp8", weight.device), weight.view(torch.uint8)
+    step = max(1, VALUES_PER_PASS // max(1, C))
+    i = 0
+    while i < R:
+        j = min(R, i + step, (i // br + 1) * br)  # rows of one scale block row
+        torch.mul(torch.take(lut, u[i:j].to(torch.int64)), s[i // br], out=out[i:j])
+        i = j
     return out
 
 

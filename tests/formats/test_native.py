@@ -63,7 +63,7 @@ def test_fp8_dequantization_in_chunks_with_partial_edge_blocks(monkeypatch):
     g = torch.Generator().manual_seed(5)
     w = (torch.randn(300, 200, generator=g) * 4).to(torch.float8_e4m3fn)
     s = torch.rand(3, 2, generator=g) * 1e-2 + 1e-4
-    monkeypatch.setattr(quantized, "ROWS_PER_PASS", 1)  # one 128-row block per pass
+    monkeypatch.setattr(quantized, "VALUES_PER_PASS", 90 * 200)  # 90 rows per pass: 128-row blocks split
     ref = _dequantize_fp8_weight(w, s, [128, 128], torch.float32)
     assert torch.equal(quantized.dequantize_fp8_blocks(w, s, (128, 128), torch.float32), ref)
     # other dtypes: computed in fp32, rounded once (as transformers' loader does; its backward helper used here
