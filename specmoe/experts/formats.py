@@ -36,7 +36,6 @@ import torch
 
 from specmoe.errors import InputError
 from specmoe.weights.quantized import StoredLayout, assemble, stored_layout
-from specmoe.weights.quantized import dequantize_fp8_blocks, dequantize_mxfp4  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from specmoe.weights.checkpoint import Checkpoint
