@@ -251,7 +251,7 @@ class Checkpoint:
 
     def read_part(self, part: ExpertPart, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One expert's part (see `ExpertPart`): of a fused tensor only that expert's row is read; a quantized part
-        is dequantised (in fp32) first."""
+        is dequantised (computed in fp32, rounded once to `dtype`; default fp32)."""
         t = self._row(part.key, part.expert)
         if part.scale is not None:
             lay = self.layout
