@@ -76,8 +76,8 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     pairs, pow2 = _lut("fp4pairs", blocks.device), _lut("e8m0", blocks.device)
     for i in range(0, rows.shape[0], BLOCKS_PER_PASS):
         j = min(rows.shape[0], i + BLOCKS_PER_PASS)
-        v = torch.take(pairs, rows[i:j].to(torch.int64)).view(torch.float32).view(j - i, 16, 2)
-        torch.mul(v, torch.take(pow2, exps[i:j].to(torch.int64)).view(-1, 1, 1), out=dst[i:j])
+        v = pairs.index_select(0, rows[i:j].reshape(-1).to(torch.int32)).view(torch.float32).view(j - i, 16, 2)
+        torch.mul(v, pow2.index_select(0, exps[i:j].to(torch.int32)).view(-1, 1, 1), out=dst[i:j])
     return out
 
 
@@ -102,7 +102,7 @@ def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: 
     i = 0
     while i < R:
         j = min(R, i + step, (i // br + 1) * br)  # rows of one scale block row
-        torch.mul(torch.take(lut, u[i:j].to(torch.int64)), s[i // br], out=out[i:j])
+        torch.mul(lut.index_select(0, u[i:j].reshape(-1).to(torch.int32)).view(j - i, C), s[i // br], out=out[i:j])
         i = j
     return out
 
