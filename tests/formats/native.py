@@ -68,11 +68,12 @@ def quantize_fp8(w: torch.Tensor, block=(128, 128)) -> tuple[torch.Tensor, torch
     return q, s
 
 
-def make_fp8_checkpoint(path: Path, *, seed: int = 0, **overrides) -> Path:
-    """DeepSeek-V3 with every linear (attention, dense and shared MLPs, routed experts) block-quantized to FP8."""
+def make_fp8_checkpoint(path: Path, *, family: str = "deepseek_v3", seed: int = 0, **overrides) -> Path:
+    """DeepSeek-V3 (or another family) with every linear (attention, dense and shared MLPs, routed experts)
+    block-quantized to FP8."""
     path = Path(path)
-    src = make_tiny_checkpoint("deepseek_v3", path / "bf16", dtype=torch.bfloat16, seed=seed,
-                               **{**FP8_SIZES, **overrides})
+    sizes = FP8_SIZES if family == "deepseek_v3" else {}
+    src = make_tiny_checkpoint(family, path / "bf16", dtype=torch.bfloat16, seed=seed, **{**sizes, **overrides})
     out = {}
     for k, v in load_file(src / "model.safetensors").items():
         if k.endswith(("_proj.weight", "_proj_with_mqa.weight")):

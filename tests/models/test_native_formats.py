@@ -178,3 +178,16 @@ def test_int8_from_a_native_checkpoint(native, tmp_path):
     res = LLM(path, dtype="float32", expert_format="int8", repack_dir=tmp_path)
     llm = LLM(path, dtype="float32", expert_format="int8", offload="host", cache_experts=3, repack_dir=tmp_path)
     assert torch.equal(llm.logits(PROMPTS), res.logits(PROMPTS)) and llm.stats["expert_format"] == "int8"
+
+
+def test_fp8_is_read_for_other_families(tmp_path):
+    """Fine-grained FP8 is not DeepSeek's alone (Qwen3-MoE and GLM-4.5 ship FP8 releases in the same format):
+    a Qwen3-MoE checkpoint with FP8 experts and attention matches transformers' dequantised model, offloaded ==
+    resident."""
+    path = make_fp8_checkpoint(tmp_path / "q", family="qwen3_moe")
+    hf, llm = hf_dequantized(path), LLM(path, dtype="float32")
+    assert max_logit_diff(llm, hf, PROMPTS[:2]) <= 1e-4
+    off = LLM(path, dtype="float32", offload="host", cache_experts=3)
+    assert torch.equal(off.logits(PROMPTS), llm.logits(PROMPTS))
+    s = off.stats
+    assert s["expert_format"] == "fp8-block" and s["bytes_moved"] == s["fetches"] * s["bytes_per_expert"] > 0
