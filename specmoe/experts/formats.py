@@ -29,7 +29,6 @@ import math
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import torch
@@ -104,7 +103,9 @@ class ExpertFormat(ABC):
     [numel]) to a uint8 tensor of exactly `stored_bytes`; `decode(src, out)` writes the expert into `out`
     (flat [numel], the compute dtype, on any device) from `src` (uint8, at least `stored_bytes`, same
     device as `out`). `decode` is deterministic: the same bytes give the same compute-dtype values
-    everywhere they are decoded."""
+    everywhere they are decoded. `from_checkpoint(ckpt, layer, e)` is an expert's stored bytes, made from the
+    checkpoint (`encode` of its weights; a checkpoint's own quantized format reads them as stored and has no
+    `encode`)."""
     name: str
     shape: ExpertShape
 
