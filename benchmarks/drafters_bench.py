@@ -4,7 +4,7 @@ prompts, experts on the disk tier, back to back in one run (ratios only mean som
     .venv/bin/python benchmarks/drafters_bench.py [--model DIR | --widened] [--batches 1,16]
         [--systems lru,ngram,ngram-cost,ngram-tree,ngram-tree-cost,specmoe,specmoe-tree,specmoe-tree-cost]
         [--max-tokens 48] [--prompt-tokens 256] [--repeats 2]
-        [--budget K1,K2] [--out benchmarks/results/drafters.json]
+        [--budget K1,K2] [--specfit] [--out benchmarks/results/drafters.json]
 
 Systems come from the `specmoe bench` registry (`specmoe/bench/systems.py`). Every run is greedy, EOS
 ignored; the outputs of every system are checked against the first system's (lossless drafters must
@@ -12,7 +12,9 @@ match it token for token; `verify_expert_budget` rows are lossy and report their
 Rows are measured round-robin over the systems `--repeats` times; the fastest run of each is reported.
 Token trees (`ngram-tree`, `ngram-tree-cost`) are compared with the chain of the same drafter per batch and at
 each system's best batch (`tree_vs_chain`), and every row's expert bytes per generated token with SpecMoE's
-at the same batch (`bytes_vs_specmoe`).
+at the same batch (`bytes_vs_specmoe`). `--specfit` adds, for every cost-aware tree system, the same system
+without the expert term of T(S) (`draft_selection="cost-compute"`, named `<system>-specfit`), so EcoSpec's
+effect on bytes and tok/s is measured back to back (`expert_term`).
 """
 from __future__ import annotations
 
@@ -39,9 +41,11 @@ STAT_KEEP = ("drafter", "drafted_tokens", "accepted_tokens", "verified_positions
              "expert_bytes_per_token", "draft_phase_bytes", "verify_expert_budget", "budget_rerouted_share",
              "draft_selection", "selection_cut_tokens", "draft_tree", "draft_tree_width", "tree_nodes_per_step",
              "tree_nodes_verified", "tree_nodes_rejected", "accepted_path_length", "tree_branched_rows",
-             "tree_kv_rows_moved", "tree_sibling_nodes")
+             "tree_kv_rows_moved", "tree_sibling_nodes", "selection_expert_s", "selection_fetched_experts",
+             "selection_predicted_new_experts", "selection_union_scale", "selection_cost_fit")
 TREE_PAIRS = (("ngram-tree", "ngram"), ("ngram-tree-cost", "ngram"), ("ngram-tree-cost", "ngram-cost"),
-              ("specmoe-tree", "specmoe"), ("specmoe-tree-cost", "specmoe"))
+              ("specmoe-tree", "specmoe"), ("specmoe-tree-cost", "specmoe"), ("ngram-tree-cost-specfit", "ngram"),
+              ("specmoe-tree-cost-specfit", "specmoe"))
 
 
 def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
@@ -69,6 +73,8 @@ def main() -> int:
     ap.add_argument("--batches", default="1")
     ap.add_argument("--systems", default="lru,ngram,specmoe")
     ap.add_argument("--budget", default="", help="also run ngram with verify_expert_budget=K for each K (lossy)")
+    ap.add_argument("--specfit", action="store_true",
+                    help="also run every cost-aware tree system without the expert term (draft_selection=cost-compute)")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--gamma", type=int, default=4)
@@ -97,6 +103,10 @@ def main() -> int:
     variants = [(s.name, S.system_options(s, setting, expert_bytes=1, num_moe_layers=layers,
                                           overrides={"num_draft_tokens": args.gamma}
                                           if s.kind == "speculative" else None)) for s in systems]
+    if args.specfit:
+        for name, opts in list(variants):
+            if opts.get("draft_tree") and opts.get("draft_selection") == "cost":
+                variants.append((f"{name}-specfit", {**opts, "draft_selection": "cost-compute"}))
     ngram = S.system("ngram")
     for k in budgets:
         variants.append((f"ngram-budget{k}", S.system_options(ngram, setting, expert_bytes=1, num_moe_layers=layers,
@@ -154,7 +164,7 @@ def main() -> int:
 def tree_summary(rows: list[dict]) -> dict:
     """Tree / chain tok/s ratios per batch and at each system's best batch; bytes per token / SpecMoE's."""
     by = {(r["system"], r["batch"]): r for r in rows}
-    out: dict = {"tree_vs_chain": {}, "bytes_vs_specmoe": {}}
+    out: dict = {"tree_vs_chain": {}, "bytes_vs_specmoe": {}, "expert_term": {}}
     for tree, chain in TREE_PAIRS:
         per = {B: by[tree, B]["tokens_per_s"] / by[chain, B]["tokens_per_s"]
                for (n, B) in by if n == tree and (chain, B) in by}
@@ -162,6 +172,11 @@ def tree_summary(rows: list[dict]) -> dict:
             best_t = max(r["tokens_per_s"] for r in rows if r["system"] == tree)
             best_c = max(r["tokens_per_s"] for r in rows if r["system"] == chain)
             out["tree_vs_chain"][f"{tree}/{chain}"] = {"per_batch": per, "at_best_batch": best_t / best_c}
+    for (n, B), r in by.items():  # EcoSpec's expert term on / off, same system otherwise
+        off = by.get((n + "-specfit", B))
+        if off and r.get("bytes_per_token") and off.get("bytes_per_token"):
+            out["expert_term"].setdefault(n, {})[B] = {"bytes_ratio": r["bytes_per_token"] / off["bytes_per_token"],
+                                                       "tok_s_ratio": r["tokens_per_s"] / off["tokens_per_s"]}
     for (n, B), r in by.items():
         sp = by.get(("specmoe", B))
         if sp and n != "specmoe" and r.get("bytes_per_token") and sp.get("bytes_per_token"):

@@ -85,6 +85,9 @@ class DraftExperts:
         self.forwards = 0  # draft forwards run (one per drafted position per step)
         self.setup_bytes = self.refresh_bytes = 0
         self.refresh_s = 0.0  # seconds in end_target's refresh (step breakdown)
+        # when a list: (layer, router top-k ids [N, K] before substitution) of every draft routing call, appended
+        # in order (selfdraft's token trees record the target routers' picks per drafted node for EcoSpec)
+        self.pick_log: list | None = None
 
     # ------------------------------------------------------------ draft set
     @property
@@ -228,6 +231,8 @@ class DraftExperts:
 
     def routing_hook(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
         """Map the router's top-k (weights [N, K] fp32, ids [N, K]) onto draft experts."""
+        if self.pick_log is not None:
+            self.pick_log.append((layer, ids))
         if self.prefetch:
             self._prefetch_picks(layer, ids)
         if self.substitution == "affinity":

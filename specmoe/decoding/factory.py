@@ -81,10 +81,13 @@ def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
         from specmoe.decoding.treedecode import TreeDecoder
         from specmoe.decoding.treeselect import TreeSelector
         w = cfg.draft_tree_width
-        sel = TreeSelector(cfg.num_draft_tokens, w) if cfg.draft_selection == "cost" else None
+        ctl = (memo or {}).get("controller")  # a calibrated cost model, when the engine has one: its read time
+        sel = (TreeSelector(cfg.num_draft_tokens, w, experts=cfg.draft_selection == "cost",
+                            read_s=ctl.cost.c.read_s if ctl is not None else None)
+               if cfg.draft_selection != "all" else None)
         return TreeDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                            width=w, budget=budget, selector=sel)
-    selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection == "cost" else None
+    selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection != "all" else None
     return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           budget=budget, selector=selector)
 

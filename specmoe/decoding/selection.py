@@ -10,13 +10,19 @@ B + Σ_{v∈S} P(v) tokens in expectation (every sequence emits its correction/b
 
 where experts(v) are the (layer, expert) pairs the target's routers pick for v (EcoSpec's expert
 buffer: an expert already resident, or already needed by the pending tokens or by another selected node,
-costs nothing more) and `covered` holds the resident and pending-token experts. Selection maximises
+costs nothing more) and `covered` holds the resident and pending-token experts. Where a node's picks are
+not known (a lookup draft, a tree leaf the draft never forwarded) `experts(v)` may be a mapping
+(layer, expert) → probability that v routes there (e.g. the layer's recent routing frequency); the count
+is then an expectation: with m(k) = P(pair k not yet in the union) (0 for covered pairs, multiplied by
+1 − p(k) for every selected node, independence assumed), node v adds Σ_k p_v(k)·m(k) pairs in
+expectation. A set of pairs is the special case p = 1. Selection maximises
 (B + ΣP)/T: greedily add the frontier node with the best P(v)/ΔT(v), remember the best prefix. Chains
 are the special case of one child per node. The result is never worse (by the objective) than the
 chain-restricted greedy selection nor than any uniform draft length, which are evaluated as candidates.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -25,7 +31,8 @@ class DraftNode:
     seq: int  # the sequence (batch row) whose tree holds this node
     parent: int  # index of the parent node in the node list; -1: the sequence's pending token
     p: float  # P(accepted | parent accepted), in [0, 1]
-    experts: frozenset = field(default_factory=frozenset)  # (layer, expert) pairs the target needs for it
+    # (layer, expert) pairs the target needs for it: a set (known picks) or a mapping pair → probability
+    experts: frozenset | Mapping = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True)
@@ -47,11 +54,46 @@ def path_probs(nodes: list[DraftNode]) -> list[float]:
     return P
 
 
+def _pairs(experts):
+    return experts.items() if isinstance(experts, Mapping) else ((k, 1.0) for k in experts)
+
+
+def missing(covered=frozenset()) -> dict:
+    """m(k) = P(pair k is not in the union yet) for the pairs `covered` names (a set: certainly in, a mapping:
+    in with that probability); pairs absent from the result have m = 1."""
+    return {k: 1.0 - p for k, p in _pairs(covered)}
+
+
+def added(experts, miss: dict) -> float:
+    """Expected (layer, expert) pairs `experts` adds to the union beyond `miss` (see the module docstring)."""
+    return sum(p * miss.get(k, 1.0) for k, p in _pairs(experts))
+
+
+def absorb(experts, miss: dict, times: int = 1) -> float:
+    """Add `times` nodes with these experts to the union (`miss` updated in place); the expected new pairs."""
+    new = 0.0
+    for k, p in _pairs(experts):
+        before = miss.get(k, 1.0)
+        miss[k] = before * (1.0 - p) ** times
+        new += before - miss[k]
+    return new
+
+
+def union_added(expert_sets, miss: dict) -> float:
+    """Expected pairs a collection of nodes' experts adds together (nodes sharing one experts object, e.g. a
+    lookup drafter's routing frequency, are absorbed at once). `miss` is updated in place."""
+    groups: dict[int, list] = {}
+    for ex in expert_sets:
+        g = groups.setdefault(id(ex), [ex, 0])
+        g[1] += 1
+    return sum(absorb(ex, miss, n) for ex, n in groups.values())
+
+
 def objective(nodes: list[DraftNode], S, B: int, cost: VerifyCost, covered=frozenset()) -> float:
     """(B + Σ_{v∈S} P(v)) / T(S): expected tokens per second of verifying S."""
     P = path_probs(nodes)
-    extra = set().union(*(nodes[i].experts for i in S)) - set(covered) if S else set()
-    return (B + sum(P[i] for i in S)) / (cost.base_s + cost.token_s * len(S) + cost.expert_s * len(extra))
+    extra = union_added([nodes[i].experts for i in S], missing(covered)) if cost.expert_s else 0.0
+    return (B + sum(P[i] for i in S)) / (cost.base_s + cost.token_s * len(S) + cost.expert_s * extra)
 
 
 def is_ancestor_closed(nodes: list[DraftNode], S) -> bool:
@@ -59,24 +101,36 @@ def is_ancestor_closed(nodes: list[DraftNode], S) -> bool:
     return all(nodes[i].parent < 0 or nodes[i].parent in S for i in S)
 
 
-def _greedy(nodes, P, B, cost, covered, budget, allowed) -> list[int]:
-    """Best prefix of the greedy order by P(v)/ΔT(v) over the frontier, restricted to `allowed`."""
+def _greedy(nodes, P, B, cost, miss0, budget, allowed) -> list[int]:
+    """Best prefix of the greedy order by P(v)/ΔT(v) over the frontier, restricted to `allowed`; `miss0`:
+    `missing(covered)`."""
     children: dict[int, list[int]] = {}
     for i, v in enumerate(nodes):
         if i in allowed:
             children.setdefault(v.parent, []).append(i)
     frontier = set(children.get(-1, []))
-    have, chosen = set(covered), []
+    miss, chosen = dict(miss0), []
     gain, t = float(B), cost.base_s
     best, best_n = gain / t, 0
     while frontier and len(chosen) < budget:
+        memo: dict[int, float] = {}  # expected new pairs per experts object (shared objects scored once)
+
+        def dt(i):
+            ex = nodes[i].experts
+            if not cost.expert_s:
+                return cost.token_s
+            if id(ex) not in memo:
+                memo[id(ex)] = added(ex, miss)
+            return cost.token_s + cost.expert_s * memo[id(ex)]
+
         def score(i):
-            dt = cost.token_s + cost.expert_s * len(nodes[i].experts - have)
-            return (P[i] / dt if dt > 0 else float("inf"), -i)
+            d = dt(i)
+            return (P[i] / d if d > 0 else float("inf"), -i)
         i = max(frontier, key=score)
         frontier.remove(i)
-        t += cost.token_s + cost.expert_s * len(nodes[i].experts - have)
-        have |= nodes[i].experts
+        t += dt(i)
+        if cost.expert_s:
+            absorb(nodes[i].experts, miss)
         gain += P[i]
         chosen.append(i)
         frontier.update(children.get(i, []))
@@ -123,9 +177,9 @@ def select(nodes: list[DraftNode], B: int, cost: VerifyCost, *, covered=frozense
     """The ancestor-closed set of node indices to verify (sorted), at most `budget` nodes."""
     budget = len(nodes) if budget is None else budget
     P = path_probs(nodes)
-    covered = frozenset(covered)
-    candidates = [_greedy(nodes, P, B, cost, covered, budget, set(range(len(nodes)))),
-                  _greedy(nodes, P, B, cost, covered, budget, chain_nodes(nodes)), []]
+    miss = missing(covered)
+    candidates = [_greedy(nodes, P, B, cost, miss, budget, set(range(len(nodes)))),
+                  _greedy(nodes, P, B, cost, miss, budget, chain_nodes(nodes)), []]
     candidates += uniform_chains(nodes, budget)
     best = max(candidates, key=lambda S: (objective(nodes, S, B, cost, covered), -len(S)))
     return sorted(best)

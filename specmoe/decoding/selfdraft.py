@@ -6,7 +6,15 @@ j, read from the same draft logits without any further forward: greedy rows the 
 seeded rows the next best of log q + g (the coupled rule's noise of that output position), unseeded rows
 width − 1 more independent draws from q (so a node's children are i.i.d. draws from one q, as multi-draft
 rejection sampling needs). Siblings are leaves: the tree costs exactly the chain's draft forwards and widens
-only the verification. The verification forward is bracketed by the draft set's `begin_target` /
+only the verification.
+
+For the cost-aware selector (EcoSpec's expert term), each draft forward j records the target routers' top-k
+picks on the draft's hidden states before substitution (`DraftExperts.pick_log`): forward 0 sees the pending
+token (`DraftTree.root_experts`), forward j the chain node at depth j (`DraftTree.experts`). The chain's last
+node and every sibling leaf are never forwarded by the draft; their experts stay unknown (None) and the
+selector prices them by the layers' recent routing frequency (an expectation, see `treeselect`). Using
+the parent's picks instead would price every leaf at zero new experts once its parent is selected, which is
+exactly the leaves that pull unpredicted experts into the verification. The verification forward is bracketed by the draft set's `begin_target` /
 `end_target` (HotTemporal refresh from its routing), as in `SpecMoEDecoder`.
 """
 from __future__ import annotations
@@ -47,14 +55,25 @@ class SelfDrafter(Drafter):
                      noise: dict[int, torch.Tensor]) -> list[DraftTree]:
         self.prepare()
         seen: dict[int, tuple[list[int], torch.Tensor]] = {}
+        picks: dict[int, dict[int, frozenset]] = {}  # depth j → row b → the routers' picks for its depth-j token
+        log = self.experts.pick_log = []
 
         def keep(j, rows, logits):  # the draft's logits at depth j + 1 for the sequences in `rows`
             seen[j] = (list(rows), logits.clone())
-        drafts, q = draft(self.runner, self.experts, seqs, gammas, noise, on_logits=keep)
+            if log:
+                layers = [layer for layer, _ in log]
+                ids = torch.stack([i for _, i in log], 1).tolist()  # [rows, layers, K]: one host read
+                picks[j] = {b: frozenset((layer, e) for layer, es in zip(layers, ids[i]) for e in es)
+                            for i, b in enumerate(rows)}
+                log.clear()
+        try:
+            drafts, q = draft(self.runner, self.experts, seqs, gammas, noise, on_logits=keep)
+        finally:
+            self.experts.pick_log = None
         chain = drafts.tolist()
         trees = []
         for b, (s, g) in enumerate(zip(seqs, gammas)):
-            tokens, parents, qrows = [], [], []
+            tokens, parents, qrows, ex = [], [], [], []
             unseeded = not s.params.greedy and b not in noise
             prev = -1
             for j in range(g):
@@ -66,11 +85,13 @@ class SelfDrafter(Drafter):
                 for k, tok in enumerate([chain[b][j]] + sib):
                     tokens.append(tok)
                     parents.append(prev)
+                    ex.append(picks.get(j + 1, {}).get(b) if k == 0 else None)  # the chain node: forward j + 1
                     if unseeded:
                         qrows.append(q[b, j])
                 self.siblings += len(sib)
                 prev = here  # the chain continues from its own node (siblings are leaves)
-            trees.append(DraftTree(tokens, parents, torch.stack(qrows) if qrows else None))
+            trees.append(DraftTree(tokens, parents, torch.stack(qrows) if qrows else None, ex,
+                                   picks.get(0, {}).get(b)))
         return trees
 
     @staticmethod

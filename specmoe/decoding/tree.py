@@ -37,10 +37,15 @@ from specmoe.decoding.sequence import Sequence
 class DraftTree:
     """One sequence's draft tree: node i is `tokens[i]` with parent `parents[i]` (< i; -1: the pending
     token). `q` [n, V]: for unseeded sampled rows, the distribution each node's token was drawn from (the
-    children of one node: independent draws from the same q); None: deterministic drafts (one-hot q)."""
+    children of one node: independent draws from the same q); None: deterministic drafts (one-hot q).
+    `experts[i]`: the (layer, expert) pairs the target's routers picked for node i's token in the draft forward
+    (None: not known, the node was never forwarded); `root_experts` the same for the pending token. Only
+    the cost-aware selector reads them (`treeselect`)."""
     tokens: list[int]
     parents: list[int]
     q: torch.Tensor | None = None
+    experts: list[frozenset | None] | None = None
+    root_experts: frozenset | None = None
 
     def __post_init__(self):
         if len(self.tokens) != len(self.parents) or any(not -1 <= p < i for i, p in enumerate(self.parents)):
@@ -75,7 +80,9 @@ class DraftTree:
                 raise ValueError(f"node {i} kept without its parent {self.parents[i]}")
             new[i] = j
         q = None if self.q is None or not keep else self.q[torch.tensor(keep, device=self.q.device)]
-        return DraftTree([self.tokens[i] for i in keep], [new[self.parents[i]] for i in keep], q)
+        ex = None if self.experts is None else [self.experts[i] for i in keep]
+        return DraftTree([self.tokens[i] for i in keep], [new[self.parents[i]] for i in keep], q, ex,
+                         self.root_experts)
 
 
 def chain(tokens: list[int], q: torch.Tensor | None = None) -> DraftTree:

@@ -25,6 +25,8 @@ class TreeDecoder(DraftedDecoder):
         super().__init__(runner, drafter, num_draft_tokens=num_draft_tokens, max_model_len=max_model_len,
                          budget=budget, selector=selector)
         self.width = width
+        if selector is not None:
+            selector.attach(runner)  # routing frequency, resident experts (the expert term of T(S))
         self.nodes = self.branched = self.moved = self.proposed_nodes = 0
 
     @torch.inference_mode()
@@ -63,7 +65,8 @@ class TreeDecoder(DraftedDecoder):
             r.cache.move(torch.tensor(src, device=dev), torch.tensor(dst, device=dev))
         r.rerecord(seqs, paths, logits)
         if self.selector is not None:
-            self.selector.record_trees(trees, paths, len(lens) * max(lens), t2 - t1)  # rows computed
+            self.selector.record_trees(trees, paths, len(lens) * max(lens), t2 - t1,  # rows computed
+                                       r.provider.fetch_wait_s - w1)
         for s, toks in zip(seqs, out):
             r.commit(s, len(toks))  # K/V of the pending token + the accepted path, now consecutive
         t3 = now(dev)

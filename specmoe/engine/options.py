@@ -165,8 +165,10 @@ class SpecConfig:
     ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
     draft_selection: str = opt("all", "ngram drafter: verify every proposed token (all), or per step the prefix "
                                "of each proposal that maximises expected tokens per second of verification, from "
-                               "measured acceptance per depth and verification time per position (cost)",
-                               ("all", "cost"))
+                               "measured acceptance per depth and verification time per position (cost; with "
+                               "draft_tree also the experts each node adds to the verification, EcoSpec), or cost "
+                               "without that expert term (cost-compute, SpecFit alone)",
+                               ("all", "cost", "cost-compute"))
     verify_expert_budget: int | None = opt(None, "ngram drafter, LOSSY: per MoE layer, a verification forward uses "
                                            "only the K experts of most routing mass plus each token's top-1; "
                                            "tokens re-route among them (MoE-Spec)", type=int)
