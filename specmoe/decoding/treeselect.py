@@ -6,7 +6,8 @@ p(u) the acceptance measured so far for nodes at u's depth and sibling rank (ran
 the drafter's chain; Beta(1, 1) prior, conditional on the parent's acceptance). The verification forward is
 padded to the largest tree of the batch, so T(S) = a + c · B · (1 + max_b |S_b|), fitted against the rows
 the forward computed (`ChainSelector`'s least-squares fit; every 8th step verifies whole trees so the fit
-keeps seeing large verifications). Candidates: for every cap k, each sequence's k nodes of highest P
+keeps seeing large verifications; while the fit has no spread, e.g. same-size trees at batch 1, every other
+step verifies only the chains). Candidates: for every cap k, each sequence's k nodes of highest P
 (ancestor-closed: P never grows along a path), and `selection.select`'s SpecFit greedy set; the best by the
 objective wins. For every k the capped set's Σ P is at least that of the first k nodes of the chain, so the
 choice never scores lower than a chain selection of the same budget; chains are the special case of one
@@ -130,6 +131,10 @@ class TreeSelector(ChainSelector):
         self.snapshot()
         fit = self.cost()
         self.calls += 1
+        if fit is None and self.steps >= self.MIN_STEPS and self.calls % 2 == 0:
+            chains = [self.chain_of(t) for t in trees]  # no spread in rows yet (same-size trees): verify chains
+            self.cut += sum(len(t) - len(c) for t, c in zip(trees, chains))
+            trees = chains
         if fit is None or not any(len(t) for t in trees) or self.calls % self.EXPLORE_EVERY == 0:
             self._predict(trees)
             return trees
@@ -142,6 +147,15 @@ class TreeSelector(ChainSelector):
         chosen = [t.restrict(k) for t, k in zip(trees, keep)]
         self._predict(chosen)
         return chosen
+
+    @staticmethod
+    def chain_of(tree: DraftTree) -> DraftTree:
+        """The tree's first-child chain (rank 0 at every depth)."""
+        keep: list[int] = []
+        for i, (p, k) in enumerate(zip(tree.parents, ranks(tree))):
+            if k == 0 and (p < 0 or (keep and keep[-1] == p)):
+                keep.append(i)
+        return tree.restrict(keep)
 
     def _predict(self, trees: list[DraftTree]) -> None:
         """The expected fetches (pending tokens + nodes, beyond the resident experts) of the trees verified."""
