@@ -14,7 +14,9 @@ token (`DraftTree.root_experts`), forward j the chain node at depth j (`DraftTre
 node and every sibling leaf are never forwarded by the draft; their experts stay unknown (None) and the
 selector prices them by the layers' recent routing frequency (an expectation, see `treeselect`). Using
 the parent's picks instead would price every leaf at zero new experts once its parent is selected, which is
-exactly the leaves that pull unpredicted experts into the verification. The verification forward is bracketed by the draft set's `begin_target` /
+exactly the leaves that pull unpredicted experts into the verification.
+
+The verification forward is bracketed by the draft set's `begin_target` /
 `end_target` (HotTemporal refresh from its routing), as in `SpecMoEDecoder`.
 """
 from __future__ import annotations
@@ -55,21 +57,19 @@ class SelfDrafter(Drafter):
                      noise: dict[int, torch.Tensor]) -> list[DraftTree]:
         self.prepare()
         seen: dict[int, tuple[list[int], torch.Tensor]] = {}
-        picks: dict[int, dict[int, frozenset]] = {}  # depth j → row b → the routers' picks for its depth-j token
+        raw: dict[int, tuple] = {}  # depth j → (rows, layers, router ids [rows, layers, K] on the device)
         log = self.experts.pick_log = []
 
         def keep(j, rows, logits):  # the draft's logits at depth j + 1 for the sequences in `rows`
             seen[j] = (list(rows), logits.clone())
             if log:
-                layers = [layer for layer, _ in log]
-                ids = torch.stack([i for _, i in log], 1).tolist()  # [rows, layers, K]: one host read
-                picks[j] = {b: frozenset((layer, e) for layer, es in zip(layers, ids[i]) for e in es)
-                            for i, b in enumerate(rows)}
+                raw[j] = (list(rows), [layer for layer, _ in log], torch.stack([i for _, i in log], 1))
                 log.clear()
         try:
             drafts, q = draft(self.runner, self.experts, seqs, gammas, noise, on_logits=keep)
         finally:
             self.experts.pick_log = None
+        picks = self._picks(raw, drafts)
         chain = drafts.tolist()
         trees = []
         for b, (s, g) in enumerate(zip(seqs, gammas)):
@@ -93,6 +93,22 @@ class SelfDrafter(Drafter):
             trees.append(DraftTree(tokens, parents, torch.stack(qrows) if qrows else None, ex,
                                    picks.get(0, {}).get(b)))
         return trees
+
+    @staticmethod
+    def _picks(raw: dict[int, tuple], drafts: torch.Tensor) -> dict[int, dict[int, frozenset]]:
+        """depth j → row b → the (layer, expert) pairs the target's routers picked for b's depth-j token
+        (one host read for the whole draft phase)."""
+        if not raw:
+            return {}
+        flat = torch.cat([ids.reshape(-1) for _, _, ids in raw.values()]).tolist()
+        out, at = {}, 0
+        for j, (rows, layers, ids) in raw.items():
+            K = ids.shape[-1]
+            for b in rows:
+                es = flat[at:at + len(layers) * K]
+                out.setdefault(j, {})[b] = frozenset((layers[i // K], e) for i, e in enumerate(es))
+                at += len(layers) * K
+        return out
 
     @staticmethod
     def _siblings(s: Sequence, logits: torch.Tensor, chosen: int, n: int, noise: torch.Tensor | None,

@@ -25,8 +25,9 @@ layer. r = seconds per expert read: the calibrated cost model's `read_s` when th
 measured here (the seconds the verification waited for loads per expert it fetched, forgotten like the fit);
 (a, c) are fitted against the verification time minus that wait. The expectation assumes independent
 tokens, which overcounts (tokens of one sequence route alike); r is scaled by the measured / predicted
-fetches of recent verifications (`union_scale`, as the cost model refines its misses). Every candidate (capped sets, the
-greedy by P(v)/ΔT(v) with its best prefix, and every uniform chain prefix) is scored with the expert term.
+fetches of recent verifications (`union_scale`, as the cost model refines its misses). Every candidate
+(capped sets, the greedy by P(v)/ΔT(v) with its best prefix, every uniform chain prefix) is scored with the
+expert term.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class TreeSelector(ChainSelector):
         self.t_reach = [[0.0] * width for _ in range(gamma)]  # [depth-1][rank]: verified with parent accepted
         self.t_acc = [[0.0] * width for _ in range(gamma)]    # ... and accepted
         self.experts = experts  # False: SpecFit alone (no expert term)
+        self.mode = "cost" if experts else "cost-compute"
         self.read_s = read_s    # the calibrated cost model's seconds per expert read (None: measured here)
         self.provider = None
         self.freq: dict[int, list[float]] = {}  # layer → forgotten routed-token counts per expert
@@ -69,7 +71,10 @@ class TreeSelector(ChainSelector):
     # ------------------------------------------------------------ the expert term's inputs
     def attach(self, runner) -> None:
         """Watch the runner's target forwards (routing frequency, what each verification fetched) and its store
-        (what is resident)."""
+        (what is resident). On a store that holds every expert the expert term is always 0 and is switched off."""
+        if runner.provider.holds_all:  # every expert resident: no expert term (and no host reads of routing)
+            self.experts = False
+            return
         self.provider = runner.provider
         runner.observers.append(self.observe)
 
@@ -231,7 +236,8 @@ class TreeSelector(ChainSelector):
         st = super().stats()
         st["selection_accept_probs"] = [[(a + 1.0) / (r + 2.0) for a, r in zip(ra, rr)]
                                         for ra, rr in zip(self.t_acc, self.t_reach)]
-        st.update(draft_selection="cost" if self.experts else "cost-compute", selection_expert_term=self.experts, selection_expert_s=self.expert_s_used,
+        st.update(draft_selection=self.mode, selection_expert_term=self.experts,
+                  selection_expert_s=self.expert_s_used,
                   selection_expert_s_source="cost model" if self.read_s is not None else "measured wait",
                   selection_fetched_experts=self.fetched, selection_predicted_new_experts=self.predicted_new,
                   selection_union_scale=self.union_scale())

@@ -95,3 +95,32 @@ def test_expert_term_moves_no_more_bytes_and_drops_nodes(tmp_path, monkeypatch, 
     assert eco["selection_cut_tokens"] > fit["selection_cut_tokens"]
     assert eco["expert_bytes_per_token"] * eco["generated_tokens"] <= fit["expert_bytes_per_token"] * fit[
         "generated_tokens"]
+
+
+def test_self_draft_records_router_picks_per_chain_node(tmp_path, monkeypatch):
+    """The self draft's trees carry the target routers' picks (before substitution) for the pending token and
+    every chain node it forwarded; the chain's last node and the sibling leaves were never forwarded."""
+    from specmoe.decoding.selfdraft import SelfDrafter
+    seen = []
+    orig = SelfDrafter.propose_tree
+
+    def spy(self, *a, **kw):
+        seen.extend(orig(self, *a, **kw))
+        return seen[-len(a[0]):]
+    monkeypatch.setattr(SelfDrafter, "propose_tree", spy)
+    llm = LLM(dtype="float32", threads=1, decoding="specmoe", draft_tree=True, num_draft_tokens=3,
+              draft_tree_width=3, offload="disk", repack_dir=str(tmp_path / "r"), cache_experts=10,
+              cache_policy="lru")
+    llm.generate(*BATCHES[1])
+    cfg = llm.config
+    want = len(cfg.moe_layers) * cfg.top_k  # top-k distinct experts per MoE layer
+    full = [t for t in seen if t.depth() == 3]
+    assert full, "some steps drafted the full depth"
+    for t in full:
+        assert len(t.root_experts) == want and {layer for layer, _ in t.root_experts} == set(cfg.moe_layers)
+        depths, kids = t.depths(), t.children()
+        chain = {i for i in range(len(t)) if kids[t.parents[i] + 1][0] == i + 1}  # the rank-0 nodes
+        for i in range(len(t)):
+            assert (t.experts[i] is not None) == (i in chain and depths[i] < 3), (i, depths[i])
+            if t.experts[i] is not None:
+                assert len(t.experts[i]) == want
