@@ -12,7 +12,7 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, engine=None):
         return AutoregressiveDecoder(runner)
     assert engine is not None, f"decoding={cfg.decoding!r} needs the engine (checkpoint, context length)"
     if cfg.drafter != "self":
-        return make_drafted(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len)
+        return make_drafted(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo)
     ctl = controller_of(engine) if cfg.decoding == "auto" else None
     return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo,
                         controller=ctl)
@@ -61,17 +61,43 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
                           controller=controller)
 
 
-def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
-    """Speculation with a drafter other than the self draft (`drafters.py`)."""
+def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None):
+    """Speculation with a drafter other than the self draft (`drafters.py`, `eagle.py`)."""
     from specmoe.decoding.budget import ExpertBudget
     from specmoe.decoding.chainselect import ChainSelector
     from specmoe.decoding.drafted import DraftedDecoder
     from specmoe.decoding.drafters import NgramDrafter
-    drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
+    if cfg.drafter == "eagle":
+        drafter = make_eagle(runner, cfg, ckpt=ckpt, memo={} if memo is None else memo)
+    else:
+        drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
     budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
     selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection == "cost" else None
     return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           budget=budget, selector=selector)
+
+
+def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
+    """The EAGLE drafter over `cfg.eagle_head` (default: the head shipped for the demo model), its weights
+    read once per engine (`memo`)."""
+    from pathlib import Path
+
+    from specmoe.bundled import demo_eagle_dir, demo_model_dir
+    from specmoe.decoding.eagle import EagleDrafter
+    from specmoe.errors import InputError
+    from specmoe.models.eagle import load_eagle_head
+    path = cfg.eagle_head
+    if path is None:
+        if Path(ckpt.path).resolve() != demo_model_dir(check=False).resolve():
+            raise InputError(f"drafter='eagle' needs eagle_head=PATH (--eagle-head): no EAGLE head ships for "
+                             f"{ckpt.path}")
+        path = demo_eagle_dir()
+    w = runner.model.embed.weight
+    key = ("eagle", str(Path(path).resolve()), w.dtype, str(w.device))
+    if key not in memo:
+        memo[key] = load_eagle_head(path, dtype=w.dtype, device=w.device, target_vocab=ckpt.config.vocab_size,
+                                    target_hidden=ckpt.config.hidden_size)
+    return EagleDrafter(runner, memo[key], head_path=path)
 
 
 def lookahead(cfg: SpecConfig) -> int:

@@ -168,14 +168,15 @@ class EagleHead(nn.Module):
         """embeds [B, T, D] (the target's embedding of each entry's token), feats [B, T, F] (each entry's
         feature: the target's (F = D), EAGLE-3's three target states (F = 3·Dt, through fc) or the head's own
         previous output (F = D)) → the head's output [B, T, D], the predicted next feature (see `logits`).
-        Writes K/V at `bv`'s positions."""
+        Writes K/V at `bv`'s positions (or at the rows `bv.write_index` names, when set)."""
         B, T, D = embeds.shape
         if self._rope is None or self._rope[0].device != embeds.device:
             self._rope = inv_freq(self.cfg, embeds.device)
         cos, sin = rope_tables(bv.positions, *self._rope, embeds.dtype)
         keys = torch.arange(bv.key_len, device=embeds.device)
         mask = (keys[None, None, :] <= bv.positions[:, :, None])[:, None]  # [B, 1, T, S]
-        bv.write_index = cache.write_index(bv.slots, bv.positions)
+        if bv.write_index is None:  # a caller may direct some entries elsewhere (the drafter's padding)
+            bv.write_index = cache.write_index(bv.slots, bv.positions)
         e, h = embeds.reshape(B * T, D), feats.reshape(B * T, -1)
         if self.hc.version == 1:
             x = self.fc(torch.cat((e, h), dim=-1))
