@@ -219,6 +219,7 @@ def main() -> int:
     ap.add_argument("--unroll", type=int, default=2, choices=(1, 2))
     ap.add_argument("--unroll-weight", type=float, default=0.5)
     ap.add_argument("--max-minutes", type=float, default=25.0, help="wall-clock cap on the training loop")
+    ap.add_argument("--init", default=None, help="start from this saved head (e.g. to continue a run)")
     ap.add_argument("--save-dtype", default="float32", choices=("float32", "bfloat16"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -240,17 +241,27 @@ def main() -> int:
                      max_position_embeddings=mc.max_position_embeddings, target_hidden_size=mc.hidden_size,
                      draft_vocab_size=mc.vocab_size, fc_bias=True)
     head = EagleHead(hc)
+    if args.init:  # continue from a saved head (same sizes)
+        from specmoe.models.eagle import load_eagle_head
+        init = load_eagle_head(args.init, target_vocab=mc.vocab_size, target_hidden=mc.hidden_size)
+        head.load_state_dict({k: v.clone() for k, v in init.state_dict().items()})
+        print(f"initialised from {args.init}")
     emb_w = llm.model.embed.weight.detach().float()
     assert mc.tie_word_embeddings, "the demo model ties its LM head to the embedding"
     params = [p for p in head.parameters() if p.requires_grad]
     print(f"head: {sum(p.numel() for p in params):,} parameters; data {tuple(tokens.shape)}, "
           f"held-out {tuple(ho_tokens.shape)}; data prep {data_s:.0f} s")
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.wd, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup) * 0.5 *
-                                              (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+    t0 = time.time()
+
+    def lr_factor(s: int) -> float:
+        """Linear warmup, then cosine decay over the run's progress: steps done or wall time used, whichever is
+        further along (a loaded machine reaches the wall-clock cap first)."""
+        progress = min(1.0, max(s / args.steps, (time.time() - t0) / 60 / args.max_minutes))
+        return min(1.0, (s + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * progress))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     rng = np.random.default_rng(args.seed)
     log, ema = [], None
-    t0 = time.time()
     bar = tqdm(range(args.steps), desc="train eagle head", unit="step")
     step = 0
     for step in bar:

@@ -137,3 +137,56 @@ def test_eagle_options_and_head_errors(tmp_path):
     llm = LLM(dtype="float32", threads=1, decoding="specmoe", drafter="eagle", eagle_head=str(tmp_path / "none"))
     with pytest.raises(CheckpointError, match="not found"):
         llm.generate(prompts(1), SamplingParams(max_tokens=2))
+
+
+def test_readme_eagle_table_is_generated_from_the_results_file():
+    import importlib.util
+    repo = PROMPTS.parents[1]
+    spec = importlib.util.spec_from_file_location("eagle_bench", repo / "benchmarks" / "eagle_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = json.loads((repo / "benchmarks" / "results" / "eagle_bench.json").read_text())
+    text = (repo / "README.md").read_text()
+    i, j = text.index(bench.BEGIN), text.index(bench.END) + len(bench.END)
+    assert text[i:j] == bench.readme_block(res), "README's eagle table is stale: run benchmarks/eagle_bench.py --readme-only"
+    assert all(r["equal_to_ar"] for r in res["rows"]), "a lossless drafter diverged from plain decoding"
+    res["rows"][0]["tokens_per_s"] += 1.0  # a changed figure changes the block
+    assert text[i:j] != bench.readme_block(res)
+
+
+def test_eagle3_head_drafts_from_three_target_layers(tmp_path, ar_llm):
+    """A random EAGLE-3 head for the demo model (fc over three target layers' states, reduced draft vocabulary):
+    proposals come from its draft vocabulary only, and greedy output still equals plain decoding."""
+    from specmoe.models.eagle import EagleConfig, EagleHead, save_eagle_head
+    mc = ar_llm.config
+    Vd = 512
+    hc = EagleConfig(version=3, hidden_size=mc.hidden_size, intermediate_size=128, num_layers=1, num_heads=4,
+                     num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=mc.vocab_size,
+                     max_position_embeddings=1024, target_hidden_size=mc.hidden_size, draft_vocab_size=Vd,
+                     fc_bias=False, aux_layers=(1, 3, 4))
+    torch.manual_seed(0)
+    head = EagleHead(hc)
+    ids = torch.randperm(mc.vocab_size)[:Vd].sort().values
+    head.d2t.copy_(ids - torch.arange(Vd))
+    save_eagle_head(head, tmp_path)
+    ps, sp = prompts(2), SamplingParams(max_tokens=10, ignore_eos=True)
+    ref = [o.token_ids for o in ar_llm.generate(ps, sp)]
+    seen = []
+    orig = EagleDrafter.propose
+
+    def spy(self, seqs, gammas, noise):
+        p = orig(self, seqs, gammas, noise)
+        seen.append(p.drafts)
+        return p
+    EagleDrafter.propose = spy
+    try:
+        llm = LLM(dtype="float32", threads=1, decoding="specmoe", drafter="eagle", eagle_head=str(tmp_path))
+        assert [o.token_ids for o in llm.generate(ps, sp)] == ref
+    finally:
+        EagleDrafter.propose = orig
+    s = llm.stats
+    assert s["eagle_version"] == 3 and s["drafted_tokens"] > 0
+    drafted = torch.cat([d.reshape(-1) for d in seen])
+    assert torch.isin(drafted, ids).all(), "EAGLE-3 proposes only target ids of its draft vocabulary"
+    d = next(v for k, v in llm.draft_memo.items() if k[0] == "eagle")
+    assert d.hc.target_layers(mc.num_layers) == (1, 3, 4)
