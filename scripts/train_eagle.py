@@ -149,28 +149,32 @@ def fresh_cache(hc: EagleConfig, B: int, T: int) -> PassKV:
     return PassKV()
 
 
-def losses(pred, target_feat, lm_w):
+def losses(pred, target_feat, p_target, lm_w):
+    """SmoothL1 to the target's feature, cross-entropy against the target's distribution `p_target`, and top-1
+    agreement with the target's argmax."""
     reg = F.smooth_l1_loss(pred, target_feat)
-    p = torch.softmax(target_feat @ lm_w.T, -1)
-    ce = -(p * torch.log_softmax(pred @ lm_w.T, -1)).sum(-1).mean()
-    agree = ((pred @ lm_w.T).argmax(-1) == (target_feat @ lm_w.T).argmax(-1)).float().mean()
+    logits = pred @ lm_w.T
+    ce = -(p_target * torch.log_softmax(logits, -1)).sum(-1).mean()
+    agree = (logits.argmax(-1) == p_target.argmax(-1)).float().mean()
     return reg, ce, agree
 
 
 def train_step(head, emb_w, tokens, feats, args, noise: bool):
     B, T = tokens.shape
     f = feats.float()
+    with torch.no_grad():
+        p = torch.softmax(f[:, 1:] @ emb_w.T, -1)  # the target's distribution at positions 1..T-1 (tied LM head)
     f_in = f[:, :-1]
     if noise and args.noise > 0:
         f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * args.noise
     pred = head_pass(head, emb_w, tokens, f_in, fresh_cache(head.hc, B, T))  # predicts f[:, 1:]
-    reg, ce, agree = losses(pred, f[:, 1:], emb_w)
+    reg, ce, agree = losses(pred, f[:, 1:], p, emb_w)
     loss = reg + args.ce * ce
     stats = {"reg": reg.item(), "ce": ce.item(), "agree1": agree.item()}
     if args.unroll >= 2:  # entry t now reads the head's own prediction of feature t (from entry t-1)
         f2 = torch.cat((f[:, :1], pred[:, :-1]), 1)
         pred2 = head_pass(head, emb_w, tokens, f2, fresh_cache(head.hc, B, T))
-        reg2, ce2, agree2 = losses(pred2[:, 1:], f[:, 2:], emb_w)
+        reg2, ce2, agree2 = losses(pred2[:, 1:], f[:, 2:], p[:, 1:], emb_w)
         loss = loss + args.unroll_weight * (reg2 + args.ce * ce2)
         stats.update(reg2=reg2.item(), ce2=ce2.item(), agree2=agree2.item())
     return loss, stats
@@ -181,16 +185,16 @@ def evaluate(head, emb_w, tokens, feats, args) -> dict:
     """Held-out top-1 agreement with the target's argmax at depth 1 (true features) and depth 2 (the head's
     own feature for the first step), over the generated part of each row."""
     out = {"agree1": [], "agree2": []}
+    P = args.prompt_len
     for a in range(0, tokens.shape[0], args.batch):
         x, f = tokens[a:a + args.batch], feats[a:a + args.batch].float()
         B, T = x.shape
+        p = torch.softmax(f[:, 1 + P:] @ emb_w.T, -1)
         pred = head_pass(head, emb_w, x, f[:, :-1], fresh_cache(head.hc, B, T))
-        _, _, a1 = losses(pred[:, args.prompt_len:], f[:, 1 + args.prompt_len:], emb_w)
         f2 = torch.cat((f[:, :1], pred[:, :-1]), 1)
         pred2 = head_pass(head, emb_w, x, f2, fresh_cache(head.hc, B, T))
-        _, _, a2 = losses(pred2[:, args.prompt_len:], f[:, 1 + args.prompt_len:], emb_w)
-        out["agree1"].append(a1.item())
-        out["agree2"].append(a2.item())
+        out["agree1"].append(losses(pred[:, P:], f[:, 1 + P:], p, emb_w)[2].item())
+        out["agree2"].append(losses(pred2[:, P:], f[:, 1 + P:], p, emb_w)[2].item())
     return {k: float(np.mean(v)) for k, v in out.items()}
 
 
