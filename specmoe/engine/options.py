@@ -119,8 +119,9 @@ class OffloadConfig:
     expert_format: str = opt("checkpoint", "storage format of the offloaded experts: the checkpoint's own "
                              "dtype, or int8 (per output channel) / int4 (groups of 32; int4-g64: of 64) made once "
                              "by `specmoe quantize` (or on first use) into the repack; experts move in these "
-                             "bytes and are dequantised into the compute dtype on arrival",
-                             ("checkpoint", "int8", "int4", "int4-g32", "int4-g64"))
+                             "bytes and are dequantised into the compute dtype on arrival; a checkpoint that ships "
+                             "quantized experts (GPT-OSS mxfp4, DeepSeek-V3 fp8-block) keeps them as stored",
+                             ("checkpoint", "int8", "int4", "int4-g32", "int4-g64", "mxfp4", "fp8-block"))
     repack_dir: str | None = opt(None, "disk tier: directory of the aligned expert repack (default: "
                                  "<checkpoint>/.specmoe, else ~/.cache/specmoe/<hash>)", type=str)
 
