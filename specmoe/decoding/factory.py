@@ -66,7 +66,8 @@ def draft_experts(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict | No
 
 
 def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None):
-    """Speculation with a `Drafter` (`drafters.py`): the ngram lookup, or the self draft's trees."""
+    """Speculation with a `Drafter` (`drafters.py`): the ngram lookup, the EAGLE head (`eagle.py`), or the
+    self draft's trees."""
     from specmoe.decoding.budget import ExpertBudget
     from specmoe.decoding.chainselect import ChainSelector
     from specmoe.decoding.drafted import DraftedDecoder
@@ -74,6 +75,8 @@ def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
     if cfg.drafter == "self":
         from specmoe.decoding.selfdraft import SelfDrafter
         drafter = SelfDrafter(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo))
+    elif cfg.drafter == "eagle":
+        drafter = make_eagle(runner, cfg, ckpt=ckpt, memo={} if memo is None else memo)
     else:
         drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
     budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
@@ -90,6 +93,29 @@ def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
     selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection != "all" else None
     return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           budget=budget, selector=selector)
+
+
+def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
+    """The EAGLE drafter over `cfg.eagle_head` (default: the head shipped for the demo model), its weights
+    read once per engine (`memo`)."""
+    from pathlib import Path
+
+    from specmoe.bundled import demo_eagle_dir, demo_model_dir
+    from specmoe.decoding.eagle import EagleDrafter
+    from specmoe.errors import InputError
+    from specmoe.models.eagle import load_eagle_head
+    path = cfg.eagle_head
+    if path is None:
+        if Path(ckpt.path).resolve() != demo_model_dir(check=False).resolve():
+            raise InputError(f"drafter='eagle' needs eagle_head=PATH (--eagle-head): no EAGLE head ships for "
+                             f"{ckpt.path}")
+        path = demo_eagle_dir()
+    w = runner.model.embed.weight
+    key = ("eagle", str(Path(path).resolve()), w.dtype, str(w.device))
+    if key not in memo:
+        memo[key] = load_eagle_head(path, dtype=w.dtype, device=w.device, target_vocab=ckpt.config.vocab_size,
+                                    target_hidden=ckpt.config.hidden_size)
+    return EagleDrafter(runner, memo[key], head_path=path)
 
 
 def lookahead(cfg: SpecConfig) -> int:

@@ -25,6 +25,9 @@ class ModelRunner:
         self.expert_s = 0.0          # seconds in routed experts over every forward (step breakdown)
         self.layer_hooks: list = []  # called at the start of each MoE layer (prefetch)
         self._record: dict | None = None  # see recording()
+        # EAGLE drafters: `sink.capture` (target layers, see ForwardContext.capture_hidden) and
+        # `sink.take(seqs, starts, lens, hidden)` after every forward, with the positions it wrote
+        self.hidden_sinks: list = []
 
     @contextlib.contextmanager
     def recording(self, on: bool, into: dict):
@@ -71,6 +74,9 @@ class ModelRunner:
         positions (the rest is padding, whatever it holds). `view`: a prepared BatchView (token trees)."""
         bv = self.batch_view([s.slot for s in seqs], lens) if view is None else view
         ctx = ctx or self.context()
+        if self.hidden_sinks:
+            ctx.capture_hidden = tuple(sorted({i for sink in self.hidden_sinks for i in sink.capture}))
+            starts = [self.cache.lengths[s.slot] for s in seqs]
         try:
             if all_logits:
                 out = self.model(tokens, self.cache, bv, ctx).float()
@@ -79,6 +85,8 @@ class ModelRunner:
                 out = self.model(tokens, self.cache, bv, ctx, logits_at=last)[:, 0].float()  # [B, V]
         finally:
             self.expert_s += ctx.expert_s
+        for sink in self.hidden_sinks:
+            sink.take(seqs, starts, lens, ctx.hidden)
         if self._record is not None:
             self._record.update({s.seq_id: out[b] for b, s in enumerate(seqs)})
         return out

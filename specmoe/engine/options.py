@@ -158,9 +158,13 @@ class SpecConfig:
                             "(hot-temporal), static from a profile (hot-global), or random (ablation)",
                             ("hot-temporal", "hot-global", "random"))
     seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
-    drafter: str = opt("self", "speculation's draft source: the model's own draft experts (self), or prompt/output "
-                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes)",
-                       ("self", "ngram"))
+    drafter: str = opt("self", "speculation's draft source: the model's own draft experts (self), prompt/output "
+                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes), or an EAGLE "
+                       "head over the target's last hidden state (eagle: a small dense layer, no expert bytes)",
+                       ("self", "ngram", "eagle"))
+    eagle_head: str | None = opt(None, "eagle drafter: an EAGLE / EAGLE-3 head directory (config.json + "
+                                 "model.safetensors, published layout); default: the head shipped for the demo "
+                                 "model", type=str)
     ngram_min: int = opt(2, "ngram drafter: shortest suffix length n matched against the history")
     ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
     draft_selection: str = opt("all", "ngram drafter: verify every proposed token (all), or per step the prefix "
@@ -201,9 +205,14 @@ class SpecConfig:
         check_int("verify_expert_budget", self.verify_expert_budget, 1, none_ok=True)
         if self.verify_expert_budget is not None and self.drafter == "self":
             raise InputError("verify_expert_budget applies to the verification of drafter='ngram'")
-        if self.drafter == "ngram" and self.decoding == "auto":
-            raise InputError("drafter='ngram' runs at a fixed gamma with decoding='specmoe'; decoding='auto' "
-                             "(the controller) models the self draft")
+        if self.drafter != "self" and self.decoding == "auto":
+            raise InputError(f"drafter={self.drafter!r} runs at a fixed gamma with decoding='specmoe'; "
+                             "decoding='auto' (the controller) models the self draft")
+        h = self.eagle_head
+        if h is not None and (not isinstance(h, (str, os.PathLike)) or not str(h).strip() or "\0" in str(h)):
+            raise InputError(f"eagle_head must be a directory path (or None for the default), got {h!r}")
+        if h is not None and self.drafter != "eagle":
+            raise InputError("eagle_head applies to drafter='eagle'")
 
 
 def check_choices(cfg) -> None:

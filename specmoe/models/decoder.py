@@ -165,9 +165,13 @@ class Transformer(nn.Module):
         bv.write_index = cache.write_index(bv.slots, bv.positions if bv.write_positions is None else bv.write_positions)
         ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
         ctx.real_tokens = None if bv.valid is None else bv.real_tokens
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if i in ctx.capture_hidden:
+                ctx.hidden[i] = x.view(B, T, -1)
             x = layer(x, cos, sin, masks, cache, bv, ctx)
         x = x.view(B, T, -1)
+        if len(self.layers) in ctx.capture_hidden:
+            ctx.hidden[len(self.layers)] = self.norm(x)
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         x = self.norm(x)
