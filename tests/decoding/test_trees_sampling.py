@@ -136,7 +136,7 @@ def test_tree_selection_is_closed_and_never_below_the_chain_of_its_budget(seed):
     for d in range(6):  # measured acceptance by depth and rank
         for k in range(3):
             sel.t_reach[d][k], sel.t_acc[d][k] = 10.0, rng.uniform(0, 10)
-    nodes, where = sel.nodes_of(trees)
+    nodes, where, _ = sel.nodes_of(trees)
     assert all(v.p == sel.prob(t.depths()[i], ranks(t)[i]) for v, (b, i) in zip(nodes, where) for t in [trees[b]])
     cost = VerifyCost(base_s=rng.uniform(0.5, 2), token_s=rng.uniform(0.01, 0.6))
     budget = rng.randint(1, max(1, len(nodes)))
@@ -186,7 +186,7 @@ def test_padded_tree_selection_beats_every_capped_chain(seed):
     for d in range(6):
         for k in range(3):
             sel.t_reach[d][k], sel.t_acc[d][k] = 10.0, rng.uniform(0, 10)
-    nodes, _ = sel.nodes_of(trees)
+    nodes, _, _ = sel.nodes_of(trees)
     fit = (rng.uniform(0.5, 2), rng.uniform(0.01, 0.6))
     sets = TreeSelector.select_sets(nodes, B, fit)
     assert all(nodes[i].seq == b for b, S in enumerate(sets) for i in S)
@@ -194,10 +194,10 @@ def test_padded_tree_selection_beats_every_capped_chain(seed):
     from specmoe.decoding.selection import path_probs
     P = path_probs(nodes)
     ch = chain_nodes(nodes)
-    got = TreeSelector.padded_objective(P, sets, fit)
+    got = TreeSelector.padded_objective(nodes, P, sets, fit)
     for k in range(7):
         chains = [sorted(i for i in ch if nodes[i].seq == b)[:k] for b in range(B)]  # chain order = index order
-        assert got >= TreeSelector.padded_objective(P, chains, fit) - 1e-12
+        assert got >= TreeSelector.padded_objective(nodes, P, chains, fit) - 1e-12
 
 
 def test_unseeded_sampled_self_draft_tree_follows_the_target(tiny_ckpt):
