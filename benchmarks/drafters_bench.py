@@ -42,7 +42,7 @@ STAT_KEEP = ("drafter", "drafted_tokens", "accepted_tokens", "verified_positions
              "draft_selection", "selection_cut_tokens", "draft_tree", "draft_tree_width", "tree_nodes_per_step",
              "tree_nodes_verified", "tree_nodes_rejected", "accepted_path_length", "tree_branched_rows",
              "tree_kv_rows_moved", "tree_sibling_nodes", "selection_expert_s", "selection_fetched_experts",
-             "selection_predicted_new_experts", "selection_union_scale", "selection_cost_fit")
+             "selection_predicted_new_experts", "selection_union_scale", "selection_s", "selection_cost_fit")
 TREE_PAIRS = (("ngram-tree", "ngram"), ("ngram-tree-cost", "ngram"), ("ngram-tree-cost", "ngram-cost"),
               ("specmoe-tree", "specmoe"), ("specmoe-tree-cost", "specmoe"), ("ngram-tree-cost-specfit", "ngram"),
               ("specmoe-tree-cost-specfit", "specmoe"))

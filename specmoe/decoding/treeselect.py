@@ -31,6 +31,8 @@ expert term.
 """
 from __future__ import annotations
 
+import time
+
 from specmoe.decoding.chainselect import ChainSelector
 from specmoe.decoding.selection import (DraftNode, VerifyCost, missing, path_probs, select, uniform_chains,
                                         union_added)
@@ -67,6 +69,7 @@ class TreeSelector(ChainSelector):
         self.predicted_new = 0.0                # experts the verified trees were predicted to fetch
         self.step_predicted = self.fetch_n = self.pred_n = 0.0  # this step's prediction; forgotten sums
         self.expert_s_used = 0.0
+        self.selection_s = 0.0  # host seconds spent choosing subtrees
 
     # ------------------------------------------------------------ the expert term's inputs
     def attach(self, runner) -> None:
@@ -132,7 +135,14 @@ class TreeSelector(ChainSelector):
             self.resident = {layer: set(self.provider.resident(layer)) for layer in self.freq}
 
     def choose_trees(self, trees: list[DraftTree]) -> list[DraftTree]:
-        """The subtree of each proposal to verify this step."""
+        """The subtree of each proposal to verify this step (its host time: `selection_s`)."""
+        t0 = time.perf_counter()
+        try:
+            return self._choose(trees)
+        finally:
+            self.selection_s += time.perf_counter() - t0
+
+    def _choose(self, trees: list[DraftTree]) -> list[DraftTree]:
         self.snapshot()
         fit = self.cost()
         self.calls += 1
@@ -240,5 +250,5 @@ class TreeSelector(ChainSelector):
                   selection_expert_s=self.expert_s_used,
                   selection_expert_s_source="cost model" if self.read_s is not None else "measured wait",
                   selection_fetched_experts=self.fetched, selection_predicted_new_experts=self.predicted_new,
-                  selection_union_scale=self.union_scale())
+                  selection_union_scale=self.union_scale(), selection_s=self.selection_s)
         return st
