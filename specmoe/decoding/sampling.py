@@ -36,7 +36,7 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        from specmoe.engine.options import SEED_RANGE, check_int, check_number
+        from specmoe.options import SEED_RANGE, check_int, check_number
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) for x in self.stop):

@@ -35,7 +35,7 @@ from specmoe.experts.budget import SCRATCH_BUFFERS, STAGING_BUFFERS
 from specmoe.experts.buffers import Spill, alloc_rows, expert_views, typed_rows
 from specmoe.experts.oracle import OracleTrace
 from specmoe.experts.store import ExpertStore
-from specmoe.experts.memory import aligned_empty, check_fits, fmt_bytes
+from specmoe.memory import aligned_empty, check_fits, fmt_bytes
 from specmoe.experts.tiers import slot_bytes
 from specmoe.models.moe import Routing, SlotGroup
 

@@ -5,11 +5,11 @@ import warnings
 
 import torch
 
-from specmoe.engine.options import OffloadConfig
+from specmoe.options import OffloadConfig
 from specmoe.errors import InputError
 from specmoe.experts.formats import ExpertShape, make_format
 from specmoe.experts.budget import SCRATCH_BUFFERS, plan_offload, plan_resident
-from specmoe.experts.memory import check_budget_value, round_up
+from specmoe.memory import check_budget_value, round_up
 from specmoe.experts.resident import ResidentExperts
 from specmoe.weights.checkpoint import Checkpoint
 

@@ -6,7 +6,7 @@ from tqdm import tqdm
 
 from specmoe.errors import InputError
 from specmoe.experts.buffers import expert_views
-from specmoe.experts.memory import round_up
+from specmoe.memory import round_up
 from specmoe.experts.store import ExpertStore
 from specmoe.models.moe import Routing, SlotGroup
 from specmoe.weights.checkpoint import Checkpoint

@@ -33,7 +33,7 @@ import torch
 from specmoe.errors import CheckpointError, IntegrityError
 from specmoe.experts.formats import ExpertFormat, ExpertShape, Plain
 from specmoe.experts.integrity import checksum
-from specmoe.experts.memory import aligned_empty, check_fits, round_up
+from specmoe.memory import aligned_empty, check_fits, round_up
 from specmoe.experts.repack import Repacked, expert_bytes_of
 from specmoe.weights.checkpoint import Checkpoint
 

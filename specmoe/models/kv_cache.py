@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from specmoe.errors import MemoryBudgetError
-from specmoe.experts.memory import check_fits, fmt_bytes
+from specmoe.memory import check_fits, fmt_bytes
 
 # L=layers, Bmax=slots, S=positions, Hkv=kv heads, Dh=head dim
 

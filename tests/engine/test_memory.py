@@ -129,7 +129,7 @@ def test_kv_slots_follow_the_requests(ckpt):
 
 
 def test_kv_request_that_cannot_fit_is_refused(ckpt, monkeypatch):
-    import specmoe.experts.memory as memory
+    import specmoe.memory as memory
     llm = LLM(ckpt, dtype="float32")
     cfg = llm.config
     one = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, llm.dtype, 1, 200 + 50 + 1)
@@ -144,7 +144,7 @@ def test_kv_request_that_cannot_fit_is_refused(ckpt, monkeypatch):
 def test_kv_admits_only_what_memory_holds(ckpt, monkeypatch):
     """With free memory for 2 sequences at the run's full length, 5 requests run 2 at a time (the others
     wait for a free slot) instead of failing mid-run; outputs equal an unconstrained run."""
-    import specmoe.experts.memory as memory
+    import specmoe.memory as memory
     prompts = [[i + 1, i + 2, i + 3] for i in range(5)]
     sp = SamplingParams(max_tokens=20, ignore_eos=True)
     llm = LLM(ckpt, dtype="float32")

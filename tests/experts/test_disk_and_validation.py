@@ -91,7 +91,7 @@ def test_budget_too_small_for_host_tier(tiny_ckpt):
 
 
 def test_bad_options():
-    from specmoe.engine.options import OffloadConfig
+    from specmoe.options import OffloadConfig
     with pytest.raises(InputError, match="need offload='host'"):
         OffloadConfig(offload="disk", link_gbps=1.0)
     with pytest.raises(InputError, match="byte size"):
