@@ -6,7 +6,11 @@ Each measurement runs in a fresh subprocess with PYTHONPATH set to the tree unde
 generate, then a measured generate; decode tok/s = generated tokens / decode seconds (engine stats). The
 trees alternate (old, new per batch size) so both see the same machine load. Also reports, at the largest
 batch, this tree's draft forward time (step_breakdown draft parts / draft forwards) against a resident
-decode step (resident AR run: decode seconds / decode steps). Writes benchmarks/results/core_speed.json.
+decode step (resident AR run: decode seconds / decode steps), and checks this tree's step breakdown at every
+batch: the timed parts must cover the decode wall time within 5% (`other_s`, what no phase timed, <= 5%), and
+"draft-set refresh + bookkeeping" (refresh, first draft-set setup, accept/sample, scheduling and the untimed
+rest: everything that is neither a forward nor a fetch wait) as a share of decode wall time (target <= 3%).
+Writes benchmarks/results/core_speed.json.
 """
 from __future__ import annotations
 
@@ -58,6 +62,19 @@ def run(tree: Path, kw: dict, batch: int, max_tokens: int, threads: int) -> dict
     raise RuntimeError(f"{tree}: {p.stderr[-3000:]}")
 
 
+BOOKKEEPING = ("draft_refresh_s", "draft_setup_s", "accept_sample_s", "scheduling_s", "other_s")
+
+
+def breakdown_check(bd: dict) -> dict:
+    """Untimed share (the parts must add up within 5%) and the refresh + bookkeeping share of decode wall time."""
+    wall = bd["decode_wall_s"]
+    timed = sum(v for k, v in bd.items() if k not in ("decode_wall_s", "other_s"))
+    return {"timed_parts_over_wall": timed / wall, "untimed_share": bd["other_s"] / wall,
+            "parts_add_up_within_5pct": abs(timed - wall) <= 0.05 * wall,
+            "draft_refresh_share": bd["draft_refresh_s"] / wall,
+            "refresh_plus_bookkeeping_share": sum(bd[k] for k in BOOKKEEPING) / wall}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", required=True, help="the other checkout (e.g. a worktree of main)")
@@ -76,9 +93,11 @@ def main(argv=None) -> dict:
         r_new = run(new, spec, B, a.max_tokens, a.threads)
         same = r_old.pop("tokens") == r_new.pop("tokens")
         res["batches"][B] = {"old": r_old, "new": r_new, "same_tokens": same,
-                             "speedup": r_new["decode_tokens_per_s"] / r_old["decode_tokens_per_s"]}
+                             "speedup": r_new["decode_tokens_per_s"] / r_old["decode_tokens_per_s"],
+                             "breakdown_check": breakdown_check(r_new["step_breakdown"])}
         print(f"batch {B}: old {r_old['decode_tokens_per_s']:.2f} tok/s, new {r_new['decode_tokens_per_s']:.2f} "
-              f"tok/s -> {res['batches'][B]['speedup']:.2f}x (same tokens: {same})", flush=True)
+              f"tok/s -> {res['batches'][B]['speedup']:.2f}x (same tokens: {same}); new breakdown: "
+              f"{res['batches'][B]['breakdown_check']}", flush=True)
     B = max(a.batches)
     resident = run(new, {"dtype": a.dtype, "offload": "none", "decoding": "ar"}, B, a.max_tokens, a.threads)
     resident.pop("tokens")
