@@ -123,8 +123,11 @@ class OffloadConfig:
                              ("checkpoint", "int8", "int4", "int4-g32", "int4-g64"))
     repack_dir: str | None = opt(None, "disk tier: directory of the aligned expert repack (default: "
                                  "<checkpoint>/.specmoe, else ~/.cache/specmoe/<hash>)", type=str)
+    io_depth: int = opt(1, "disk tier on CPU: expert reads in flight at once, each on its own I/O thread "
+                           "(1: one read after another)")
 
     def __post_init__(self):
+        check_int("io_depth", self.io_depth, 1, 16)
         for name in ("cache_bytes", "memory_budget"):  # LLM(cache_bytes="2GiB") as well as ints
             try:
                 object.__setattr__(self, name, size(getattr(self, name)))

@@ -459,7 +459,8 @@ class ExpertCache(ExpertStore):
         if self.prefetch_mode == "oracle":
             out["oracle"] = "replaying" if self.oracle.replaying else "recording"
         if self.tier.kind == "disk":  # time in reads (I/O thread) and in checksum verification (compute thread)
-            out.update(io_reads=self.tier.reads, io_read_s=self.tier.read_s, io_verify_s=self.tier.verify_s)
+            out.update(io_reads=self.tier.reads, io_read_s=self.tier.read_s, io_verify_s=self.tier.verify_s,
+                       io_depth=self.loader.workers, io_max_inflight=self.tier.max_inflight)
         return out
 
     def close(self) -> None:

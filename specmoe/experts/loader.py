@@ -1,5 +1,7 @@
-"""Background expert loads for the expert cache: one I/O thread (one queue, like one link) that reads experts
-from the backing tier into slot rows while the compute thread works on what is already resident.
+"""Background expert loads for the expert cache: I/O threads that read experts from the backing tier into slot
+rows while the compute thread works on what is already resident. One thread (one queue, like one link), or on
+CPU as many as the tier serves reads at once (`Tier.queue_depth`: the disk tier's `io_depth`), each taking
+every n-th queued load.
 
 The cache queues loads (`submit`) and hands the queue over as one job per layer (`flush`: one thread wake-up per
 layer instead of one per expert); `wait` blocks on one load and returns the seconds waited. On CPU the tier
@@ -28,8 +30,10 @@ class ExpertLoader:
         # CUDA: reads that are not a plain host copy (disk, or a decoding tier) land in pinned staging rows
         self.host_copy = tier.kind == "host" and tier.identity
         self.staging_bytes = STAGING_BUFFERS * slot_bytes if self.cuda and not self.host_copy else 0
-        self._queue: list = []  # loads not yet handed to the I/O thread
-        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specmoe-io")
+        self._queue: list = []  # loads not yet handed to the I/O threads
+        # CPU: one thread per read the tier serves at once; CUDA: one (the staging ring and the copy stream)
+        self.workers = 1 if self.cuda else tier.queue_depth
+        self.io = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="specmoe-io")
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(device)
             self._staging = [[aligned_empty(slot_bytes, pin=True), None]
@@ -44,9 +48,12 @@ class ExpertLoader:
         return fut
 
     def flush(self) -> None:
+        """Hand the queued loads to the I/O threads: dealt round-robin into one job per thread, so the first
+        loads queued are the first read."""
         if self._queue:
             items, self._queue = self._queue, []
-            self.io.submit(self._run, items)
+            for k in range(min(self.workers, len(items))):
+                self.io.submit(self._run, items[k::self.workers])
 
     def _run(self, items) -> None:
         for layer, e, dst, after, fut in items:
