@@ -2,13 +2,17 @@
 prompts, experts on the disk tier, back to back in one run (ratios only mean something within one run).
 
     .venv/bin/python benchmarks/drafters_bench.py [--model DIR | --widened] [--batches 1,16]
-        [--systems lru,ngram,specmoe] [--max-tokens 48] [--prompt-tokens 256] [--repeats 2]
+        [--systems lru,ngram,ngram-cost,ngram-tree,ngram-tree-cost,specmoe,specmoe-tree,specmoe-tree-cost]
+        [--max-tokens 48] [--prompt-tokens 256] [--repeats 2]
         [--budget K1,K2] [--out benchmarks/results/drafters.json]
 
 Systems come from the `specmoe bench` registry (`specmoe/bench/systems.py`). Every run is greedy, EOS
 ignored; the outputs of every system are checked against the first system's (lossless drafters must
 match it token for token; `verify_expert_budget` rows are lossy and report their agreement instead).
 Rows are measured round-robin over the systems `--repeats` times; the fastest run of each is reported.
+Token trees (`ngram-tree`, `ngram-tree-cost`) are compared with the chain of the same drafter per batch and at
+each system's best batch (`tree_vs_chain`), and every row's expert bytes per generated token with SpecMoE's
+at the same batch (`bytes_vs_specmoe`).
 """
 from __future__ import annotations
 
@@ -32,7 +36,12 @@ from specmoe.engine.llm import default_model_path  # noqa: E402
 KEEP = ("tokens_per_s", "decode_tokens_per_s", "wall_s", "generated_tokens", "bytes_per_token", "hit_rate",
         "tokens_per_step", "acceptance_per_position")
 STAT_KEEP = ("drafter", "drafted_tokens", "accepted_tokens", "verified_positions_per_step", "empty_proposals",
-             "expert_bytes_per_token", "draft_phase_bytes", "verify_expert_budget", "budget_rerouted_share")
+             "expert_bytes_per_token", "draft_phase_bytes", "verify_expert_budget", "budget_rerouted_share",
+             "draft_selection", "selection_cut_tokens", "draft_tree", "draft_tree_width", "tree_nodes_per_step",
+             "tree_nodes_verified", "tree_nodes_rejected", "accepted_path_length", "tree_branched_rows",
+             "tree_kv_rows_moved", "tree_sibling_nodes")
+TREE_PAIRS = (("ngram-tree", "ngram"), ("ngram-tree-cost", "ngram"), ("ngram-tree-cost", "ngram-cost"),
+              ("specmoe-tree", "specmoe"), ("specmoe-tree-cost", "specmoe"))
 
 
 def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
@@ -122,12 +131,13 @@ def main() -> int:
                 best[name]["speedup_vs_lru"] = best[name]["tokens_per_s"] / base["tokens_per_s"]
         if "specmoe" in best and "ngram" in best:
             best["ngram"]["speedup_vs_specmoe"] = best["ngram"]["tokens_per_s"] / best["specmoe"]["tokens_per_s"]
+    res_extra = tree_summary(rows)
     res = {"command": "python " + " ".join(sys.argv), "model": str(path), "widened": widen_info,
            "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": args.threads},
            "tier": "disk", "cache_experts": cache, "gamma": args.gamma, "max_tokens": args.max_tokens,
            "prompt_tokens_max": args.prompt_tokens, "prompts": "benchmarks/prompts/code.jsonl",
            "seqs_at_batch_1": args.seqs_at_batch_1, "repeats": args.repeats,
-           "elapsed_s": time.perf_counter() - t_start, "rows": rows}
+           "elapsed_s": time.perf_counter() - t_start, **res_extra, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     for r in rows:
@@ -135,8 +145,28 @@ def main() -> int:
         tau = r.get("tokens_per_step") or 1.0
         print(f"B={r['batch']:3d} {r['system']:18s} {r['tokens_per_s']:8.2f} tok/s τ={tau:.2f} "
               f"bytes/tok={r.get('bytes_per_token', 0):.3g} agree={r['greedy_agreement_with_first']:.3f} {extra}")
+    for k, v in res_extra.items():
+        print(k, json.dumps(v))
     print(f"wrote {args.out}")
     return 0
+
+
+def tree_summary(rows: list[dict]) -> dict:
+    """Tree / chain tok/s ratios per batch and at each system's best batch; bytes per token / SpecMoE's."""
+    by = {(r["system"], r["batch"]): r for r in rows}
+    out: dict = {"tree_vs_chain": {}, "bytes_vs_specmoe": {}}
+    for tree, chain in TREE_PAIRS:
+        per = {B: by[tree, B]["tokens_per_s"] / by[chain, B]["tokens_per_s"]
+               for (n, B) in by if n == tree and (chain, B) in by}
+        if per:
+            best_t = max(r["tokens_per_s"] for r in rows if r["system"] == tree)
+            best_c = max(r["tokens_per_s"] for r in rows if r["system"] == chain)
+            out["tree_vs_chain"][f"{tree}/{chain}"] = {"per_batch": per, "at_best_batch": best_t / best_c}
+    for (n, B), r in by.items():
+        sp = by.get(("specmoe", B))
+        if sp and n != "specmoe" and r.get("bytes_per_token") and sp.get("bytes_per_token"):
+            out["bytes_vs_specmoe"].setdefault(n, {})[B] = r["bytes_per_token"] / sp["bytes_per_token"]
+    return out
 
 
 def _combine(runs: list[dict]) -> dict:
@@ -149,6 +179,9 @@ def _combine(runs: list[dict]) -> dict:
     steps = [(r["stats"].get("tokens_per_step"), r["stats"].get("steps", 0)) for r in runs]
     if all(t is not None for t, _ in steps) and sum(n for _, n in steps):
         row["tokens_per_step"] = sum(t * n for t, n in steps) / sum(n for _, n in steps)
+        for k in ("verified_positions_per_step", "tree_nodes_per_step"):  # per sequence step, like τ
+            if all(k in r["stats"] for r in runs):
+                row[k] = sum(r["stats"][k] * r["stats"].get("steps", 0) for r in runs) / sum(n for _, n in steps)
     hits = sum(r["stats"].get("hits", 0) for r in runs)
     miss = sum(r["stats"].get("misses", 0) for r in runs)
     if hits + miss:

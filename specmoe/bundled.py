@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent
 REPO = PACKAGE.parent
 DEMO_MODEL_CANDIDATES = (PACKAGE / "demo_model", REPO / "models" / "specmoe-tiny-moe")
 PROMPTS_CANDIDATES = (PACKAGE / "demo_prompts", REPO / "benchmarks" / "prompts")
+DEMO_EAGLE_CANDIDATES = (PACKAGE / "demo_eagle", REPO / "models" / "specmoe-tiny-moe-eagle")
 
 
 def demo_model_dir(check: bool = True) -> Path:
@@ -29,6 +30,16 @@ def demo_model_dir(check: bool = True) -> Path:
     raise SpecMoEError("the bundled demo model is missing (looked in "
                        f"{' and '.join(str(d) for d in DEMO_MODEL_CANDIDATES)}); "
                        "pass model=PATH (--model PATH), a Hugging Face checkpoint directory")
+
+
+def demo_eagle_dir() -> Path:
+    """The EAGLE head trained for the demo model (`scripts/train_eagle.py`): the installed copy if there is
+    one, else the repository's; SpecMoEError when neither holds one."""
+    for d in DEMO_EAGLE_CANDIDATES:
+        if (d / "model.safetensors").is_file():
+            return d
+    raise SpecMoEError("the demo model's EAGLE head is missing (looked in "
+                       f"{' and '.join(str(d) for d in DEMO_EAGLE_CANDIDATES)}); pass eagle_head=PATH")
 
 
 def prompts_dir() -> Path:

@@ -134,6 +134,59 @@ class MLA:
     v_head_dim: int
 
 
+@dataclass(frozen=True)
+class Quantization:
+    """A checkpoint that ships quantized weights (config.json `quantization_config`), read as stored:
+    `mxfp4` (GPT-OSS): each expert projection as FP4 e2m1 blocks of 32 values (`*_blocks`, uint8, two per byte)
+    with one e8m0 exponent per block (`*_scales`, uint8); everything else floating point.
+    `fp8` (DeepSeek-V3, and other families' fine-grained FP8 releases): linear weights as float8_e4m3fn with one
+    fp32 multiplier per `block` of rows x columns (`<name>.weight_scale_inv`); experts always, other linears where
+    their tensor is fp8 (norms, embeddings, routers stay floating point)."""
+    method: str  # "mxfp4" | "fp8"
+    block: tuple[int, int] = (128, 128)  # fp8: weight_block_size (rows, columns)
+
+
+QUANT_METHODS = ("mxfp4", "fp8")
+
+
+def read_quantization(raw: dict, f: "Fields", mt: str, *, hidden: int) -> Quantization | None:
+    """`quantization_config` of config.json (None: a floating-point checkpoint)."""
+    q = raw.get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        f.fail("quantization_config", "an object or null", q)
+    qf = Fields(q, f"{f.source} quantization_config")
+    method = q.get("quant_method")
+    if method not in QUANT_METHODS:
+        raise UnsupportedModelError(
+            f"{f.source}: quantization_config.quant_method {method!r} is not supported; specmoe reads floating-point "
+            "checkpoints, MXFP4 experts as GPT-OSS ships them (\"mxfp4\") and block-scaled FP8 as DeepSeek-V3 ships "
+            "it (\"fp8\")")
+    if method == "mxfp4":
+        if mt != "gpt_oss":
+            raise UnsupportedModelError(f"{f.source}: MXFP4 (quant_method \"mxfp4\") is read for GPT-OSS experts only")
+        inter = f.int("intermediate_size")
+        for key, n in (("hidden_size", hidden), ("intermediate_size", inter)):
+            if n % 32:
+                f.fail(key, "a multiple of 32 (MXFP4 stores blocks of 32 values along each projection's input)", n)
+        return Quantization("mxfp4")
+    if mt == "gpt_oss":
+        raise UnsupportedModelError(f"{f.source}: GPT-OSS checkpoints are read in floating point or MXFP4, not FP8")
+    if qf.str("fmt", "e4m3") != "e4m3":
+        raise UnsupportedModelError(f"{qf.source}: fmt {q['fmt']!r} is not supported (FP8 e4m3 only)")
+    if qf.str("activation_scheme", "dynamic") != "dynamic":
+        raise UnsupportedModelError(f"{qf.source}: activation_scheme {q['activation_scheme']!r} is not supported "
+                                    "(\"dynamic\" only: specmoe computes on the dequantised weights)")
+    if q.get("scale_fmt") not in (None, "float", "ue8m0"):  # ue8m0: float scales that are powers of two
+        qf.fail("scale_fmt", '"float" or "ue8m0"', q["scale_fmt"])
+    block = q.get("weight_block_size", [128, 128])
+    if (not isinstance(block, list) or len(block) != 2
+            or any(type(b) is not int or b < 1 for b in block)):
+        qf.fail("weight_block_size", "a list of two integers >= 1 (rows, columns of one scale block)", block)
+    return Quantization("fp8", (block[0], block[1]))
+
+
 @dataclass
 class ModelConfig:
     model_type: str
@@ -183,6 +236,8 @@ class ModelConfig:
     swiglu_limit: float | None = None  # GPT-OSS clamped SwiGLU: (clamp(up) + 1) · g·σ(α·g), g = min(gate, limit)
     swiglu_alpha: float = 1.702
     extra_layers: int = 0  # multi-token-prediction layers stored after the last layer (not used, not loaded)
+    # --- storage
+    quantization: Quantization | None = None  # weights shipped quantized (read as stored; None: floating point)
 
     def __post_init__(self):
         if not self.moe_layers:
@@ -333,6 +388,7 @@ class ModelConfig:
         dtype = "float32" if dtype is _MISSING else dtype
         if dtype not in FLOAT_DTYPES:
             f.fail(dk, f"a floating dtype name ({', '.join(FLOAT_DTYPES)})", dtype)
+        kw["quantization"] = read_quantization(raw, f, mt, hidden=H)
         return cls(model_type=mt, vocab_size=V, hidden_size=H, num_layers=L, num_heads=n_heads,
                    num_kv_heads=n_kv, head_dim=kw.pop("head_dim", head_dim), num_experts=E, top_k=top_k,
                    rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=rope_theta,

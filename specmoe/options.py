@@ -119,8 +119,9 @@ class OffloadConfig:
     expert_format: str = opt("checkpoint", "storage format of the offloaded experts: the checkpoint's own "
                              "dtype, or int8 (per output channel) / int4 (groups of 32; int4-g64: of 64) made once "
                              "by `specmoe quantize` (or on first use) into the repack; experts move in these "
-                             "bytes and are dequantised into the compute dtype on arrival",
-                             ("checkpoint", "int8", "int4", "int4-g32", "int4-g64"))
+                             "bytes and are dequantised into the compute dtype on arrival; a checkpoint that ships "
+                             "quantized experts (GPT-OSS mxfp4, DeepSeek-V3 fp8-block) keeps them as stored",
+                             ("checkpoint", "int8", "int4", "int4-g32", "int4-g64", "mxfp4", "fp8-block"))
     repack_dir: str | None = opt(None, "disk tier: directory of the aligned expert repack (default: "
                                  "<checkpoint>/.specmoe, else ~/.cache/specmoe/<hash>)", type=str)
     io_depth: int = opt(1, "disk tier on CPU: expert reads in flight at once, each on its own I/O thread "
@@ -160,9 +161,13 @@ class SpecConfig:
                             "(hot-temporal), static from a profile (hot-global), or random (ablation)",
                             ("hot-temporal", "hot-global", "random"))
     seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
-    drafter: str = opt("self", "speculation's draft source: the model's own draft experts (self), or prompt/output "
-                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes)",
-                       ("self", "ngram"))
+    drafter: str = opt("self", "speculation's draft source: the model's own draft experts (self), prompt/output "
+                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes), or an EAGLE "
+                       "head over the target's last hidden state (eagle: a small dense layer, no expert bytes)",
+                       ("self", "ngram", "eagle"))
+    eagle_head: str | None = opt(None, "eagle drafter: an EAGLE / EAGLE-3 head directory (config.json + "
+                                 "model.safetensors, published layout); default: the head shipped for the demo "
+                                 "model", type=str)
     ngram_min: int = opt(2, "ngram drafter: shortest suffix length n matched against the history")
     ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
     draft_selection: str = opt("all", "ngram drafter: verify every proposed token (all), or per step the prefix "
@@ -172,6 +177,11 @@ class SpecConfig:
     verify_expert_budget: int | None = opt(None, "ngram drafter, LOSSY: per MoE layer, a verification forward uses "
                                            "only the K experts of most routing mass plus each token's top-1; "
                                            "tokens re-route among them (MoE-Spec)", type=int)
+    draft_tree: bool = opt(False, "decoding=specmoe: propose and verify a token tree per sequence (ngram: up to "
+                           "draft_tree_width distinct continuations from the history merged into a trie; self: the "
+                           "draft's chain plus its next most likely tokens at every depth as leaves), one forward "
+                           "with a tree attention mask; the accepted path's K/V is compacted in place")
+    draft_tree_width: int = opt(3, "draft_tree: most branches per tree (continuations; at most width x gamma nodes)")
     draft_prefetch: bool = opt(False, "SpecMoE, offloaded: while drafting, load the experts the target's routers "
                                "pick for the drafted tokens into free cache slots, so the backing tier works "
                                "while the draft computes (draft-guided prefetch)")
@@ -180,6 +190,14 @@ class SpecConfig:
         check_choices(self)
         if not isinstance(self.draft_prefetch, bool):
             raise InputError(f"draft_prefetch must be True or False, got {self.draft_prefetch!r}")
+        if not isinstance(self.draft_tree, bool):
+            raise InputError(f"draft_tree must be True or False, got {self.draft_tree!r}")
+        check_int("draft_tree_width", self.draft_tree_width, 1, 16)
+        if self.draft_tree and self.decoding != "specmoe":
+            raise InputError("draft_tree=True needs decoding='specmoe' (decoding='auto' models chains of the self "
+                             "draft)")
+        if self.draft_tree and self.draft_prefetch:
+            raise InputError("draft_prefetch applies to the self draft's chains, not to draft_tree=True")
         check_int("draft_experts", self.draft_experts, 1)
         check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
         check_int("seed", self.seed, *SEED_RANGE)
@@ -188,9 +206,14 @@ class SpecConfig:
         check_int("verify_expert_budget", self.verify_expert_budget, 1, none_ok=True)
         if self.verify_expert_budget is not None and self.drafter == "self":
             raise InputError("verify_expert_budget applies to the verification of drafter='ngram'")
-        if self.drafter == "ngram" and self.decoding == "auto":
-            raise InputError("drafter='ngram' runs at a fixed gamma with decoding='specmoe'; decoding='auto' "
-                             "(the controller) models the self draft")
+        if self.drafter != "self" and self.decoding == "auto":
+            raise InputError(f"drafter={self.drafter!r} runs at a fixed gamma with decoding='specmoe'; "
+                             "decoding='auto' (the controller) models the self draft")
+        h = self.eagle_head
+        if h is not None and (not isinstance(h, (str, os.PathLike)) or not str(h).strip() or "\0" in str(h)):
+            raise InputError(f"eagle_head must be a directory path (or None for the default), got {h!r}")
+        if h is not None and self.drafter != "eagle":
+            raise InputError("eagle_head applies to drafter='eagle'")
 
 
 def check_choices(cfg) -> None:

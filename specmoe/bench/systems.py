@@ -49,6 +49,18 @@ SYSTEMS: tuple[System, ...] = (
            {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe", "drafter": "ngram",
             "draft_selection": "cost"}, kind="speculative",
            note="verifies the prefix of each proposal that maximises predicted tokens/s (selection.py)"),
+    System("ngram-tree", "n-gram token trees + LRU",
+           {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe", "drafter": "ngram", "draft_tree": True},
+           kind="speculative", note="several history continuations merged into a trie, verified in one forward"),
+    System("ngram-tree-cost", "n-gram token trees, cost-aware subtree + LRU",
+           {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe", "drafter": "ngram", "draft_tree": True,
+            "draft_selection": "cost"}, kind="speculative",
+           note="verifies the ancestor-closed subtree that maximises predicted tokens/s (treeselect.py)"),
+    System("specmoe-tree", "SpecMoE token trees", {"decoding": "specmoe", "draft_tree": True}, kind="speculative",
+           note="the self draft's chain + its next most likely tokens per depth as leaves, one verification"),
+    System("specmoe-tree-cost", "SpecMoE token trees, cost-aware subtree",
+           {"decoding": "specmoe", "draft_tree": True, "draft_selection": "cost"}, kind="speculative",
+           note="self-draft trees, verifying the subtree that maximises predicted tokens/s"),
 )
 
 OFFLOADED_BASELINE = "ondemand"  # what speedups are quoted against first

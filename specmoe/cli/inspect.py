@@ -19,7 +19,7 @@ def register(sub) -> None:
 def describe(path) -> dict:
     from specmoe.engine.llm import default_model_path
     from specmoe.weights.checkpoint import Checkpoint
-    from specmoe.weights.names import expert_parts, non_expert_keys
+    from specmoe.weights.names import expert_parts, non_expert_keys, stored_tensors
     path = Path(path) if path else default_model_path()
     ck = Checkpoint(path)
     cfg = ck.config
@@ -27,9 +27,10 @@ def describe(path) -> dict:
     def nbytes(key):
         _, _, n, _ = ck.tensor_offsets(key)
         return n
-    expert_bytes = sum(nbytes(k) for k in {p.key for layer in cfg.moe_layers for e in range(cfg.num_experts)
-                                            for p in expert_parts(cfg, layer, e).values()})
-    other = sum(nbytes(k) for k, _ in non_expert_keys(cfg).values())
+    expert_bytes = sum(nbytes(k) for k in {t[0] for layer in cfg.moe_layers for e in range(cfg.num_experts)
+                                            for t in stored_tensors(expert_parts(cfg, layer, e))})
+    other = sum(nbytes(k) + (nbytes(ck.scale_key(k)) if ck.scale_key(k) else 0)
+                for k, _ in non_expert_keys(cfg).values())
     info = {"path": str(path), "family": cfg.model_type, "layers": cfg.num_layers,
             "moe_layers": len(cfg.moe_layers), "experts_per_layer": cfg.num_experts, "top_k": cfg.top_k,
             "hidden_size": cfg.hidden_size, "expert_intermediate_size": cfg.expert_intermediate_size,
@@ -38,6 +39,7 @@ def describe(path) -> dict:
             "dense_layers": cfg.num_layers - len(cfg.moe_layers),
             "rope": "yarn" if cfg.yarn else "default",
             "vocab_size": cfg.vocab_size, "context_length": cfg.max_position_embeddings, "dtype": cfg.dtype,
+            "quantization": cfg.quantization.method if cfg.quantization else None,
             "expert_bytes": expert_bytes, "non_expert_bytes": other,
             "bytes_per_expert": expert_bytes // max(1, len(cfg.moe_layers) * cfg.num_experts)}
     info["expert_formats"] = expert_formats(ck)
@@ -54,12 +56,15 @@ def describe(path) -> dict:
 
 def expert_formats(ck) -> list[dict]:
     """Each expert storage format: bytes per expert, and the bytes a token implies when every one of its
-    routed experts is fetched (top-k per MoE layer, a cold cache: the upper bound a cache divides down)."""
-    from specmoe.experts.formats import ExpertShape, all_formats
+    routed experts is fetched (top-k per MoE layer, a cold cache: the upper bound a cache divides down). The
+    ratio is against the expert in the checkpoint's float dtype (for a checkpoint that ships quantized experts,
+    mxfp4 / fp8-block: what its dequantised model holds)."""
+    from specmoe.experts.formats import ExpertShape, Plain, all_formats
     from specmoe.experts.repack import find_repack
     cfg = ck.config
-    fmts = all_formats(ExpertShape.of(cfg), ck.storage_dtype)
-    base = fmts[0].stored_bytes
+    shape = ExpertShape.of(cfg)
+    fmts = all_formats(shape, ck.storage_dtype)
+    base = Plain(shape, ck.storage_dtype).stored_bytes
     per_token = cfg.top_k * len(cfg.moe_layers)
     return [{"expert_format": "checkpoint" if i == 0 else f.name, "storage": f.name,
              "bytes_per_expert": f.stored_bytes, "ratio": round(f.stored_bytes / base, 4),

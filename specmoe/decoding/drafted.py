@@ -39,7 +39,10 @@ class DraftedDecoder:
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         r, dev = self.runner, self.runner.device
         gammas = [self._gamma_for(s) for s in seqs]
+        ts = now(dev)
+        self.drafter.prepare()
         t0 = now(dev)
+        self.breakdown.setup(t0 - ts)
         e0, b0 = r.expert_s, r.provider.bytes_moved
         noise = step_noise(seqs, gammas, r.model.cfg.vocab_size, dev)
         prop = self.drafter.propose(seqs, gammas, noise)
@@ -56,8 +59,12 @@ class DraftedDecoder:
         if self.budget is not None:  # its tokens, flattened [B·T]: padding of shorter rows does not vote
             pos = torch.arange(G + 1, device=dev)[None, :]
             self.budget.real = (pos <= torch.tensor(gammas, device=dev)[:, None]).reshape(-1)
-        logits = r.forward(seqs, [[s.output_ids[-1]] + d[:g] for s, d, g in zip(seqs, d_list, gammas)], ctx=ctx,
-                           all_logits=True)  # [B, T, V]: the pending token + the proposals
+        self.drafter.begin_verify()
+        try:
+            logits = r.forward(seqs, [[s.output_ids[-1]] + d[:g] for s, d, g in zip(seqs, d_list, gammas)],
+                               ctx=ctx, all_logits=True)  # [B, T, V]: the pending token + the proposals
+        finally:
+            self.drafter.end_verify()
         t2 = now(dev)
         out = accept(seqs, drafts, q, logits, gammas, noise)
         if self.selector is not None:

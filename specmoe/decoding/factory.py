@@ -15,8 +15,8 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, ckpt=None, max_model_
         return AutoregressiveDecoder(runner)
     if ckpt is None or max_model_len is None:
         raise ValueError(f"decoding={cfg.decoding!r} needs the checkpoint and the context length")
-    if cfg.drafter != "self":
-        return make_drafted(runner, cfg, ckpt=ckpt, max_model_len=max_model_len)
+    if cfg.drafter != "self" or cfg.draft_tree:
+        return make_drafted(runner, cfg, ckpt=ckpt, max_model_len=max_model_len, memo=memo)
     if cfg.decoding == "auto" and controller is None:
         raise ValueError('decoding="auto" needs its controller (build_controller)')
     return make_specmoe(runner, cfg, ckpt=ckpt, max_model_len=max_model_len, memo=memo,
@@ -42,36 +42,79 @@ def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
                  controller=None):
     """`memo` outlives one generate call (the engine keeps it): the affinity table is computed once per
     engine, not once per call."""
+    from specmoe.decoding.specmoe import SpecMoEDecoder
+    return SpecMoEDecoder(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo),
+                          num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len, controller=controller)
+
+
+def draft_experts(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict | None = None):
+    """The self draft's draft-expert set (`draft.DraftExperts`)."""
     from specmoe.decoding.affinity import load_or_compute_affinity
     from specmoe.decoding.draft import DraftExperts, load_profile
-    from specmoe.decoding.specmoe import SpecMoEDecoder
     mcfg = ckpt.config
     memo = {} if memo is None else memo
     if cfg.substitution == "affinity" and "affinity" not in memo:
         memo["affinity"] = load_or_compute_affinity(ckpt)
-    drafter = DraftExperts(
+    return DraftExperts(
         mcfg, runner.provider, num_draft=cfg.draft_experts, policy=cfg.draft_policy,
         substitution=cfg.substitution, seed=cfg.seed, device=runner.device,
         affinity=memo.get("affinity") if cfg.substitution == "affinity" else None,
         profile=load_profile(ckpt.path, mcfg) if cfg.draft_policy == "hot-global" else None,
         prefetch=cfg.draft_prefetch)
-    return SpecMoEDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
-                          controller=controller)
 
 
-def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int):
-    """Speculation with a drafter other than the self draft (`drafters.py`)."""
+def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None):
+    """Speculation with a `Drafter` (`drafters.py`): the ngram lookup, the EAGLE head (`eagle.py`), or the
+    self draft's trees."""
     from specmoe.decoding.budget import ExpertBudget
     from specmoe.decoding.chainselect import ChainSelector
     from specmoe.decoding.drafted import DraftedDecoder
     from specmoe.decoding.drafters import NgramDrafter
-    drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
+    if cfg.drafter == "self":
+        from specmoe.decoding.selfdraft import SelfDrafter
+        drafter = SelfDrafter(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo))
+    elif cfg.drafter == "eagle":
+        drafter = make_eagle(runner, cfg, ckpt=ckpt, memo={} if memo is None else memo)
+    else:
+        drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
     budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
+    if cfg.draft_tree:
+        from specmoe.decoding.treedecode import TreeDecoder
+        from specmoe.decoding.treeselect import TreeSelector
+        w = cfg.draft_tree_width
+        sel = TreeSelector(cfg.num_draft_tokens, w) if cfg.draft_selection == "cost" else None
+        return TreeDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
+                           width=w, budget=budget, selector=sel)
     selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection == "cost" else None
     return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                           budget=budget, selector=selector)
 
 
+def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
+    """The EAGLE drafter over `cfg.eagle_head` (default: the head shipped for the demo model), its weights
+    read once per engine (`memo`)."""
+    from pathlib import Path
+
+    from specmoe.bundled import demo_eagle_dir, demo_model_dir
+    from specmoe.decoding.eagle import EagleDrafter
+    from specmoe.errors import InputError
+    from specmoe.models.eagle import load_eagle_head
+    path = cfg.eagle_head
+    if path is None:
+        if Path(ckpt.path).resolve() != demo_model_dir(check=False).resolve():
+            raise InputError(f"drafter='eagle' needs eagle_head=PATH (--eagle-head): no EAGLE head ships for "
+                             f"{ckpt.path}")
+        path = demo_eagle_dir()
+    w = runner.model.embed.weight
+    key = ("eagle", str(Path(path).resolve()), w.dtype, str(w.device))
+    if key not in memo:
+        memo[key] = load_eagle_head(path, dtype=w.dtype, device=w.device, target_vocab=ckpt.config.vocab_size,
+                                    target_hidden=ckpt.config.hidden_size)
+    return EagleDrafter(runner, memo[key], head_path=path)
+
+
 def lookahead(cfg: SpecConfig) -> int:
     """KV positions a strategy may write past a sequence's committed length in one step."""
-    return 1 if cfg.decoding == "ar" else cfg.num_draft_tokens + 1
+    if cfg.decoding == "ar":
+        return 1
+    return cfg.num_draft_tokens * (cfg.draft_tree_width if cfg.draft_tree else 1) + 1

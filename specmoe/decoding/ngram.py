@@ -5,12 +5,15 @@ it pays on text that repeats itself (code, extraction, edits of a given text).
 `NgramIndex` keeps, per n in [n_min, n_max], a map from each n-gram of the history to the position right
 after its latest occurrence, updated incrementally as tokens arrive (O(n_max − n_min + 1) per token), so a
 proposal is a few dictionary lookups whatever the history length. The longest matching n wins.
+For token trees (`propose_many`) it also keeps, per n-gram, the continuations of up to `KEEP` earlier
+occurrences, so several distinct continuations can be proposed at once.
 """
 from __future__ import annotations
 
 
 class NgramIndex:
     """Incremental n-gram → continuation index over one token history."""
+    KEEP = 8  # occurrences remembered per n-gram (the latest + KEEP - 1 older ones)
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -19,6 +22,7 @@ class NgramIndex:
         self.tokens: list[int] = []
         self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
         self.indexed = 0  # n-grams ending before this position are in the maps
+        self.older: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(n_min, n_max + 1)}
 
     def extend(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
@@ -29,7 +33,13 @@ class NgramIndex:
         for j in range(self.indexed, end):  # n-gram toks[j-n+1 .. j], continuation starts at j+1
             for n, m in self.maps.items():
                 if j + 1 >= n:
-                    m[tuple(toks[j + 1 - n: j + 1])] = j + 1
+                    key = tuple(toks[j + 1 - n: j + 1])
+                    prev = m.get(key)
+                    if prev is not None:  # the replaced occurrence joins the older ones (latest first)
+                        old = self.older[n].setdefault(key, [])
+                        old.insert(0, prev)
+                        del old[self.KEEP - 1:]
+                    m[key] = j + 1
         self.indexed = max(self.indexed, end)
 
     def propose(self, k: int) -> list[int]:
@@ -43,6 +53,26 @@ class NgramIndex:
             if start is not None:
                 return self.tokens[start: min(start + k, L)]
         return []
+
+    def propose_many(self, k: int, width: int) -> list[list[int]]:
+        """Up to `width` distinct continuations of at most k tokens, none a prefix of another one taken
+        before it: first `propose(k)`'s, then those of older occurrences of the same suffix, then of shorter
+        matching suffixes (latest occurrence first)."""
+        L = len(self.tokens)
+        if k <= 0 or width <= 0 or L < self.n_min + 1:
+            return []
+        self._index_upto(L - 1)
+        out: list[list[int]] = []
+        for n in range(min(self.n_max, L - 1), self.n_min - 1, -1):
+            key = tuple(self.tokens[L - n:])
+            latest = self.maps[n].get(key)
+            for start in ([] if latest is None else [latest] + self.older[n].get(key, [])):
+                cont = self.tokens[start: min(start + k, L)]
+                if cont and not any(c[:len(cont)] == cont for c in out):
+                    out.append(cont)
+                    if len(out) == width:
+                        return out
+        return out
 
 
 def propose(history: list[int], k: int, n_min: int = 2, n_max: int = 4) -> list[int]:

@@ -25,6 +25,9 @@ class ModelRunner:
         self.expert_s = 0.0          # seconds in routed experts over every forward (step breakdown)
         self.layer_hooks: list = []  # called at the start of each MoE layer (prefetch)
         self._record: dict | None = None  # see recording()
+        # EAGLE drafters: `sink.capture` (target layers, see ForwardContext.capture_hidden) and
+        # `sink.take(seqs, starts, lens, hidden)` after every forward, with the positions it wrote
+        self.hidden_sinks: list = []
 
     @contextlib.contextmanager
     def recording(self, on: bool, into: dict):
@@ -56,7 +59,7 @@ class ModelRunner:
         pos, slot = both
         return BatchView(slots=None if contiguous else torch.tensor(slots, device=self.device),
                          positions=pos.view(B, T), valid=valid, contiguous=contiguous, key_len=key_len,
-                         write_index=(slot, pos), real_tokens=sum(new_lens),
+                         write_index=(slot, pos), real_tokens=sum(new_lens), flat_positions=pos,
                          last_only=T == 1 and min(starts) == max(starts))
 
     @torch.inference_mode()
@@ -71,11 +74,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_padded(self, seqs: list[Sequence], tokens: torch.Tensor, lens: list[int], *,
-                       ctx: ForwardContext | None = None, all_logits: bool = False) -> torch.Tensor:
+                       ctx: ForwardContext | None = None, all_logits: bool = False,
+                       view: BatchView | None = None) -> torch.Tensor:
         """`forward` over tokens already on the device: tokens [B, T], row b real for its first lens[b]
-        positions (the rest is padding, whatever it holds)."""
-        bv = self.batch_view([s.slot for s in seqs], lens)
+        positions (the rest is padding, whatever it holds). `view`: a prepared BatchView (token trees)."""
+        bv = self.batch_view([s.slot for s in seqs], lens) if view is None else view
         ctx = ctx or self.context()
+        if self.hidden_sinks:
+            ctx.capture_hidden = tuple(sorted({i for sink in self.hidden_sinks for i in sink.capture}))
+            starts = [self.cache.lengths[s.slot] for s in seqs]
         try:
             if all_logits or tokens.shape[1] == 1:
                 out = self.model(tokens, self.cache, bv, ctx, flat=not all_logits)  # [B, T, V] or [B, V]
@@ -85,9 +92,25 @@ class ModelRunner:
                 out = self.model(tokens, self.cache, bv, ctx, logits_at=last)[:, 0].float()  # [B, V]
         finally:
             self.expert_s += ctx.expert_s
+        for sink in self.hidden_sinks:
+            sink.take(seqs, starts, lens, ctx.hidden)
         if self._record is not None:
             self._record.update({s.seq_id: out[b] for b, s in enumerate(seqs)})
         return out
+
+    def tree_view(self, seqs: list[Sequence], lens: list[int], depths: torch.Tensor, tree: torch.Tensor) -> BatchView:
+        """The BatchView of a token-tree verification: row b's token t (t < lens[b]) at RoPE position
+        length + depths[b, t], writing its K/V at length + t, seeing the prefix and tree[b, t] ([B, T, T])."""
+        bv = self.batch_view([s.slot for s in seqs], lens)
+        bv.write_positions, bv.positions, bv.tree = bv.positions, bv.positions[:, :1] + depths, tree
+        bv.flat_positions = None  # RoPE at the new positions; the K/V places (write_index) stay start + t
+        return bv
+
+    def rerecord(self, seqs: list[Sequence], rows: list[list[int]], logits: torch.Tensor) -> None:
+        """While recording: keep, per sequence, the logits rows[b] of logits [B, T, V] (a tree's accepted
+        path, in emission order) instead of the forward's rows."""
+        if self._record is not None:
+            self._record.update({s.seq_id: logits[b, r] for b, (s, r) in enumerate(zip(seqs, rows))})
 
     def commit(self, seq: Sequence, n: int) -> None:
         self.cache.lengths[seq.slot] += n

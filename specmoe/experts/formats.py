@@ -17,10 +17,11 @@ Formats (`expert_format=`):
   matrices; they span rows only where a row is not a multiple of the group): w ≈ (n − 8) · s,
   s = max|group| / 7.
 
-Also the dequantisation of two published formats, for checkpoints that ship quantized experts:
-`dequantize_mxfp4` (GPT-OSS: FP4 e2m1 values two per byte, one e8m0 exponent per block of 32) and
-`dequantize_fp8_blocks` (DeepSeek-V3: float8 e4m3 weights, one fp32 `weight_scale_inv` per 128×128
-block).
+- `mxfp4` / `fp8-block` (`Native`): the experts of a checkpoint that ships them quantized, kept as it stores
+  them (GPT-OSS: MXFP4 blocks and e8m0 scales, biases in the checkpoint's dtype; DeepSeek-V3: float8 e4m3 weights
+  and fp32 128×128 block scales): each stored tensor of one expert, 16-byte aligned. Read from the checkpoint, not
+  encoded, and decoded by the checkpoint's own dequantisation (weights/quantized.py). `checkpoint` means this
+  format for such a checkpoint.
 """
 from __future__ import annotations
 
@@ -28,13 +29,19 @@ import math
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from specmoe.errors import InputError
+from specmoe.weights.quantized import StoredLayout, assemble, stored_layout
 
-FORMATS = ("checkpoint", "int8", "int4", "int4-g32", "int4-g64")
-QUANTIZED = ("int8", "int4-g32", "int4-g64")
+if TYPE_CHECKING:
+    from specmoe.weights.checkpoint import Checkpoint
+
+FORMATS = ("checkpoint", "int8", "int4", "int4-g32", "int4-g64", "mxfp4", "fp8-block")
+QUANTIZED = ("int8", "int4-g32", "int4-g64")  # made by specmoe from floating-point weights, kept in the repack
+NATIVE = {"mxfp4": "mxfp4", "fp8": "fp8-block"}  # quantization method of a checkpoint -> its experts' format
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -45,6 +52,7 @@ class ExpertShape:
     hidden: int  # D
     inter: int  # I
     bias: bool = False
+    stored: StoredLayout | None = None  # a checkpoint that ships quantized experts: how it stores one
 
     @property
     def mats(self) -> tuple[tuple[int, int], ...]:
@@ -65,7 +73,8 @@ class ExpertShape:
 
     @classmethod
     def of(cls, cfg) -> "ExpertShape":
-        return cls(hidden=cfg.hidden_size, inter=cfg.expert_intermediate_size, bias=cfg.expert_bias)
+        return cls(hidden=cfg.hidden_size, inter=cfg.expert_intermediate_size, bias=cfg.expert_bias,
+                   stored=stored_layout(cfg))
 
 
 def _align(n: int, a: int) -> int:
@@ -94,7 +103,9 @@ class ExpertFormat(ABC):
     [numel]) to a uint8 tensor of exactly `stored_bytes`; `decode(src, out)` writes the expert into `out`
     (flat [numel], the compute dtype, on any device) from `src` (uint8, at least `stored_bytes`, same
     device as `out`). `decode` is deterministic: the same bytes give the same compute-dtype values
-    everywhere they are decoded."""
+    everywhere they are decoded. `from_checkpoint(ckpt, layer, e)` is an expert's stored bytes, made from the
+    checkpoint (`encode` of its weights; a checkpoint's own quantized format reads them as stored and has no
+    `encode`)."""
     name: str
     shape: ExpertShape
 
@@ -113,7 +124,13 @@ class ExpertFormat(ABC):
 
     @property
     def quantized(self) -> bool:
+        """Made by specmoe from floating-point weights (int8 / int4): kept in the repack, read from there."""
         return self.name in QUANTIZED
+
+    def from_checkpoint(self, ckpt: "Checkpoint", layer: int, e: int) -> torch.Tensor:
+        """Expert (layer, e) of `ckpt` in this format: its stored bytes (quantized formats quantise the weights
+        read in fp32)."""
+        return self.encode(ckpt.read_expert(layer, e, torch.float32))
 
     def identity(self, dtype: torch.dtype) -> bool:
         """The stored bytes are the compute-dtype expert itself (a read can land straight in a slot)."""
@@ -145,6 +162,9 @@ class Plain(ExpertFormat):
 
     def identity(self, dtype: torch.dtype) -> bool:
         return dtype == self.dtype
+
+    def from_checkpoint(self, ckpt: "Checkpoint", layer: int, e: int) -> torch.Tensor:
+        return self.encode(ckpt.read_expert(layer, e, self.dtype))
 
 
 class Int8(ExpertFormat):
@@ -258,6 +278,49 @@ class Int4(ExpertFormat):
             off, goff = off + numel, goff + g
 
 
+class Native(ExpertFormat):
+    """The experts as the checkpoint stores them (`shape.stored`): each stored tensor of one expert (GPT-OSS:
+    gate_up blocks, scales, down blocks, scales, gate_up bias, down bias; FP8: gate weight, scales, up, down),
+    in that order, each starting on a 16-byte boundary. Decoded by `weights.quantized.assemble`, the path
+    resident experts are read by."""
+
+    def __init__(self, shape: ExpertShape):
+        if shape.stored is None:
+            raise InputError("this checkpoint stores its experts in floating point, not in a quantized format")
+        self.shape, self.layout, self.name = shape, shape.stored, NATIVE[shape.stored.method]
+        self.offsets, off = [], 0
+        for t in self.layout.tensors:
+            self.offsets.append(off)
+            off = _align(off + t.nbytes, 16)
+        self._bytes = off
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._bytes
+
+    def encode(self, w: torch.Tensor) -> torch.Tensor:
+        raise InputError(f"{self.name} experts are read as the checkpoint stores them; specmoe does not quantize "
+                         f"floating-point weights to {self.name} (use int8 or int4)")
+
+    def pack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The stored bytes of one expert from its stored tensors (`layout.tensors` order, shapes and dtypes)."""
+        out = torch.zeros(self.stored_bytes, dtype=torch.uint8)
+        for t, spec, off in zip(tensors, self.layout.tensors, self.offsets):
+            if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
+                raise InputError(f"{self.name}: a stored tensor is {list(t.shape)} {t.dtype}, expected "
+                                 f"{list(spec.shape)} {spec.dtype}")
+            out[off:off + spec.nbytes] = t.contiguous().reshape(-1).view(torch.uint8)
+        return out
+
+    def from_checkpoint(self, ckpt: "Checkpoint", layer: int, e: int) -> torch.Tensor:
+        return self.pack(ckpt.read_stored(layer, e))
+
+    def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        tensors = [src[off:off + t.nbytes].view(t.dtype).view(t.shape)
+                   for t, off in zip(self.layout.tensors, self.offsets)]
+        assemble(self.layout, tensors, out)
+
+
 def _encode_bias(shape: ExpertShape, w: torch.Tensor, dst: torch.Tensor) -> None:
     """Expert biases are few: kept exact, in fp32."""
     if shape.bias_numel:
@@ -277,52 +340,26 @@ def canonical(name: str) -> str:
 
 
 def make_format(name: str, shape: ExpertShape, checkpoint_dtype: torch.dtype) -> ExpertFormat:
-    """The storage format `expert_format=name` means for a checkpoint whose weights are `checkpoint_dtype`."""
+    """The storage format `expert_format=name` means for a checkpoint whose weights are `checkpoint_dtype` (and
+    whose experts are stored as `shape.stored`, if it ships them quantized)."""
     name = canonical(name)
+    native = NATIVE[shape.stored.method] if shape.stored is not None else None
+    if name in NATIVE.values() and name != native:
+        raise InputError(f"expert_format={name!r} reads experts that the checkpoint stores as {name} (GPT-OSS "
+                         "MXFP4 / DeepSeek-V3 FP8 releases); this checkpoint stores them as "
+                         f"{native or DTYPE_NAMES[checkpoint_dtype]}: use 'checkpoint', 'int8' or 'int4'")
     if name == "checkpoint":
-        return Plain(shape, checkpoint_dtype)
+        return Native(shape) if native else Plain(shape, checkpoint_dtype)
+    if name == native:
+        return Native(shape)
     if name == "int8":
         return Int8(shape)
     return Int4(shape, int(name.rsplit("g", 1)[1]))
 
 
 def all_formats(shape: ExpertShape, checkpoint_dtype: torch.dtype) -> list[ExpertFormat]:
-    """Every format an expert of `shape` can be stored in (for `specmoe inspect`)."""
-    return [Plain(shape, checkpoint_dtype), Int8(shape), Int4(shape, 32), Int4(shape, 64)]
+    """Every format an expert of `shape` can be stored in (for `specmoe inspect`): the checkpoint's own first."""
+    own = Native(shape) if shape.stored is not None else Plain(shape, checkpoint_dtype)
+    return [own, Int8(shape), Int4(shape, 32), Int4(shape, 64)]
 
 
-# ---------------------------------------------------------------- published checkpoint formats
-
-FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """MXFP4 (OCP microscaling, as GPT-OSS ships its experts): `blocks` [..., G, 16] uint8 holds 32 FP4 e2m1
-    values per block, two per byte (low nibble first); `scales` [..., G] uint8 is each block's e8m0 exponent
-    (value 2^(s − 127)). Returns [..., G·32] in `dtype` (GPT-OSS's `*_blocks` tensors are [E, out, G, 16]:
-    the result is [E, out, in], output channels as rows, as in the packed expert)."""
-    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
-        raise InputError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
-    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
-        raise InputError(f"MXFP4 blocks {list(blocks.shape)} do not match scales {list(scales.shape)} "
-                         "(expected blocks [..., G, 16] and scales [..., G])")
-    lut = torch.tensor(FP4_E2M1, dtype=torch.float32, device=blocks.device)
-    vals = torch.stack((lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]), dim=-1)  # [..., G, 16, 2]
-    vals = vals.reshape(*blocks.shape[:-1], 32)
-    out = torch.ldexp(vals, scales.to(torch.int32).unsqueeze(-1) - 127)
-    return out.reshape(*blocks.shape[:-2], blocks.shape[-2] * 32).to(dtype)
-
-
-def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (128, 128),
-                          dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Block-scaled FP8 (DeepSeek-V3): `weight` [..., R, C] float8_e4m3fn, `scale_inv` [..., ⌈R/br⌉, ⌈C/bc⌉]
-    fp32, one multiplier per `block` (edge blocks may be partial). Returns weight · scale in `dtype`,
-    computed in fp32."""
-    br, bc = block
-    R, C = weight.shape[-2:]
-    want = (math.ceil(R / br), math.ceil(C / bc))
-    if tuple(scale_inv.shape[-2:]) != want:
-        raise InputError(f"FP8 scales {list(scale_inv.shape)} do not match weight {list(weight.shape)} with "
-                         f"{br}x{bc} blocks (expected [..., {want[0]}, {want[1]}])")
-    s = scale_inv.to(torch.float32).repeat_interleave(br, dim=-2).repeat_interleave(bc, dim=-1)[..., :R, :C]
-    return (weight.to(torch.float32) * s).to(dtype)

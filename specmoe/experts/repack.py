@@ -111,10 +111,8 @@ def file_base(ckpt: Checkpoint, fmt: ExpertFormat | torch.dtype) -> str:
 
 def expert_bytes_of(ckpt: Checkpoint, layer: int, e: int, fmt: ExpertFormat | torch.dtype) -> np.ndarray:
     """Expert (layer, e) of the checkpoint in storage format `fmt`: its stored bytes (quantized formats are
-    quantised from the weights read in fp32)."""
-    fmt = as_format(ckpt, fmt)
-    w = ckpt.read_expert(layer, e, fmt.dtype if isinstance(fmt, Plain) else torch.float32)
-    return fmt.encode(w).numpy()
+    quantised from the weights read in fp32; a checkpoint's own quantized format is read as stored)."""
+    return as_format(ckpt, fmt).from_checkpoint(ckpt, layer, e).numpy()
 
 
 def candidate_dirs(ckpt: Checkpoint, repack_dir: str | Path | None) -> list[Path]:

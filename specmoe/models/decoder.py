@@ -37,11 +37,35 @@ class BatchView:
     valid: torch.Tensor | None = None
     contiguous: slice | None = None
     key_len: int = 0  # S: positions attended over (max position + 1)
-    # (slot [B·T], position [B·T]) where the tokens' K/V go (`KVCache.write_index`; set once per forward)
-    write_index: tuple[torch.Tensor, torch.Tensor] | None = None
+    # where the tokens' K/V go (set once per forward): (slot [B·T], position [B·T]), or flat rows [B·T] (see
+    # `KVCache.write`)
+    write_index: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None = None
     real_tokens: int | None = None  # tokens that are not padding (host int; needed with `valid`)
     # one new token per row and every row's at position key_len - 1: every key is visible (no mask needed)
     last_only: bool = False
+    flat_positions: torch.Tensor | None = None  # [B·T] `positions` flattened (set by whoever builds the view)
+    # token trees (speculative verification of a draft tree): `positions` are the RoPE positions (start +
+    # depth), the tokens write K/V at `write_positions` [B, T] (start + t, scratch past the committed length)
+    # and query t sees the committed prefix plus the new tokens u with tree[b, t, u] (its ancestors + itself)
+    tree: torch.Tensor | None = None  # [B, T, T] bool
+    write_positions: torch.Tensor | None = None  # [B, T]
+
+
+def tree_attention_mask(bv: BatchView, window: int | None) -> torch.Tensor:
+    """[B, 1, T, S] bool for a tree verification (`BatchView.tree`): key j is visible to query t iff j is in
+    the committed prefix (j < start) or j = start + u with tree[b, t, u]; with a window, iff the key's RoPE
+    position (j itself in the prefix, positions[b, u] in the tree) is inside the query's window."""
+    B, T = bv.positions.shape
+    dev = bv.positions.device
+    keys = torch.arange(bv.key_len, device=dev)
+    rel = keys[None, :] - bv.write_positions[:, :1]  # [B, S]: the key's node index (in [0, T) for the tree)
+    in_tree = (rel >= 0) & (rel < T)
+    node = rel.clamp(0, T - 1)
+    mask = (rel < 0)[:, None, :] | (in_tree[:, None, :] & torch.gather(bv.tree, 2, node[:, None, :].expand(B, T, -1)))
+    if window:
+        key_pos = torch.where(in_tree, torch.gather(bv.positions, 1, node), keys[None, :])  # [B, S]
+        mask &= key_pos[:, None, :] > bv.positions[:, :, None] - window
+    return mask[:, None]
 
 
 class Attention(nn.Module):
@@ -55,6 +79,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(Hq * Dh, D, bias=cfg.o_proj_bias)
         if cfg.attention_sinks:
             self.sinks = nn.Parameter(torch.empty(Hq))
+        self.qkv_weight = self.qkv_bias = self.qk_norm_weight = self.o_weight_t = None  # set by `fuse`
         if cfg.qk_norm == "head":
             self.q_norm, self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps), RMSNorm(Dh, cfg.rms_norm_eps)
         elif cfg.qk_norm == "full":
@@ -79,12 +104,25 @@ class Attention(nn.Module):
                                              self.k_norm.weight.expand(cfg.num_kv_heads, -1)))[:, None]  # [Hq + Hkv, 1, Dh]
         self.o_weight_t = None if cfg.o_proj_bias else self.o_proj.weight.t()  # residual + out @ Wᵀ in one addmm
 
+    def _fused(self):
+        """(q/k/v weight, bias, per-head q/k norm weight): made once by `fuse` after loading; a module used
+        without it (a head being trained) concatenates its projections per call."""
+        if self.qkv_weight is not None:
+            return self.qkv_weight, self.qkv_bias, self.qk_norm_weight
+        cfg, projs = self.cfg, (self.q_proj, self.k_proj, self.v_proj)
+        w = torch.cat([p.weight for p in projs])
+        b = torch.cat([p.bias for p in projs]) if cfg.qkv_bias else None
+        n = torch.cat((self.q_norm.weight.expand(cfg.num_heads, -1), self.k_norm.weight.expand(cfg.num_kv_heads, -1)))[
+            :, None] if cfg.qk_norm == "head" else None
+        return w, b, n
+
     def _qkv(self, x):
         """x [N, D] → q and k as one [N, Hq + Hkv, 1, Dh] tensor (normed as the family does, not yet rotated),
         v [N, Hkv, 1, Dh] (the 1: at one token per row, q is already SDPA's [B, Hq, T, Dh])."""
         cfg = self.cfg
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [N, (Hq + 2·Hkv)·Dh]
+        w_qkv, b_qkv, w_norm = self._fused()
+        qkv = F.linear(x, w_qkv, b_qkv)  # [N, (Hq + 2·Hkv)·Dh]
         if cfg.qk_norm == "full":  # OLMoE: norm over the whole projection, before the head split
             q, k, v = qkv.split((Hq * Dh, Hkv * Dh, Hkv * Dh), dim=-1)
             qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=-1)
@@ -92,14 +130,14 @@ class Attention(nn.Module):
             qkv = qkv.clamp(-cfg.clip_qkv, cfg.clip_qkv)
         qk, v = qkv.view(x.shape[0], Hq + 2 * Hkv, 1, Dh).split((Hq + Hkv, Hkv), dim=1)
         if cfg.qk_norm == "head":  # Qwen3: per-head norm (transformers: normalise in fp32, round, scale)
-            w = self.qk_norm_weight
-            qk = (F.rms_norm(qk, (Dh,), None, cfg.rms_norm_eps) * w if qk.dtype == torch.float32
-                  else w * F.rms_norm(qk.float(), (Dh,), None, cfg.rms_norm_eps).to(qk.dtype))
+            qk = (F.rms_norm(qk, (Dh,), None, cfg.rms_norm_eps) * w_norm if qk.dtype == torch.float32
+                  else w_norm * F.rms_norm(qk.float(), (Dh,), None, cfg.rms_norm_eps).to(qk.dtype))
         return qk, v
 
-    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv: BatchView, residual: torch.Tensor):
-        """x [B·T, D] (tokens flattened) → residual + attention(x) [B·T, D]; cos/sin [B·T, 1, 1, R] (see
-        `Transformer.rope`)."""
+    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv: BatchView,
+                residual: torch.Tensor | None = None):
+        """x [B·T, D] (tokens flattened) → residual + attention(x) [B·T, D] (no residual: attention(x)); cos/sin
+        [B·T, 1, 1, R] (see `Transformer.rope`)."""
         cfg = self.cfg
         B, T = bv.positions.shape
         qk, v = self._qkv(x)
@@ -114,6 +152,8 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                  enable_gqa=cfg.num_heads != cfg.num_kv_heads)
         out = out.view(B, -1) if T == 1 else out.transpose(1, 2).reshape(B * T, -1)  # [B·T, Hq·Dh]
+        if residual is None:
+            return self.o_proj(out)
         if self.o_weight_t is None:
             return residual + self.o_proj(out)
         return torch.addmm(residual, out, self.o_weight_t)  # [B·T, D]
@@ -163,7 +203,7 @@ class Transformer(nn.Module):
         """cos and signed sin ([-sin, sin] over the two halves, see `rope.apply_rope`) at the forward's positions
         as [B·T, 1, 1, R] (R: the rotating dims of a head): rows of per-position tables computed once (fp32 math,
         cast like transformers) and grown in blocks as positions grow."""
-        positions = bv.write_index[1]  # [B·T]
+        positions = bv.flat_positions if bv.flat_positions is not None else bv.positions.reshape(-1)  # [B·T]
         need, device = max(bv.key_len, 1), positions.device
         tab = self._rope_tables
         if tab is None or tab[0] < need or tab[1] != device or tab[2] != dtype:
@@ -177,6 +217,8 @@ class Transformer(nn.Module):
     def attention_mask(self, bv: BatchView, window: int | None) -> torch.Tensor | None:
         """[B, 1, T, S] bool: key j visible to the query at position p iff j <= p (and inside the window); None
         when every key is visible (one query per row, every row at the last of the key_len positions)."""
+        if bv.tree is not None:
+            return tree_attention_mask(bv, window)
         if bv.last_only and (not window or window >= bv.key_len):
             return None
         keys = torch.arange(bv.key_len, device=bv.positions.device)
@@ -194,16 +236,24 @@ class Transformer(nn.Module):
         if bv.write_index is None:
             slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
                                                                        device=tokens.device)
-            bv.write_index = cache.write_index(slots, bv.positions)
+            bv.write_index = cache.write_index(slots, bv.positions if bv.write_positions is None
+                                               else bv.write_positions)
         cos, sin = self.rope(bv, x.dtype)
         masks = {w: self.attention_mask(bv, w) for w in self._windows}
         ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
         ctx.real_tokens = None if bv.valid is None else bv.real_tokens
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if i in ctx.capture_hidden:
+                ctx.hidden[i] = x.view(B, T, -1)
             x = layer(x, cos, sin, masks, cache, bv, ctx)
         if flat:
-            return F.linear(self.norm(x), self.head_weight())
+            x = self.norm(x)
+            if len(self.layers) in ctx.capture_hidden:
+                ctx.hidden[len(self.layers)] = x.view(B, T, -1)
+            return F.linear(x, self.head_weight())
         x = x.view(B, T, -1)
+        if len(self.layers) in ctx.capture_hidden:
+            ctx.hidden[len(self.layers)] = self.norm(x)
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         x = self.norm(x)

@@ -87,17 +87,23 @@ class KVCache:
         self.lengths += [0] * (slots - self.max_batch)
         self.max_batch, self.max_seq = slots, positions
 
-    def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the tokens of [B] `slots` at [B, T] `positions` write: (slot [B·T], position [B·T]), computed
-        once per forward (every layer writes at the same places)."""
-        return slots[:, None].expand(positions.shape).reshape(-1), positions.reshape(-1)
+    def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat row of each (slots[b], positions[b, t]), slot · max_seq + position: [B·T] (what `write` and
+        `move` take; the runner hands `write` the (slot, position) pair directly, see `places`)."""
+        return (slots[:, None] * self.max_seq + positions).reshape(-1)
 
-    def write(self, layer: int, index: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor | None) -> None:
-        """k, v: [B·T, Hkv, 1, Dh] (the forward's tokens flattened) written at (slot, position) `index` (see
-        `write_index`; v None: keys only), one indexed write each. Padding tokens of a ragged batch write too, at
-        positions past their sequence's new tokens: scratch that causality masks and the next real write
-        overwrites."""
-        slot, pos = index
+    def places(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat rows (see `write_index`) → (slot, position)."""
+        return torch.div(rows, self.max_seq, rounding_mode="floor"), rows % self.max_seq
+
+    def write(self, layer: int, index, k: torch.Tensor, v: torch.Tensor | None) -> None:
+        """k, v: [B·T, Hkv, 1, Dh] (the forward's tokens flattened; [B·T, Hkv, Dh] also taken) written at `index`:
+        (slot [B·T], position [B·T]), or flat rows [B·T] (see `write_index`); v None: keys only. One indexed write
+        each. Padding tokens of a ragged batch write too, at positions past their sequence's new tokens: scratch
+        that causality masks and the next real write overwrites."""
+        slot, pos = self.places(index) if isinstance(index, torch.Tensor) else index
+        if k.dim() == 3:
+            k, v = k[:, :, None], None if v is None else v[:, :, None]
         _index_put(self.k_write[layer], [slot, None, pos], k)
         if v is not None:
             _index_put(self.v_write[layer], [slot, None, pos], v)
@@ -109,3 +115,12 @@ class KVCache:
         if contiguous is not None:
             return k[contiguous, :, :S], None if v is None else v[contiguous, :, :S]
         return k[slots, :, :S], None if v is None else v[slots, :, :S]
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the keys/values of flat rows `src` to flat rows `dst` (see `write_index`) in every layer: one
+        gather + one indexed write per cache tensor (all layers at once). Used to compact an accepted tree path
+        onto consecutive positions; the gather happens before the write, so src and dst may overlap."""
+        (ss, ps), (sd, pd) = self.places(src), self.places(dst)
+        for t in (self.k, self.v):
+            if t is not None:  # [L, Bmax, Hkv, S, Dh]; t[:, slot, :, pos] is [N, L, Hkv, Dh]
+                _index_put(t, [None, sd, None, pd], t[:, ss, :, ps])

@@ -134,6 +134,10 @@ class ForwardContext:
     draft_slots: dict[int, SlotGroup] | None = None
     # seconds spent in the routed experts of this forward (fetch wait included), for the step breakdown
     expert_s: float = 0.0
+    # layer indices whose input hidden state [B, T, D] the forward keeps in `hidden` (index num_layers: the final
+    # normed state, what the LM head reads); EAGLE drafters read the target's features from there
+    capture_hidden: tuple[int, ...] = ()
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def glu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None, alpha: float = 1.702) -> torch.Tensor:

@@ -16,14 +16,18 @@ from safetensors import safe_open
 
 from specmoe.config import ModelConfig, read_json_object, type_name
 from specmoe.errors import CheckpointError, InputError
-from specmoe.weights.names import ExpertPart, expert_parts, expert_tensors_per_layer, is_ignored, non_expert_keys
+from specmoe.weights.names import (ExpertPart, expert_parts, expert_tensors_per_layer, is_ignored, non_expert_keys,
+                                   stored_tensors)
+from specmoe.weights.quantized import (assemble, cut, dequantize_fp8_blocks, dequantize_part, part_shape,
+                                       stored_layout)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
-# safetensors dtype codes a weight may have (integers, bools and fp8 are not read as weights)
+# safetensors dtype codes a weight may have (integers, bools and fp8 are read only as a quantized checkpoint's)
 FLOAT_CODES = {"F32", "F16", "BF16", "F64"}
+FP8_CODE = "F8_E4M3"
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, default: str = "float32", device: torch.device | str | None = None
@@ -57,6 +61,7 @@ class Checkpoint:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.config = ModelConfig.from_dir(self.path)
+        self.layout = stored_layout(self.config)  # how one expert is stored (None: floating point)
         self._handles: dict[str, object] = {}
         self._headers: dict[str, dict] = {}
         self.key_to_file = self._index()
@@ -114,12 +119,36 @@ class Checkpoint:
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._open(self.key_to_file[key]).get_slice(key).get_shape())
 
-    def expected_keys(self) -> dict[str, tuple[int, ...]]:
-        cfg = self.config
-        out = {key: shape for key, shape in non_expert_keys(cfg).values()}
+    def dtype_code(self, key: str) -> str:
+        """The safetensors dtype code of a tensor (F32, BF16, U8, F8_E4M3, ...)."""
+        return self._header(self.key_to_file[key])["tensors"][key].get("dtype")
+
+    def scale_key(self, key: str) -> str | None:
+        """The block scales of a non-expert weight an FP8 checkpoint stores in float8 (None: a float tensor)."""
+        q = self.config.quantization
+        if q is None or q.method != "fp8" or not key.endswith(".weight") or self.dtype_code(key) != FP8_CODE:
+            return None
+        return key + "_scale_inv"
+
+    def expected_keys(self) -> dict[str, tuple[tuple[int, ...], set[str]]]:
+        """{key: (shape, dtype codes it may have)} of every tensor the model reads."""
+        cfg, q = self.config, self.config.quantization
+        out = {key: (shape, FLOAT_CODES) for key, shape in non_expert_keys(cfg).values()}
+        if q is not None and q.method == "fp8":  # any 2-D non-expert weight may be float8 with its block scales
+            br, bc = q.block
+            for key, (shape, _) in list(out.items()):
+                if len(shape) == 2 and key.endswith(".weight"):
+                    out[key] = (shape, FLOAT_CODES | {FP8_CODE})
+                    if key in self.key_to_file and self.scale_key(key):
+                        out[key + "_scale_inv"] = ((-(-shape[0] // br), -(-shape[1] // bc)), FLOAT_CODES)
+        weight = {"mxfp4": {"U8"}, "fp8": {FP8_CODE}}.get(q.method) if q is not None else FLOAT_CODES
+        scale = {"mxfp4": {"U8"}, "fp8": FLOAT_CODES}.get(q.method) if q is not None else set()
         for layer in cfg.moe_layers:
             for e in range(cfg.num_experts):
-                out.update({p.key: p.tensor_shape for p in expert_parts(cfg, layer, e).values()})
+                for p in expert_parts(cfg, layer, e).values():
+                    out[p.key] = (p.tensor_shape, weight if p.scale else FLOAT_CODES)
+                    if p.scale:
+                        out[p.scale] = (p.scale_shape, scale)
         return out
 
     def validate(self) -> None:
@@ -139,9 +168,14 @@ class Checkpoint:
             unexpected.remove("lm_head.weight")
         if unexpected:
             more = f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+            hint = ""
+            if cfg.quantization is None and any(k.endswith(("_scale_inv", "_blocks", "_scales")) for k in unexpected):
+                hint = ("; these are a quantized checkpoint's tensors: its config.json must declare "
+                        "quantization_config (quant_method \"fp8\" or \"mxfp4\")")
             raise CheckpointError(f"checkpoint {self.path} has {len(unexpected)} unexpected tensor(s) for "
-                                  f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}")
-        for k in expected:  # the shard map names the right file, and every weight is floating point
+                                  f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}{hint}")
+        q = self.config.quantization
+        for k, (_, codes) in expected.items():  # the shard map names the right file, and every dtype is expected
             fname = self.key_to_file[k]
             if fname not in self._handles:
                 self._open(fname)  # safetensors validates the header before we read it
@@ -149,10 +183,16 @@ class Checkpoint:
             if k not in tensors:
                 raise CheckpointError(f"model.safetensors.index.json maps {k} to {fname}, which does not "
                                       f"contain it ({self.path})")
-            if tensors[k].get("dtype") not in FLOAT_CODES:
-                raise CheckpointError(f"tensor {k} in {fname} has dtype {tensors[k].get('dtype')}; "
-                                      "expected a floating dtype (F32, F16, BF16)")
-        for k, shape in expected.items():
+            code = tensors[k].get("dtype")
+            if code not in codes:
+                if codes == FLOAT_CODES:
+                    want = "a floating dtype (F32, F16, BF16)"
+                    if code == FP8_CODE and q is None:
+                        want += "; an FP8 checkpoint declares quantization_config (quant_method \"fp8\")"
+                else:
+                    want = f"{' or '.join(sorted(codes))}, as a {q.method} checkpoint stores it"
+                raise CheckpointError(f"tensor {k} in {fname} has dtype {code}; expected {want}")
+        for k, (shape, _) in expected.items():
             got = self.shape(k)
             if got != tuple(shape):
                 raise CheckpointError(f"tensor {k} has shape {list(got)}, expected {list(shape)} from config.json")
@@ -191,7 +231,12 @@ class Checkpoint:
         return self._headers[fname]
 
     def get(self, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """One tensor; a float8 weight of an FP8 checkpoint dequantised with its block scales (into `dtype`,
+        default the checkpoint's)."""
         t = self._open(self.key_to_file[key]).get_tensor(key)
+        sk = self.scale_key(key)
+        if sk is not None:
+            return dequantize_fp8_blocks(t, self.get(sk), self.config.quantization.block, dtype or self.storage_dtype)
         return t.to(dtype) if dtype is not None and t.dtype != dtype else t
 
     @property
@@ -199,21 +244,43 @@ class Checkpoint:
         """The dtype the checkpoint declares for its weights (what its experts are stored and moved in)."""
         return DTYPES[self.config.dtype]
 
+    def _row(self, key: str, expert: int | None) -> torch.Tensor:
+        """A tensor, or (fused experts) only row `expert` of it."""
+        sl = self._open(self.key_to_file[key]).get_slice(key)
+        return sl[expert] if expert is not None else sl[:]
+
     def read_part(self, part: ExpertPart, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """One expert's part (see `ExpertPart`): of a fused tensor only that expert's row is read."""
-        sl = self._open(self.key_to_file[part.key]).get_slice(part.key)
-        t = sl[part.expert] if part.expert is not None else sl[:]
-        if part.step != 1:
-            t = t[..., part.start::part.step]
-        if part.transpose:
-            t = t.T
+        """One expert's part (see `ExpertPart`): of a fused tensor only that expert's row is read; a quantized part
+        is dequantised (computed in fp32, rounded once to `dtype`; default fp32)."""
+        t = self._row(part.key, part.expert)
+        if part.scale is not None:
+            lay = self.layout
+            out = torch.empty(part_shape(lay.method, part, t), dtype=dtype or torch.float32)
+            dequantize_part(lay.method, lay.block, part, t, self._row(part.scale, part.expert).to(lay.scale_dtype),
+                            out)
+            return out
+        t = cut(part, t)
         return t.to(dtype) if dtype is not None and t.dtype != dtype else t
+
+    def read_stored(self, layer: int, expert: int) -> list[torch.Tensor]:
+        """One expert of a checkpoint that ships quantized experts, as stored: its row of each stored tensor, in
+        the order and dtypes of `self.layout` (float tensors in the checkpoint's dtype, FP8 scales in fp32)."""
+        if self.layout is None:
+            raise InputError(f"{self.path} stores its experts in floating point; there are no quantized tensors")
+        st = stored_tensors(expert_parts(self.config, layer, expert))
+        return [self._row(key, row).to(spec.dtype).contiguous()
+                for (key, row, _, _), spec in zip(st, self.layout.tensors)]
 
     def read_expert(self, layer: int, expert: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One expert packed as a contiguous flat buffer [gate (I·D); up (I·D); down (D·I)] (+ with expert
         biases [gate bias (I); up bias (I); down bias (D)]), whatever the checkpoint's layout, in `dtype`
-        (default: the checkpoint's `storage_dtype`)."""
+        (default: the checkpoint's `storage_dtype`). Quantized experts are dequantised from their stored tensors
+        (`weights.quantized.assemble`, as the expert formats decode them on arrival in a slot)."""
         dtype = dtype or self.storage_dtype
+        if self.layout is not None:
+            out = torch.empty(self.config.expert_numel, dtype=dtype)
+            assemble(self.layout, self.read_stored(layer, expert), out)
+            return out
         parts = expert_parts(self.config, layer, expert)
         return torch.cat([self.read_part(p, dtype).reshape(-1) for p in parts.values()])
 

@@ -3,7 +3,10 @@ and the shape it must have. Keys are the ones Hugging Face publishes, so checkpo
 read exactly as released: per-expert 2-D tensors (Mixtral, Qwen, OLMoE, GLM-4, DeepSeek),
 or one fused 3-D tensor per layer (GPT-OSS: `experts.gate_up_proj` [E, D, 2I] with gate and
 up interleaved column by column, `experts.down_proj` [E, I, D], and their biases), from which
-`ExpertPart` says how one expert's part is cut."""
+`ExpertPart` says how one expert's part is cut. Checkpoints that ship quantized experts (config
+`quantization_config`) name their stored tensors: GPT-OSS MXFP4 `experts.gate_up_proj_blocks` [E, 2I, D/32, 16]
+and `_scales` [E, 2I, D/32] (and the same for `down_proj`, [E, D, I/32, ...]), FP8 `experts.{e}.gate_proj.weight`
+(float8_e4m3fn) with `weight_scale_inv` [⌈I/128⌉, ⌈D/128⌉]; an `ExpertPart` then also names its scales."""
 from __future__ import annotations
 
 import re
@@ -40,19 +43,19 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 class ExpertPart:
     """One part of one expert: checkpoint `key` (a tensor of `tensor_shape`), cut as row `expert` of a fused
     tensor (None: the tensor is this expert's alone), then every `step`-th column from `start` (the
-    interleaved gate/up of GPT-OSS; step 1: all), then transposed if `transpose`."""
+    interleaved gate/up of GPT-OSS; step 1: all), then transposed if `transpose`.
+
+    A quantized part (`scale` set: the key of its scales, a tensor of `scale_shape`, the same row `expert`) is
+    first dequantised (weights/quantized.py) into the tensor transformers' dequantised model holds (GPT-OSS:
+    [D, 2I] and [I, D], as the floating-point checkpoint stores them), then cut the same way."""
     key: str
     tensor_shape: tuple[int, ...]
     expert: int | None = None
     start: int = 0
     step: int = 1
     transpose: bool = False
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        s = list(self.tensor_shape[1:] if self.expert is not None else self.tensor_shape)
-        s[-1] //= self.step
-        return tuple(reversed(s)) if self.transpose else tuple(s)
+    scale: str | None = None
+    scale_shape: tuple[int, ...] = ()
 
 
 def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertPart]:
@@ -60,24 +63,54 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
     expert biases gate_bias [I], up_bias [I], down_bias [D]."""
     n = FAMILY_NAMES[cfg.model_type]
     D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
+    q = cfg.quantization
     if cfg.model_type in FUSED_EXPERTS:
         base = f"model.layers.{layer}.{n.moe_prefix}.experts"
-        gu, gub = f"{base}.gate_up_proj", f"{base}.gate_up_proj_bias"
-        return {"gate": ExpertPart(gu, (E, D, 2 * I), expert, 0, 2, True),
-                "up": ExpertPart(gu, (E, D, 2 * I), expert, 1, 2, True),
-                "down": ExpertPart(f"{base}.down_proj", (E, I, D), expert, transpose=True),
+        gub = f"{base}.gate_up_proj_bias"
+        if q is not None and q.method == "mxfp4":  # [E, out, in/32, 16] blocks, [E, out, in/32] scales
+            gu = dict(key=f"{base}.gate_up_proj_blocks", tensor_shape=(E, 2 * I, D // 32, 16), expert=expert,
+                      step=2, transpose=True, scale=f"{base}.gate_up_proj_scales", scale_shape=(E, 2 * I, D // 32))
+            down = ExpertPart(f"{base}.down_proj_blocks", (E, D, I // 32, 16), expert, transpose=True,
+                              scale=f"{base}.down_proj_scales", scale_shape=(E, D, I // 32))
+            gate, up = ExpertPart(**gu, start=0), ExpertPart(**gu, start=1)
+        else:
+            gu = f"{base}.gate_up_proj"
+            gate, up = (ExpertPart(gu, (E, D, 2 * I), expert, start, 2, True) for start in (0, 1))
+            down = ExpertPart(f"{base}.down_proj", (E, I, D), expert, transpose=True)
+        return {"gate": gate, "up": up, "down": down,
                 "gate_bias": ExpertPart(gub, (E, 2 * I), expert, 0, 2),
                 "up_bias": ExpertPart(gub, (E, 2 * I), expert, 1, 2),
                 "down_bias": ExpertPart(f"{base}.down_proj_bias", (E, D), expert)}
     base = f"model.layers.{layer}.{n.moe_prefix}.experts.{expert}"
     g, u, d = n.expert_proj
-    return {"gate": ExpertPart(f"{base}.{g}.weight", (I, D)), "up": ExpertPart(f"{base}.{u}.weight", (I, D)),
-            "down": ExpertPart(f"{base}.{d}.weight", (D, I))}
+
+    def part(name: str, rows: int, cols: int) -> ExpertPart:
+        key = f"{base}.{name}.weight"
+        if q is None:
+            return ExpertPart(key, (rows, cols))
+        br, bc = q.block  # fp8: one scale per block of rows x columns
+        return ExpertPart(key, (rows, cols), scale=key + "_scale_inv", scale_shape=(-(-rows // br), -(-cols // bc)))
+    return {"gate": part(g, I, D), "up": part(u, I, D), "down": part(d, D, I)}
+
+
+def stored_tensors(parts: dict[str, ExpertPart]) -> list[tuple[str, int | None, tuple[int, ...], bool]]:
+    """The checkpoint tensors one expert is read from, in first-use order: (key, row of a fused tensor or None,
+    shape of the expert's row, is a scale tensor). A tensor several parts cut (GPT-OSS's gate/up) appears once."""
+    out, seen = [], set()
+    for p in parts.values():
+        row = p.tensor_shape[1:] if p.expert is not None else p.tensor_shape
+        for key, shape, is_scale in ((p.key, row, False),
+                                     (p.scale, (p.scale_shape[1:] if p.expert is not None else p.scale_shape), True)):
+            if key is not None and key not in seen:
+                seen.add(key)
+                out.append((key, p.expert, tuple(shape), is_scale))
+    return out
 
 
 def expert_tensors_per_layer(cfg: ModelConfig) -> int:
     """Distinct checkpoint tensors holding one MoE layer's experts."""
-    return 4 if cfg.model_type in FUSED_EXPERTS else 3 * cfg.num_experts
+    n = len(stored_tensors(expert_parts(cfg, cfg.moe_layers[0], 0)))
+    return n if cfg.model_type in FUSED_EXPERTS else n * cfg.num_experts
 
 
 def is_ignored(cfg: ModelConfig, key: str) -> bool:

@@ -134,7 +134,7 @@ def test_ngram_options_are_checked():
     with pytest.raises(InputError):
         LLM(decoding="auto", drafter="ngram")
     with pytest.raises(InputError):
-        LLM(drafter="eagle")
+        LLM(drafter="medusa")
     with pytest.raises(InputError):
         LLM(drafter="ngram", ngram_min=3, ngram_max=2)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specmoe.errors import InputError
-from specmoe.experts.formats import (ExpertShape, Int4, Int8, Plain, dequantize_fp8_blocks, dequantize_mxfp4,
-                                     make_format)
+from specmoe.experts.formats import ExpertShape, Int4, Int8, Plain, make_format
+from specmoe.weights.quantized import dequantize_fp8_blocks, dequantize_mxfp4
 
 SHAPE = ExpertShape(hidden=64, inter=40)  # rows of 40 are not a multiple of either int4 group
 

@@ -1,0 +1,180 @@
+"""The `eagle` drafter: an EAGLE head (`specmoe.models.eagle`) drafts from the target's own features.
+
+Bookkeeping per sequence (committed target length L: the KV cache holds positions 0..L-1, the pending token
+is x_L):
+
+- the runner hands every forward's captured target features to `take` (`ModelRunner.hidden_sinks`): prefill
+  gives positions 0..P-1, a verification forward the pending token's and the drafts' positions; only those
+  below the committed length are used (a rejected draft's feature is overwritten by the next forward at the
+  same position);
+- head entry t reads (x_{t+1}, feature t) and predicts feature t+1; the head's KV cache holds entries
+  0..h-1 (h = L after every proposal). A proposal first runs the entries h..L-1 (the positions committed
+  since the last one; all rows in one ragged forward), whose last output scores draft 1; each further draft
+  is one forward of one entry per row (the previous draft and the head's own predicted feature). Draft
+  entries sit past L: scratch, overwritten next time (rolling back is a length change).
+
+Greedy rows draft the argmax, seeded sampled rows the coupled pick with the step's noise, unseeded sampled
+rows draw from q = the head's distribution; the shared acceptance rule keeps the target's output (the head
+only proposes). No expert bytes move while drafting: the head is dense and small.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specmoe.decoding.drafters import Drafter, Proposal
+from specmoe.decoding.runner import ModelRunner
+from specmoe.decoding.sampling import coupled_pick, probs_from_logits
+from specmoe.decoding.sequence import Sequence
+from specmoe.models.decoder import BatchView
+from specmoe.models.eagle import EagleHead
+from specmoe.models.kv_cache import KVCache
+
+# B=sequences, N=entries per row in one head forward, D=hidden, F=feature width, V=vocab
+
+
+@dataclass
+class _Track:
+    """One sequence's features not yet read by the head: positions [start, start + len(feats))."""
+    seq: Sequence
+    start: int = 0
+    feats: torch.Tensor | None = None  # [n, F]
+    head_len: int = 0  # head entries 0..head_len-1 hold K/V
+
+
+class EagleDrafter(Drafter):
+    name = "eagle"
+
+    def __init__(self, runner: ModelRunner, head: EagleHead, *, head_path: str | Path = ""):
+        self.runner, self.head, self.head_path = runner, head, str(head_path)
+        self.capture = head.hc.target_layers(runner.model.cfg.num_layers)
+        runner.hidden_sinks.append(self)
+        self.tracks: dict[int, _Track] = {}
+        self.kv: KVCache | None = None
+        self.head_forwards = self.catchup_entries = 0
+        self.asked = self.proposed = 0
+
+    # ------------------------------------------------------------ features from the target's forwards
+    def take(self, seqs: list[Sequence], starts: list[int], lens: list[int], hidden: dict[int, torch.Tensor]) -> None:
+        feats = torch.cat([hidden[i] for i in self.capture], dim=-1)  # [B, T, F]
+        for b, s in enumerate(seqs):
+            tr = self.tracks.get(s.seq_id)
+            if tr is None or tr.seq is not s:  # a new sequence (ids may be reused across runs)
+                tr = self.tracks[s.seq_id] = _Track(s, start=starts[b])
+            new = feats[b, :lens[b]]
+            if tr.feats is None:
+                tr.start, tr.feats = starts[b], new
+                continue
+            keep = starts[b] - tr.start
+            if not 0 <= keep <= tr.feats.shape[0]:
+                raise RuntimeError(f"eagle drafter: features of sequence {s.seq_id} arrived out of order "
+                                   f"(at {starts[b]}, holding {tr.start}..{tr.start + tr.feats.shape[0]})")
+            tr.feats = torch.cat((tr.feats[:keep], new))
+
+    # ------------------------------------------------------------ drafting
+    def _reserve(self) -> KVCache:
+        c = self.runner.cache
+        need_b, need_s = c.max_batch, c.max_seq + 1  # + 1: a scratch position the padding entries write
+        if self.kv is None:
+            p = next(self.head.parameters())
+            self.kv = self.head.new_cache(need_b, need_s, p.dtype, p.device)
+        else:
+            self.kv.reserve(need_b, need_s)
+        return self.kv
+
+    def _forward(self, slots: list[int], tokens: torch.Tensor, feats: torch.Tensor, starts: list[int],
+                 lens: list[int]) -> torch.Tensor:
+        """Head entries starts[b] .. starts[b]+lens[b]-1 of each row → the head's output at each row's last
+        entry [B, D]. Padding entries write at the scratch position (never a real entry's)."""
+        kv, dev = self.kv, self.runner.device
+        B, N = tokens.shape
+        st = torch.tensor(starts, device=dev)
+        n = torch.tensor(lens, device=dev)
+        ar = torch.arange(N, device=dev)[None, :]
+        real = ar < n[:, None]
+        positions = torch.where(real, st[:, None] + ar, st[:, None])  # padding: attends like the first entry
+        sl = torch.tensor(slots, device=dev)
+        bv = BatchView(slots=sl, positions=positions, key_len=max(s + m for s, m in zip(starts, lens)),
+                       contiguous=slice(slots[0], slots[0] + B) if slots == list(range(slots[0], slots[0] + B))
+                       else None)
+        scratch = sl[:, None] * kv.max_seq + (kv.max_seq - 1)
+        bv.write_index = torch.where(real, kv.write_index(sl, positions).view(B, N), scratch).reshape(-1)
+        m = self.runner.model
+        out = self.head(F.embedding(tokens, m.embed.weight), feats.to(m.embed.weight.dtype), kv, bv)
+        self.head_forwards += 1
+        return out[torch.arange(B, device=dev), n - 1]  # [B, D]
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], gammas: list[int], noise: dict[int, torch.Tensor]) -> Proposal:
+        r, dev = self.runner, self.runner.device
+        live = {s.seq_id for s in seqs}
+        for sid in [k for k in self.tracks if k not in live]:
+            del self.tracks[sid]
+        self._reserve()
+        B, G = len(seqs), max(gammas, default=0)
+        # 1. the entries committed since the last proposal (their features came from the target's forwards)
+        toks, fts, starts, lens = [], [], [], []
+        for s in seqs:
+            tr = self.tracks.get(s.seq_id)
+            if tr is None or tr.seq is not s or tr.feats is None:
+                raise RuntimeError(f"eagle drafter: no target features for sequence {s.seq_id} (its prefill did "
+                                   "not run through this drafter's runner)")
+            L = r.cache.lengths[s.slot]
+            h = tr.head_len
+            ids = (s.prompt_ids + s.output_ids)[h + 1: L + 1]  # x_{t+1} for entries t = h .. L-1
+            toks.append(ids)
+            fts.append(tr.feats[h - tr.start: L - tr.start])
+            starts.append(h)
+            lens.append(L - h)
+            if L - h < 1 or fts[-1].shape[0] != L - h:
+                raise RuntimeError(f"eagle drafter: features of positions {h}..{L - 1} of sequence {s.seq_id} "
+                                   "were not captured")
+        N = max(lens)
+        self.catchup_entries += sum(lens)
+        tokens = torch.tensor([t + [0] * (N - len(t)) for t in toks], dtype=torch.long, device=dev)
+        feats = torch.stack([F.pad(f, (0, 0, 0, N - f.shape[0])) for f in fts])
+        slots = [s.slot for s in seqs]
+        x = self._forward(slots, tokens, feats, starts, lens)  # [B, D]
+        for s, L in zip(seqs, (r.cache.lengths[s.slot] for s in seqs)):
+            tr = self.tracks[s.seq_id]
+            tr.feats, tr.start, tr.head_len = tr.feats[L - tr.start:], L, L
+        # 2. the drafts: one entry per row per step (the previous draft, the head's own feature)
+        out = torch.zeros(B, G, dtype=torch.long, device=dev)
+        q = None
+        head_w = r.model.head_weight()
+        pos = [r.cache.lengths[s.slot] for s in seqs]
+        for j in range(G):
+            rows = [b for b in range(B) if gammas[b] > j]
+            if not rows:
+                break
+            if j > 0:
+                idx = torch.tensor(rows, device=dev)
+                x = x.clone()
+                x[idx] = self._forward([slots[b] for b in rows], out[idx, j - 1][:, None], x[idx][:, None],
+                                       [pos[b] + j - 1 for b in rows], [1] * len(rows))
+            logits = self.head.logits(x, head_w).float()  # [B, V] (rows past their γ: unused)
+            nxt = logits.argmax(-1)
+            for b in rows:
+                s = seqs[b]
+                if s.params.greedy:
+                    continue
+                if b in noise:
+                    nxt[b] = coupled_pick(logits[b], s.params, noise[b][j])
+                    continue
+                if q is None:
+                    q = torch.zeros(B, G, logits.shape[-1], device=dev)
+                q[b, j] = probs_from_logits(logits[b], s.params)
+                nxt[b] = torch.multinomial(q[b, j], 1, generator=s.generator)[0]
+            out[rows, j] = nxt[rows]
+        self.asked += sum(gammas)
+        self.proposed += sum(gammas)
+        return Proposal(out, q, list(gammas))
+
+    def stats(self) -> dict:
+        hc = self.head.hc
+        return {"drafter": self.name, "eagle_head": self.head_path, "eagle_version": hc.version,
+                "eagle_head_forwards": self.head_forwards, "eagle_catchup_entries": self.catchup_entries,
+                "draft_tokens_asked": self.asked, "draft_tokens_proposed": self.proposed}

@@ -1,0 +1,212 @@
+"""Token trees for speculative verification (`draft_tree=True`): the tree a drafter proposes per sequence,
+how a batch of trees becomes one verification forward, and the acceptance rules over a tree.
+
+A sequence's tree has its pending token as root (row 0 of the forward) and drafted nodes 1..n; node i's
+parent is `parents[i]` (< i, -1 = the root). In the verification forward row t = node t (root 0, node i at
+row i + 1) sits at RoPE position length + depth(t), writes its K/V at the scratch position length + t and
+attends to the committed prefix + its ancestors + itself (`ancestor_mask`, the forward's `BatchView.tree`).
+
+Acceptance walks down from the root. At a node whose target pick is known (greedy: argmax; seeded: the
+Gumbel-max pick with the noise of that output position, `sampling.coupled_pick`) it follows the child whose
+token equals the pick, and emits the pick where no child matches (correction) or at a leaf (bonus): the
+output is the target's own tokens, whatever was drafted (greedy == AR, seeded == plain seeded decoding).
+Unseeded sampled rows use multi-draft recursive rejection sampling (SpecInfer): at a node with target
+distribution p, try its children in order: accept child x (drawn from q) with probability
+min(1, p(x)/q(x)); on rejection p ← norm(max(0, p − q)) and try the next child; when none is accepted emit
+a sample from the residual p. With deterministic drafts (q = δ(x), lookup drafters) a rejection removes x
+from p; with sampled drafts, the children of a node must be independent draws from the same q. Either way
+the emitted token follows p.
+
+After acceptance the accepted path's K/V (rows i_1 < i_2 < ...) is moved to consecutive positions
+length + 1, length + 2, ... (`compaction`, one `KVCache.move`), so the cache holds what plain decoding
+would have written.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specmoe.decoding.sampling import check_finite, coupled_pick, finite_rows, probs_from_logits
+from specmoe.decoding.sequence import Sequence
+
+# B=sequences, T=verified rows per sequence (root + nodes, padded), V=vocab
+
+
+@dataclass
+class DraftTree:
+    """One sequence's draft tree: node i is `tokens[i]` with parent `parents[i]` (< i; -1: the pending
+    token). `q` [n, V]: for unseeded sampled rows, the distribution each node's token was drawn from (the
+    children of one node: independent draws from the same q); None: deterministic drafts (one-hot q)."""
+    tokens: list[int]
+    parents: list[int]
+    q: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if len(self.tokens) != len(self.parents) or any(not -1 <= p < i for i, p in enumerate(self.parents)):
+            raise ValueError(f"a draft tree needs one parent per node, each before its child: {self.parents}")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def depths(self) -> list[int]:
+        """Depth of every node (children of the root: 1)."""
+        d: list[int] = []
+        for p in self.parents:
+            d.append(1 + (d[p] if p >= 0 else 0))
+        return d
+
+    def depth(self) -> int:
+        return max(self.depths(), default=0)
+
+    def children(self) -> list[list[int]]:
+        """children[r] = the forward rows of row r's children (row 0 = root, node i = row i + 1), in order."""
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p + 1].append(i + 1)
+        return kids
+
+    def restrict(self, keep) -> DraftTree:
+        """The subtree of the nodes in `keep` (ancestor-closed), renumbered in their order."""
+        keep = sorted(keep)
+        new = {-1: -1}
+        for j, i in enumerate(keep):
+            if self.parents[i] not in new:
+                raise ValueError(f"node {i} kept without its parent {self.parents[i]}")
+            new[i] = j
+        q = None if self.q is None or not keep else self.q[torch.tensor(keep, device=self.q.device)]
+        return DraftTree([self.tokens[i] for i in keep], [new[self.parents[i]] for i in keep], q)
+
+
+def chain(tokens: list[int], q: torch.Tensor | None = None) -> DraftTree:
+    """A chain as a tree (each node the child of the previous one)."""
+    return DraftTree(list(tokens), list(range(-1, len(tokens) - 1)), q)
+
+
+def trie(paths: list[list[int]]) -> DraftTree:
+    """Token paths from the root merged into a trie (shared prefixes once), nodes in the order first seen:
+    the first path's nodes come first and each node's children in the order of the paths."""
+    tokens, parents, index = [], [], {}
+    for path in paths:
+        parent = -1
+        for tok in path:
+            key = (parent, tok)
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(parent)
+            parent = index[key]
+    return DraftTree(tokens, parents)
+
+
+def ancestor_mask(tree: DraftTree, T: int) -> list[list[bool]]:
+    """[T, T]: row t sees row u iff u is t's ancestor or t itself (rows past the tree see only themselves)."""
+    m = [[False] * T for _ in range(T)]
+    m[0][0] = True
+    for i, p in enumerate(tree.parents):
+        m[i + 1] = list(m[p + 1])
+        m[i + 1][i + 1] = True
+    for t in range(len(tree) + 1, T):
+        m[t][t] = True
+    return m
+
+
+def pack(seqs: list[Sequence], trees: list[DraftTree], device: torch.device):
+    """The verification batch: tokens [B, T] (pending token + nodes, padded), lens[b] = 1 + nodes,
+    depths [B, T] and the ancestor mask [B, T, T] (bool), on the device."""
+    lens = [len(t) + 1 for t in trees]
+    T = max(lens)
+    toks = [[s.output_ids[-1]] + t.tokens + [0] * (T - n) for s, t, n in zip(seqs, trees, lens)]
+    deps = [[0] + t.depths() + [0] * (T - n) for t, n in zip(trees, lens)]
+    mask = [ancestor_mask(t, T) for t in trees]
+    return (torch.tensor(toks, device=device), lens, torch.tensor(deps, device=device),
+            torch.tensor(mask, dtype=torch.bool, device=device))
+
+
+def accept(seqs: list[Sequence], trees: list[DraftTree], logits: torch.Tensor, depths: torch.Tensor,
+           noise: dict[int, torch.Tensor] | None = None) -> tuple[list[list[int]], list[list[int]]]:
+    """(paths, out): paths[b] = the forward rows of b's accepted path (root 0 first), out[b] = the tokens
+    to emit (the accepted nodes' tokens + the correction/bonus). logits [B, T, V]; depths [B, T];
+    noise[b] [depth + 1, V] for seeded rows (row j: the output position j after the pending token)."""
+    noise = noise or {}
+    B, T = logits.shape[:2]
+    dev = logits.device
+    lens = torch.tensor([len(t) + 1 for t in trees], device=dev)
+    real = torch.arange(T, device=dev)[None, :] < lens[:, None]
+    finite = (finite_rows(logits) | ~real).all(-1)  # [B]: the verified rows hold no inf/NaN
+    exact = [b for b, s in enumerate(seqs) if s.params.greedy or b in noise]
+    if len(exact) < B:
+        check_finite(finite.tolist())  # before rejection sampling meets NaN
+    paths: list[list[int]] = [[] for _ in range(B)]
+    out: list[list[int]] = [[] for _ in range(B)]
+    if exact:
+        tgt = logits.argmax(-1)  # [B, T]
+        for b, n in noise.items():
+            k = len(trees[b]) + 1
+            tgt[b, :k] = coupled_pick(logits[b, :k], seqs[b].params, n[depths[b, :k]])
+        rows = torch.cat([tgt, finite[:, None].long()], 1).tolist()  # one host read
+        check_finite([r[-1] == 1 for r in rows])
+        for b in exact:
+            paths[b], out[b] = _walk_exact(trees[b], rows[b])
+    for b, s in enumerate(seqs):
+        if b not in noise and not s.params.greedy:
+            paths[b], out[b] = _walk_rejection(trees[b], logits[b], s)
+    return paths, out
+
+
+def _walk_exact(tree: DraftTree, pick: list[int]) -> tuple[list[int], list[int]]:
+    kids = tree.children()
+    path, out = [0], []
+    while True:
+        r = path[-1]
+        nxt = next((c for c in kids[r] if tree.tokens[c - 1] == pick[r]), None)
+        out.append(pick[r])
+        if nxt is None:
+            return path, out
+        path.append(nxt)
+
+
+def _walk_rejection(tree: DraftTree, logits: torch.Tensor, s: Sequence) -> tuple[list[int], list[int]]:
+    """Multi-draft recursive rejection sampling down the tree with the sequence's own generator."""
+    kids, gen = tree.children(), s.generator
+    path, out = [0], []
+    while True:
+        r = path[-1]
+        p = probs_from_logits(logits[r], s.params)  # [V]
+        nxt = None
+        for c in kids[r]:
+            x = tree.tokens[c - 1]
+            if tree.q is None:
+                q_x, q = 1.0, None
+            else:
+                q = tree.q[c - 1]
+                q_x = float(q[x])
+            u = float(torch.rand((), generator=gen, device=p.device))
+            if u * q_x < float(p[x]):  # accept with probability min(1, p(x)/q(x))
+                nxt = c
+                break
+            if q is None:
+                resid = p.clone()
+                resid[x] = 0.0  # max(0, p − δ(x)): p(x) ≤ 1
+            else:
+                resid = (p - q).clamp_min(0)
+            mass = resid.sum()
+            if mass > 0:  # p ≤ q everywhere only by rounding: keep p then
+                p = resid / mass
+        if nxt is None:
+            out.append(int(torch.multinomial(p, 1, generator=gen)))
+            return path, out
+        out.append(tree.tokens[nxt - 1])
+        path.append(nxt)
+
+
+def compaction(seqs: list[Sequence], paths: list[list[int]], lengths: list[int], max_seq: int):
+    """(src, dst) flat KV rows (slot · max_seq + position) that move each accepted path onto consecutive
+    positions: path row i_k at length + i_k → length + k. Empty when every path is already in place."""
+    src, dst = [], []
+    for s, path, L in zip(seqs, paths, lengths):
+        for k, r in enumerate(path):
+            if r != k:
+                src.append(s.slot * max_seq + L + r)
+                dst.append(s.slot * max_seq + L + k)
+    return src, dst
