@@ -1,12 +1,17 @@
 """SpecMoE decode tok/s on the widened demo model (disk tier), this tree vs another checkout, back to back.
 
-    python benchmarks/core_speed.py --old /tmp/oldmain [--batches 4 16] [--max-tokens 24] [--dtype float32]
+    python benchmarks/core_speed.py --old /tmp/oldmain [--batches 4 16] [--max-tokens 24] [--dtype float32] [--rounds 2]
 
 Each measurement runs in a fresh subprocess with PYTHONPATH set to the tree under test: one short warm-up
 generate, then a measured generate; decode tok/s = generated tokens / decode seconds (engine stats). The
-trees alternate (old, new per batch size) so both see the same machine load. Also reports, at the largest
+trees alternate (old, new, `--rounds` times per batch size) so both see the same machine load; the median
+run of each tree is reported. Also reports, at the largest
 batch, this tree's draft forward time (step_breakdown draft parts / draft forwards) against a resident
-decode step (resident AR run: decode seconds / decode steps). Writes benchmarks/results/core_speed.json.
+decode step (resident AR run: decode seconds / decode steps), and checks this tree's step breakdown at every
+batch: the timed parts must cover the decode wall time within 5% (`other_s`, what no phase timed, <= 5%), and
+"draft-set refresh + bookkeeping" (refresh, first draft-set setup, accept/sample, scheduling and the untimed
+rest: everything that is neither a forward nor a fetch wait) as a share of decode wall time (target <= 3%).
+Writes benchmarks/results/core_speed.json.
 """
 from __future__ import annotations
 
@@ -58,6 +63,24 @@ def run(tree: Path, kw: dict, batch: int, max_tokens: int, threads: int) -> dict
     raise RuntimeError(f"{tree}: {p.stderr[-3000:]}")
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median decode tok/s (the lower middle one for an even count)."""
+    return sorted(runs, key=lambda r: r["decode_tokens_per_s"])[(len(runs) - 1) // 2]
+
+
+BOOKKEEPING = ("draft_refresh_s", "draft_setup_s", "accept_sample_s", "scheduling_s", "other_s")
+
+
+def breakdown_check(bd: dict) -> dict:
+    """Untimed share (the parts must add up within 5%) and the refresh + bookkeeping share of decode wall time."""
+    wall = bd["decode_wall_s"]
+    timed = sum(v for k, v in bd.items() if k not in ("decode_wall_s", "other_s"))
+    return {"timed_parts_over_wall": timed / wall, "untimed_share": bd["other_s"] / wall,
+            "parts_add_up_within_5pct": abs(timed - wall) <= 0.05 * wall,
+            "draft_refresh_share": bd["draft_refresh_s"] / wall,
+            "refresh_plus_bookkeeping_share": sum(bd[k] for k in BOOKKEEPING) / wall}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", required=True, help="the other checkout (e.g. a worktree of main)")
@@ -66,19 +89,27 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="old/new pairs per batch (the median run is reported)")
     ap.add_argument("--out", default=str(OUT))
     a = ap.parse_args(argv)
     new, old = Path(a.new).resolve(), Path(a.old).resolve()
     spec = {"dtype": a.dtype, "offload": "disk", "decoding": "specmoe"}
     res = {"options": spec, "max_tokens": a.max_tokens, "threads": a.threads, "batches": {}}
     for B in a.batches:
-        r_old = run(old, spec, B, a.max_tokens, a.threads)
-        r_new = run(new, spec, B, a.max_tokens, a.threads)
-        same = r_old.pop("tokens") == r_new.pop("tokens")
+        olds, news = [], []
+        for _ in range(a.rounds):  # alternating, so both trees see the same machine load
+            olds.append(run(old, spec, B, a.max_tokens, a.threads))
+            news.append(run(new, spec, B, a.max_tokens, a.threads))
+        same = all(r.pop("tokens") == n.pop("tokens") for r, n in zip(olds, news))
+        r_old, r_new = median_run(olds), median_run(news)
         res["batches"][B] = {"old": r_old, "new": r_new, "same_tokens": same,
-                             "speedup": r_new["decode_tokens_per_s"] / r_old["decode_tokens_per_s"]}
+                             "old_tok_s_rounds": [r["decode_tokens_per_s"] for r in olds],
+                             "new_tok_s_rounds": [r["decode_tokens_per_s"] for r in news],
+                             "speedup": r_new["decode_tokens_per_s"] / r_old["decode_tokens_per_s"],
+                             "breakdown_check": breakdown_check(r_new["step_breakdown"])}
         print(f"batch {B}: old {r_old['decode_tokens_per_s']:.2f} tok/s, new {r_new['decode_tokens_per_s']:.2f} "
-              f"tok/s -> {res['batches'][B]['speedup']:.2f}x (same tokens: {same})", flush=True)
+              f"tok/s -> {res['batches'][B]['speedup']:.2f}x (same tokens: {same}); new breakdown: "
+              f"{res['batches'][B]['breakdown_check']}", flush=True)
     B = max(a.batches)
     resident = run(new, {"dtype": a.dtype, "offload": "none", "decoding": "ar"}, B, a.max_tokens, a.threads)
     resident.pop("tokens")

@@ -66,7 +66,7 @@ class ControlBench(Bench):
     def make_llm(self, path, opts, max_batch):
         llm = super().make_llm(path, opts, self.slots or max_batch)
         if self.force is not None:
-            from specmoe.decoding.factory import controller_of
+            from specmoe.engine.auto import controller_of
             ctl = controller_of(llm)
             ctl.force = self.force
             ctl.p_min = 0.0  # forced speculation = decoding="specmoe": every sequence drafts its full γ

@@ -26,6 +26,7 @@ from specmoe.bench.machine import _load, machine_info
 from specmoe.bench.measure import jsonable, measure
 from specmoe.bundled import prompts_dir
 from specmoe.errors import SpecMoEError
+from specmoe.experts.cache import ExpertCache
 
 DOMAINS = ("code", "docs", "bible", "fortunes")
 FALLBACK_PROMPTS = ("def fibonacci(n):", "The quick brown fox", "In the beginning", "Usage: specmoe generate")
@@ -149,8 +150,8 @@ class Bench:
             return rows
         base["effective_options"] = jsonable({**asdict(llm.offload_cfg), **asdict(llm.spec_cfg)})
         oracle = opts.get("prefetch") == "oracle"
-        if oracle and not hasattr(llm.provider, "start_oracle_replay"):
-            mark("unavailable", "prefetch='oracle' needs provider.start_oracle_replay (not in this build)", batches)
+        if oracle and not isinstance(llm.provider, ExpertCache):
+            mark("unavailable", "prefetch='oracle' needs an offloading expert cache", batches)
             return rows
         if oracle:
             base["note"] = "oracle prefetch: an identical run is recorded first, the replay is measured"

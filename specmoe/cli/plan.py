@@ -77,7 +77,7 @@ def plan_rows(model: str | None, *, profiles: list[str], batches, draft_experts:
     for name in profiles:
         if name == "this":
             from specmoe import LLM
-            from specmoe.decoding.factory import controller_of
+            from specmoe.engine.auto import controller_of
             with LLM(path, dtype=dtype, offload=offload, decoding="auto", draft_experts=draft_experts,
                      num_draft_tokens=gamma, cache_experts=slots) as llm:
                 coef = controller_of(llm).cost.c

@@ -110,7 +110,7 @@ def _same_expert_slots(buf: torch.Tensor, cfg, n: int, slot_of: torch.Tensor):
     """A SlotGroup of n slots that all hold the expert `buf` (calibration: every expert costs the same), rows
     64-byte aligned like the stores' slots so the grouped matmul takes the same form."""
     from specmoe.experts.buffers import expert_views
-    from specmoe.experts.memory import round_up
+    from specmoe.memory import round_up
     from specmoe.models.moe import SlotGroup
     es = buf.element_size()
     stride = round_up(buf.numel() * es, 64) // es

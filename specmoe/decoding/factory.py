@@ -3,41 +3,39 @@ from __future__ import annotations
 
 from specmoe.decoding.autoregressive import AutoregressiveDecoder
 from specmoe.decoding.runner import ModelRunner
-from specmoe.engine.options import SpecConfig
+from specmoe.options import OffloadConfig, SpecConfig
 
 
-def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, engine=None):
-    """`engine` is the LLM (for checkpoint path, profiles, config) when a strategy needs it."""
+def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, ckpt=None, max_model_len: int | None = None,
+                  memo: dict | None = None, controller=None):
+    """The strategy `cfg` asks for. Speculative strategies need the checkpoint (`ckpt`: affinity, profiles,
+    config) and the context length; `memo` holds parts that outlive one generate call (the caller keeps it);
+    `controller`: `decoding="auto"`'s controller (see `build_controller`)."""
     if cfg.decoding == "ar":
         return AutoregressiveDecoder(runner)
-    assert engine is not None, f"decoding={cfg.decoding!r} needs the engine (checkpoint, context length)"
+    if ckpt is None or max_model_len is None:
+        raise ValueError(f"decoding={cfg.decoding!r} needs the checkpoint and the context length")
     if cfg.drafter != "self" or cfg.draft_tree:
-        return make_drafted(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo)
-    ctl = controller_of(engine) if cfg.decoding == "auto" else None
-    return make_specmoe(runner, cfg, ckpt=engine.ckpt, max_model_len=engine.max_model_len, memo=engine.draft_memo,
-                        controller=ctl)
+        return make_drafted(runner, cfg, ckpt=ckpt, max_model_len=max_model_len, memo=memo)
+    if cfg.decoding == "auto" and controller is None:
+        raise ValueError('decoding="auto" needs its controller (build_controller)')
+    return make_specmoe(runner, cfg, ckpt=ckpt, max_model_len=max_model_len, memo=memo,
+                        controller=controller if cfg.decoding == "auto" else None)
 
 
-def controller_of(engine):
-    """The engine's `decoding="auto"` controller, built on first use: its cost model's coefficients are
-    measured once per machine + model + tier (cached as JSON, see `costmodel.load_or_calibrate`) and it keeps
-    refining them, and its acceptance estimates, across generate calls. Tests and benchmarks set its `force`
-    / `schedule`."""
+def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: OffloadConfig, dtype, device):
+    """`decoding="auto"`'s controller: its cost model's coefficients are measured once per machine + model + tier
+    (cached as JSON, see `costmodel.load_or_calibrate`) and it keeps refining them, and its acceptance
+    estimates, as long as the caller keeps it."""
     from specmoe.decoding.controller import Controller
     from specmoe.decoding.costmodel import CostModel, RoutingStats, calibration_key, load_or_calibrate
-    memo = engine.draft_memo
-    if "controller" not in memo:
-        cfg, off, mcfg = engine.spec_cfg, engine.offload_cfg, engine.config
-        tier = off.offload if off.offload != "host" else f"host|{off.link_gbps}|{off.link_latency_us}"
-        nd = min(cfg.draft_experts, mcfg.num_experts)
-        key = calibration_key(model_fingerprint=engine.ckpt.fingerprint(), dtype=engine.dtype, device=engine.device,
-                              tier=f"{tier}|N={nd}")
-        coef = load_or_calibrate(engine.model, engine.provider, engine.device, tier=off.offload, key=key,
-                                 draft_experts=nd)
-        routing = RoutingStats(list(mcfg.moe_layers), mcfg.num_experts, mcfg.top_k)
-        cost = CostModel(coef, routing, draft_experts=min(cfg.draft_experts, mcfg.num_experts))
-        memo["controller"] = Controller(cost, cfg.num_draft_tokens)
-    return memo["controller"]
+    mcfg = ckpt.config
+    tier = offload.offload if offload.offload != "host" else f"host|{offload.link_gbps}|{offload.link_latency_us}"
+    nd = min(spec.draft_experts, mcfg.num_experts)
+    key = calibration_key(model_fingerprint=ckpt.fingerprint(), dtype=dtype, device=device, tier=f"{tier}|N={nd}")
+    coef = load_or_calibrate(model, provider, device, tier=offload.offload, key=key, draft_experts=nd)
+    routing = RoutingStats(list(mcfg.moe_layers), mcfg.num_experts, mcfg.top_k)
+    return Controller(CostModel(coef, routing, draft_experts=nd), spec.num_draft_tokens)
 
 
 def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None,

@@ -45,16 +45,22 @@ class ModelRunner:
                               layer_hooks=list(self.layer_hooks))
 
     def batch_view(self, slots: list[int], new_lens: list[int]) -> BatchView:
+        """Where the forward's tokens sit, built from the host's lengths in one upload: positions [B, T] and where
+        their K/V go (see `KVCache.write_index`)."""
         B, T = len(slots), max(new_lens)
-        starts = torch.tensor([self.cache.lengths[s] for s in slots], device=self.device)
-        positions = starts[:, None] + torch.arange(T, device=self.device)[None, :]  # [B, T]
+        starts = [self.cache.lengths[s] for s in slots]
+        both = torch.tensor([[p + t for p in starts for t in range(T)], [s for s in slots for _ in range(T)]],
+                            device=self.device)  # [2, B·T]: position and slot of each token
         valid = None
         if min(new_lens) != T:
             valid = torch.arange(T, device=self.device)[None, :] < torch.tensor(new_lens, device=self.device)[:, None]
         contiguous = slice(slots[0], slots[0] + B) if slots == list(range(slots[0], slots[0] + B)) else None
-        key_len = max(self.cache.lengths[s] + n for s, n in zip(slots, new_lens))
-        return BatchView(slots=torch.tensor(slots, device=self.device), positions=positions, valid=valid,
-                         contiguous=contiguous, key_len=key_len, real_tokens=sum(new_lens))
+        key_len = max(p + n for p, n in zip(starts, new_lens))
+        pos, slot = both
+        return BatchView(slots=None if contiguous else torch.tensor(slots, device=self.device),
+                         positions=pos.view(B, T), valid=valid, contiguous=contiguous, key_len=key_len,
+                         write_index=(slot, pos), real_tokens=sum(new_lens), flat_positions=pos,
+                         last_only=T == 1 and min(starts) == max(starts))
 
     @torch.inference_mode()
     def forward(self, seqs: list[Sequence], new_tokens: list[list[int]], *, ctx: ForwardContext | None = None,
@@ -78,8 +84,9 @@ class ModelRunner:
             ctx.capture_hidden = tuple(sorted({i for sink in self.hidden_sinks for i in sink.capture}))
             starts = [self.cache.lengths[s.slot] for s in seqs]
         try:
-            if all_logits:
-                out = self.model(tokens, self.cache, bv, ctx).float()
+            if all_logits or tokens.shape[1] == 1:
+                out = self.model(tokens, self.cache, bv, ctx, flat=not all_logits)  # [B, T, V] or [B, V]
+                out = out if out.dtype == torch.float32 else out.float()
             else:
                 last = torch.tensor(lens, device=self.device)[:, None] - 1  # [B, 1]
                 out = self.model(tokens, self.cache, bv, ctx, logits_at=last)[:, 0].float()  # [B, V]
@@ -96,6 +103,7 @@ class ModelRunner:
         length + depths[b, t], writing its K/V at length + t, seeing the prefix and tree[b, t] ([B, T, T])."""
         bv = self.batch_view([s.slot for s in seqs], lens)
         bv.write_positions, bv.positions, bv.tree = bv.positions, bv.positions[:, :1] + depths, tree
+        bv.flat_positions = None  # RoPE at the new positions; the K/V places (write_index) stay start + t
         return bv
 
     def rerecord(self, seqs: list[Sequence], rows: list[list[int]], logits: torch.Tensor) -> None:

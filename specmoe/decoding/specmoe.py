@@ -68,7 +68,8 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
             sub = [seqs[b] for b in rows]
             bv = runner.batch_view([s.slot for s in sub], [1] * len(sub))
             idx = None if len(rows) == B else torch.tensor(rows, device=dev)
-            logits = runner.model(tok if idx is None else tok[idx], cache, bv, ctx)[:, -1].float()  # [b, V]
+            logits = runner.model(tok if idx is None else tok[idx], cache, bv, ctx, flat=True)  # [b, V]
+            logits = logits if logits.dtype == torch.float32 else logits.float()
             drafter.forwards += 1
             nxt = logits.argmax(-1)  # [b]
             if on_logits is not None:

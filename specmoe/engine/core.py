@@ -26,6 +26,7 @@ import torch
 from specmoe.decoding.autoregressive import prefill
 from specmoe.decoding.breakdown import merge
 from specmoe.decoding.factory import make_strategy
+from specmoe.engine.auto import controller_of
 from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sampling import SamplingParams, make_generator
 from specmoe.decoding.sequence import Sequence
@@ -97,7 +98,9 @@ class EngineCore:
         self.slot_cap = slot_cap
         self.n_slots = min(cache.max_batch, slot_cap)
         self.runner = llm._wire(ModelRunner(llm.model, llm.provider, cache, llm.device))
-        self.strategy = make_strategy(self.runner, llm.spec_cfg, engine=llm)
+        self.strategy = make_strategy(self.runner, llm.spec_cfg, ckpt=llm.ckpt, max_model_len=llm.max_model_len,
+                                      memo=llm.draft_memo,
+                                      controller=controller_of(llm) if llm.spec_cfg.decoding == "auto" else None)
         self.waiting: list[Request] = []
         self.active: list[Request] = []
         self.free_slots = list(range(self.n_slots))

@@ -22,12 +22,12 @@ from specmoe.engine.core import EngineCore, Request, visible_text
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.stats import derived, memory_stats, new_stats
 from specmoe.decoding.breakdown import finish, merge
-from specmoe.engine.tokenizer import Tokenizer
+from specmoe.tokenizer import Tokenizer
 from specmoe.bundled import demo_model_dir
-from specmoe.engine.options import check_llm_args, resolve_device, split_options
+from specmoe.options import check_llm_args, resolve_device, split_options
 from specmoe.engine.prompts import normalize_params, normalize_prompts
 from specmoe.experts.factory import build_provider
-from specmoe.experts.memory import check_fits, device_memory
+from specmoe.memory import check_fits, device_memory
 from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
 from specmoe.weights.checkpoint import Checkpoint, resolve_dtype

@@ -10,7 +10,7 @@ from collections import deque
 
 import torch
 
-from specmoe.experts.memory import aligned_empty
+from specmoe.memory import aligned_empty
 
 
 def alloc_rows(n: int, row_bytes: int, device: torch.device) -> torch.Tensor:

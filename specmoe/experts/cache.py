@@ -7,12 +7,8 @@ those rows (gate_up [S, 2I, D], down [S, D, I]). `fetch(layer, routing)` hands o
 experts first, as one slot group, while misses load on a background I/O thread, so compute on
 resident experts overlaps the transfers; then the loaded misses as a second group.
 
-Policies (docs/ARCHITECTURE.md, "cache policies"):
-- `ondemand` (MoE-OnDemand): nothing outlives the layer's forward except pinned experts;
-- `static` (MoE-Caching): the hottest ~10% experts of each layer, from a profile, never
-  leave; the other slots behave on demand;
-- `lru` / `lfu`: slots keep experts across forwards and evict the least recently /
-  least frequently requested one (mixtral-offloading style).
+Which expert leaves a slot, and what stays after a forward, is the policy object's decision
+(`policies.py`: ondemand, static, lru, lfu); the transfers run on the loader's I/O thread (`loader.py`).
 A pinned set per layer (`pin`) is never evicted (SpecMoE's draft experts).
 
 Prefetch (MoE-Overlap): while layer l computes, layer l+1's experts load in the background,
@@ -23,47 +19,26 @@ measures the best overlap possible on the same I/O channel with a perfect predic
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 
 import torch
 
 from specmoe.config import ModelConfig
 from specmoe.errors import InputError
-from specmoe.experts.budget import SCRATCH_BUFFERS, STAGING_BUFFERS
+from specmoe.experts.budget import SCRATCH_BUFFERS
 from specmoe.experts.buffers import Spill, alloc_rows, expert_views, typed_rows
+from specmoe.experts.loader import ExpertLoader
 from specmoe.experts.oracle import OracleTrace
+from specmoe.experts.policies import POLICIES, LayerSlots, make_policy
 from specmoe.experts.store import ExpertStore
-from specmoe.experts.memory import aligned_empty, check_fits, fmt_bytes
 from specmoe.experts.tiers import slot_bytes
+from specmoe.memory import check_fits, fmt_bytes
 from specmoe.models.moe import Routing, SlotGroup
 
 # S=slots per layer, E=experts, N=tokens, K=top-k, D=hidden, I=expert hidden
 
-POLICIES = ("ondemand", "static", "lru", "lfu")
 PREFETCH = ("none", "oracle", "predicted")
-
-
-class _Layer:
-    """Slot bookkeeping of one MoE layer (touched only by the compute thread)."""
-
-    def __init__(self, rows: torch.Tensor, num_experts: int, views: tuple):
-        self.rows = rows  # [S, slot bytes] uint8
-        self.views = views  # typed views of the rows: gate_up [S, 2I, D], down [S, D, I], biases or None
-        self.slot_of: dict[int, int] = {}
-        self.free = list(range(rows.shape[0]))[::-1]
-        self.pinned: set[int] = set()
-        self.static: set[int] = set()
-        self.recency: OrderedDict[int, None] = OrderedDict()  # oldest first
-        self.freq = [0] * num_experts
-        self.prefetched: set[int] = set()  # loaded ahead, not yet asked for
-        self.inflight: list = []  # (future) loads into this layer's slots started by prefetch
-        self.done_event = None  # CUDA: compute finished reading the slots
-
-    @property
-    def protected(self) -> set[int]:
-        return self.pinned | self.static
 
 
 class ExpertCache(ExpertStore):
@@ -80,7 +55,7 @@ class ExpertCache(ExpertStore):
     def __init__(self, tier, cfg: ModelConfig, *, slots: int, policy: str = "lru", prefetch: str = "none",
                  device: torch.device | str = "cpu", memory_budget: int | None = None, link: dict | None = None,
                  scratch_buffers: int = SCRATCH_BUFFERS):
-        self.closed = False
+        self.closed, self.loader = False, None
         if policy not in POLICIES:
             raise InputError(f"cache_policy={policy!r}; choose one of {', '.join(POLICIES)}")
         if prefetch not in PREFETCH:
@@ -90,7 +65,7 @@ class ExpertCache(ExpertStore):
                              f"(top-k) a single token needs; raise cache_experts (or cache_bytes) to at least "
                              f"{cfg.top_k}")
         slots = min(slots, cfg.num_experts)
-        self.tier, self.cfg, self.policy, self.prefetch_mode = tier, cfg, policy, prefetch
+        self.tier, self.cfg, self.policy, self.prefetch_mode = tier, cfg, make_policy(policy), prefetch
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.dtype, self.numel = tier.dtype, cfg.expert_numel
@@ -104,30 +79,23 @@ class ExpertCache(ExpertStore):
         # a union larger than a layer's slots streams through a few spare rows, allocated here, reused, never grown
         n_scratch = scratch_buffers if slots < cfg.num_experts else 0
         self.scratch_bytes = n_scratch * self.slot_bytes
-        # CUDA: reads that are not a plain host copy (disk, or a decoding tier) land in pinned staging rows
-        self._host_copy = tier.kind == "host" and tier.identity
-        self.staging_bytes = STAGING_BUFFERS * self.slot_bytes if self.cuda and not self._host_copy else 0
         check_fits(f"the expert cache ({slots} slots × {len(self.moe_layers)} MoE layers × "
                    f"{fmt_bytes(self.slot_bytes)} + {n_scratch} scratch)", self.nbytes + self.scratch_bytes,
                    self.device, budget=memory_budget)
-        self.layers: dict[int, _Layer] = {}
+        self.layers: dict[int, LayerSlots] = {}
         for layer in self.moe_layers:
             rows = self._alloc(slots)
             views = expert_views(typed_rows(rows, self.expert_bytes, self.dtype), cfg)
-            self.layers[layer] = _Layer(rows, cfg.num_experts, views)
-        self._queue: list = []  # loads not yet handed to the I/O thread
+            self.layers[layer] = LayerSlots(rows, cfg.num_experts, views)
         self._scratch: list[torch.Tensor] = list(self._alloc(n_scratch)) if n_scratch else []  # free spare rows
         self.scratch_buffers = n_scratch
-        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specmoe-io")  # one queue, like one link
+        self.loader = ExpertLoader(tier, self.device, self.slot_bytes)
+        self.staging_bytes = self.loader.staging_bytes  # CUDA: pinned rows disk reads land in
         self.model = None
         self._next: tuple[int, list[int]] | None = None  # prefetch planned by the layer hook
         self._prefetch_on = True
         self.oracle = OracleTrace()
         if self.cuda:
-            self.copy_stream = torch.cuda.Stream(self.device)
-            self._staging = [[aligned_empty(self.slot_bytes, pin=True), None]
-                             for _ in range(self.staging_bytes // self.slot_bytes)]  # disk reads land here
-            self._stage_i = 0
             for L in self.layers.values():
                 L.done_event = torch.cuda.Event()
                 L.done_event.record(torch.cuda.current_stream(self.device))
@@ -156,67 +124,22 @@ class ExpertCache(ExpertStore):
 
     # ------------------------------------------------------------------ transfers
     def _submit(self, layer: int, e: int, dst: torch.Tensor, *, scratch: bool = False, after=None) -> Future:
-        """Queue one expert load; `_flush` hands the queue to the I/O thread as one job (one thread
-        wake-up per layer instead of one per expert: on a busy CPU each wake-up costs ~0.1-1 ms)."""
+        """Queue one expert load on the loader (handed to the I/O thread by `_flush`)."""
         if self.cuda and after is None:
             # a slot may be overwritten once the compute that last read this layer's slots is done;
             # a scratch buffer may have been read by any layer: wait for the latest compute
             after = self._last_done if scratch else self.layers[layer].done_event
-        fut = Future()
-        fut.load = (layer, e, dst)  # what to forget if the load fails
-        self._queue.append((layer, e, dst, after, fut))
-        return fut
+        return self.loader.submit(layer, e, dst, after)
 
     def _flush(self) -> None:
-        if self._queue:
-            items, self._queue = self._queue, []
-            self.io.submit(self._run_loads, items)
-
-    def _run_loads(self, items) -> None:
-        for layer, e, dst, after, fut in items:
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                # on CPU the waiting compute thread verifies (`_wait`), overlapped with the next read here;
-                # on CUDA the staging buffer is verified here, before its copy to the device
-                fut.set_result(self._cuda_load(layer, e, dst, after) if self.cuda
-                               else self.tier.read_into(layer, e, dst, verify=False))
-            except BaseException as exc:  # handed to the waiting compute thread, which re-raises it
-                fut.set_exception(exc)
-
-    def _cuda_load(self, layer: int, e: int, dst: torch.Tensor, after):
-        """Runs on the I/O thread: stage (disk) and copy on the dedicated stream; returns its event."""
-        with torch.cuda.stream(self.copy_stream):
-            if self._host_copy:
-                src = self.tier.source(layer, e).view(torch.uint8)  # pinned
-            else:
-                stage = self._staging[self._stage_i]
-                self._stage_i = (self._stage_i + 1) % len(self._staging)
-                if stage[1] is not None:
-                    stage[1].synchronize()  # the previous copy out of this staging buffer is done
-                self.tier.read_into(layer, e, stage[0])
-                src = stage[0]
-            self.copy_stream.wait_event(after)  # compute no longer reads what dst held
-            dst[: self.expert_bytes].copy_(src[: self.expert_bytes], non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(self.copy_stream)
-            if not self._host_copy:
-                stage[1] = ev
-        return ev
+        self.loader.flush()
 
     def _wait(self, fut: Future) -> None:
-        self._flush()
-        t0 = time.perf_counter()
         try:
-            ev = fut.result()
-            if not self.cuda:
-                self.tier.verify(*fut.load)
+            self._s["fetch_wait_s"] += self.loader.wait(fut)
         except BaseException:
             self._forget(*fut.load)
             raise
-        if ev is not None:  # CUDA: compute waits only on this expert's copy
-            torch.cuda.current_stream(self.device).wait_event(ev)
-        self._s["fetch_wait_s"] += time.perf_counter() - t0
 
     def _forget(self, layer: int, e: int, dst: torch.Tensor) -> None:
         """A load into `dst` failed (e.g. IntegrityError): whatever the slot holds is not expert e."""
@@ -227,24 +150,15 @@ class ExpertCache(ExpertStore):
             for kept in (L.prefetched, L.pinned, L.static):
                 kept.discard(e)
 
-    def _await_layer(self, L: _Layer) -> None:
+    def _await_layer(self, L: LayerSlots) -> None:
         while L.inflight:
             self._wait(L.inflight.pop())
 
     # ------------------------------------------------------------------ slots
-    def _victim(self, L: _Layer, keep: set[int]) -> int | None:
-        cands = [e for e in L.recency if e not in keep and e not in L.pinned and e not in L.static]
-        if not cands:
-            return None
-        if self.policy == "lfu":
-            order = {e: i for i, e in enumerate(L.recency)}
-            return min(cands, key=lambda e: (L.freq[e], order[e]))
-        return cands[0]  # least recently used (the only kind left over in ondemand/static: prefetched)
-
-    def _take_slot(self, L: _Layer, keep: set[int]) -> int | None:
+    def _take_slot(self, L: LayerSlots, keep: set[int]) -> int | None:
         if L.free:
             return L.free.pop()
-        v = self._victim(L, keep)
+        v = self.policy.victim(L, keep)
         if v is None:
             return None
         if v in L.prefetched:
@@ -253,12 +167,12 @@ class ExpertCache(ExpertStore):
         L.recency.pop(v)
         return L.slot_of.pop(v)
 
-    def _place(self, L: _Layer, e: int, s: int) -> None:
+    def _place(self, L: LayerSlots, e: int, s: int) -> None:
         L.slot_of[e] = s
         L.recency[e] = None
         L.recency.move_to_end(e)
 
-    def _release(self, L: _Layer, e: int) -> None:
+    def _release(self, L: LayerSlots, e: int) -> None:
         L.free.append(L.slot_of.pop(e))
         L.recency.pop(e, None)
 
@@ -269,7 +183,7 @@ class ExpertCache(ExpertStore):
         if kind:
             s[f"{kind}_bytes"] += n * self.tier.stored_bytes
 
-    def _make_resident(self, L: _Layer, layer: int, ids: list[int], kind: str) -> None:
+    def _make_resident(self, L: LayerSlots, layer: int, ids: list[int], kind: str) -> None:
         """Load `ids` into slots synchronously and protect them as `kind` ('pin' or 'static')."""
         self._await_layer(L)
         if kind == "pin":
@@ -289,9 +203,8 @@ class ExpertCache(ExpertStore):
         for f in jobs:
             self._wait(f)
         self._count_transfer(layer, len(jobs), kind)
-        if self.policy in ("ondemand", "static"):  # an expert no longer pinned is not kept either
-            for e in [e for e in L.slot_of if e not in L.protected and e not in L.prefetched]:
-                self._release(L, e)
+        for e in self.policy.after_forward(L):  # ondemand/static: an expert no longer pinned is not kept either
+            self._release(L, e)
 
     # ------------------------------------------------------------------ public API
     def attach_model(self, model) -> None:
@@ -410,7 +323,7 @@ class ExpertCache(ExpertStore):
             raise InputError(f"experts {missing} of layer {layer} are not resident")
         return [L.slot_of[e] for e in ids]
 
-    def _group(self, L: _Layer, experts: list[int], complete: bool, counts: list[int]) -> SlotGroup:
+    def _group(self, L: LayerSlots, experts: list[int], complete: bool, counts: list[int]) -> SlotGroup:
         """The layer's slots with a map of `experts` (others -> S); `counts`: the routing's host counts."""
         m = [self.slots] * (self.cfg.num_experts + 1)  # E: padding, no expert
         for e in experts:
@@ -450,10 +363,7 @@ class ExpertCache(ExpertStore):
         s["scratch_fetches"] += len(later)
         spilled = Spill(self._scratch, later, lambda e, buf, after: self._submit(layer, e, buf, scratch=True,
                                                                                   after=after), self.device)
-        for e in ids:
-            L.freq[e] += 1
-            if e in L.recency:
-                L.recency.move_to_end(e)
+        self.policy.touch(L, ids)
         s["hits"] += len(hits)
         s["misses"] += len(misses)
         s["hits_per_layer"][li] += len(hits)
@@ -497,9 +407,8 @@ class ExpertCache(ExpertStore):
                 L.done_event = torch.cuda.Event()
                 L.done_event.record(torch.cuda.current_stream(self.device))
                 self._last_done = L.done_event
-            if self.policy in ("ondemand", "static"):
-                for e in [e for e in L.slot_of if e not in L.protected and e not in L.prefetched]:
-                    self._release(L, e)
+            for e in self.policy.after_forward(L):
+                self._release(L, e)
 
     # ------------------------------------------------------------------ prefetch
     def _next_layer(self, layer: int) -> int | None:
@@ -518,7 +427,7 @@ class ExpertCache(ExpertStore):
         self.prefetch(*target)
 
     # ------------------------------------------------------------------ telemetry
-    def _layer(self, layer: int) -> _Layer:
+    def _layer(self, layer: int) -> LayerSlots:
         if self.closed:
             raise InputError("the expert cache is closed (LLM.close() was called); create a new LLM")
         if layer not in self.layers:
@@ -536,7 +445,7 @@ class ExpertCache(ExpertStore):
     def stats(self) -> dict:
         s = self._s
         req = s["hits"] + s["misses"]
-        out = {"offload": self.tier.kind, "cache_policy": self.policy, "prefetch": self.prefetch_mode,
+        out = {"offload": self.tier.kind, "cache_policy": self.policy.name, "prefetch": self.prefetch_mode,
                "cache_slots_per_layer": self.slots, "cache_bytes": self.nbytes, "bytes_per_expert": self.tier.stored_bytes,
                "expert_format": self.tier.fmt.name, "compute_bytes_per_expert": self.expert_bytes,
                "direct_io": self.tier.direct_io,
@@ -550,7 +459,8 @@ class ExpertCache(ExpertStore):
         if self.prefetch_mode == "oracle":
             out["oracle"] = "replaying" if self.oracle.replaying else "recording"
         if self.tier.kind == "disk":  # time in reads (I/O thread) and in checksum verification (compute thread)
-            out.update(io_reads=self.tier.reads, io_read_s=self.tier.read_s, io_verify_s=self.tier.verify_s)
+            out.update(io_reads=self.tier.reads, io_read_s=self.tier.read_s, io_verify_s=self.tier.verify_s,
+                       io_depth=self.loader.workers, io_max_inflight=self.tier.max_inflight)
         return out
 
     def close(self) -> None:
@@ -559,15 +469,13 @@ class ExpertCache(ExpertStore):
         if self.closed:
             return
         self.closed = True
-        self.io.shutdown(wait=True, cancel_futures=True)
+        self.loader.close()
         self.tier.close()
-        self.layers, self._scratch, self._queue, self.oracle = {}, [], [], OracleTrace()
+        self.layers, self._scratch, self.oracle = {}, [], OracleTrace()
         if self.cuda:  # torch caches freed blocks: hand the (pinned) host and device memory back now
-            self._staging = []
             torch.cuda.empty_cache()
             getattr(torch._C, "_host_emptyCache", lambda: None)()
 
     def __del__(self):
-        io = getattr(self, "io", None)
-        if io is not None:
-            io.shutdown(wait=False)
+        if self.loader is not None:
+            self.loader.close(wait=False)

@@ -5,11 +5,11 @@ import warnings
 
 import torch
 
-from specmoe.engine.options import OffloadConfig
+from specmoe.options import OffloadConfig
 from specmoe.errors import InputError
 from specmoe.experts.formats import ExpertShape, make_format
 from specmoe.experts.budget import SCRATCH_BUFFERS, plan_offload, plan_resident
-from specmoe.experts.memory import check_budget_value, round_up
+from specmoe.memory import check_budget_value, round_up
 from specmoe.experts.resident import ResidentExperts
 from specmoe.weights.checkpoint import Checkpoint
 
@@ -40,6 +40,7 @@ def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, 
     from specmoe.experts.tiers import DiskTier, EmulatedLink, HostTier
     # CUDA disk reads land straight in pinned staging rows; CPU ones go through the tier's staging row (tiers.py)
     direct = cfg.offload == "disk" and fmt.identity(dtype) and device.type == "cuda"
+    io_depth = 1 if device.type == "cuda" else cfg.io_depth  # CUDA loads go through one staging ring
     stride = round_up(fmt.stored_bytes) if direct else round_up(expert_bytes, 64)
     # CUDA: a tier whose bytes are not the slot's decodes on the host into pinned staging rows first
     staging = device.type == "cuda" and (cfg.offload == "disk" or not fmt.identity(dtype))
@@ -48,7 +49,8 @@ def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, 
                         cuda=device.type == "cuda", draft_experts=draft_experts, cache_experts=cfg.cache_experts,
                         cache_bytes=cfg.cache_bytes, memory_budget=cfg.memory_budget,
                         stored_bytes=fmt.stored_bytes, staging=staging,
-                        tier_staging=0 if direct or cfg.offload != "disk" else DiskTier.staging_for(fmt.stored_bytes))
+                        tier_staging=0 if direct or cfg.offload != "disk" else DiskTier.staging_for(fmt.stored_bytes,
+                                                                                                    io_depth))
     link = None
     if cfg.offload == "host":
         emulate = cfg.link_gbps is not None or cfg.link_latency_us is not None
@@ -65,7 +67,8 @@ def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, 
             link = {"link_gbps": cfg.link_gbps, "link_latency_us": cfg.link_latency_us or 0.0}
     else:
         from specmoe.experts.repack import open_repack
-        tier = DiskTier(open_repack(ckpt, fmt, cfg.repack_dir, progress=progress), dtype, direct=direct)
+        tier = DiskTier(open_repack(ckpt, fmt, cfg.repack_dir, progress=progress), dtype, direct=direct,
+                        queue_depth=io_depth)
     assert tier.stride == stride, "plan and tier disagree on the slot size"
     cache = ExpertCache(tier, mc, slots=plan.slots, policy=cfg.cache_policy, prefetch=cfg.prefetch, device=device,
                         memory_budget=cfg.memory_budget, link=link, scratch_buffers=SCRATCH_BUFFERS)

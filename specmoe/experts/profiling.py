@@ -76,7 +76,7 @@ def profile_dict(counts: list[list[int]], cfg: ModelConfig, **meta) -> dict:
 
 
 def default_token_lists(path: Path, cfg: ModelConfig, prompts=BUILTIN_PROMPTS) -> list[list[int]]:
-    from specmoe.engine.tokenizer import Tokenizer
+    from specmoe.tokenizer import Tokenizer
     tok = Tokenizer.load(path)
     if tok is not None:
         lists = [[t for t in tok.encode(p) if t < cfg.vocab_size] for p in prompts]

@@ -45,7 +45,7 @@ import torch
 from specmoe.errors import CheckpointError, InputError, IntegrityError
 from specmoe.experts import integrity
 from specmoe.experts.formats import ExpertFormat, ExpertShape, Plain
-from specmoe.experts.memory import fmt_bytes, round_up
+from specmoe.memory import fmt_bytes, round_up
 from specmoe.weights.checkpoint import Checkpoint
 
 FORMAT = 2  # 1: unkeyed file names, crc32 of sampled experts only (rebuilt on sight)

@@ -6,7 +6,7 @@ from tqdm import tqdm
 
 from specmoe.errors import InputError
 from specmoe.experts.buffers import expert_views
-from specmoe.experts.memory import round_up
+from specmoe.memory import round_up
 from specmoe.experts.store import ExpertStore
 from specmoe.models.moe import Routing, SlotGroup
 from specmoe.weights.checkpoint import Checkpoint
@@ -42,7 +42,7 @@ class ResidentExperts(ExpertStore):
         self.nbytes = sum(t.numel() * t.element_size() for t in self.layers.values())
         self._views = {layer: expert_views(buf, cfg) for layer, buf in self.layers.items()}
         self._identity = torch.arange(cfg.num_experts + 1, device=device)  # slot e = expert e; E (padding) -> S
-        self._groups = {layer: SlotGroup.over(views, self._identity) for layer, views in self._views.items()}
+        self._groups = {layer: SlotGroup.over(views, self._identity, identity=True) for layer, views in self._views.items()}
         self.forward_observers: list = []  # counts accumulate on the device in fetch: no host read per layer
         self.forward_layer_hooks: list = []
         self.device = torch.device(device)
@@ -58,7 +58,7 @@ class ResidentExperts(ExpertStore):
         """One group: every expert, slot e = expert e. The routed ids are kept and counted in batches on the
         device (no op and no host read per layer)."""
         pending = self._pending[layer]
-        pending.append(routing.ids.reshape(-1))
+        pending.append(routing.ids)  # [N, K]
         if len(pending) >= 64:
             self._fold(layer)
         yield self._groups[layer]
@@ -67,7 +67,7 @@ class ResidentExperts(ExpertStore):
         pending = self._pending[layer]
         if pending:
             E = self.num_experts
-            ids = torch.cat(pending)
+            ids = torch.cat(pending).view(-1)
             self._counts[self.moe_layers.index(layer)] += torch.bincount(ids, minlength=E + 1)[:E]  # E: padding
             pending.clear()
 

@@ -33,7 +33,7 @@ import torch
 from specmoe.errors import CheckpointError, IntegrityError
 from specmoe.experts.formats import ExpertFormat, ExpertShape, Plain
 from specmoe.experts.integrity import checksum
-from specmoe.experts.memory import aligned_empty, check_fits, round_up
+from specmoe.memory import aligned_empty, check_fits, round_up
 from specmoe.experts.repack import Repacked, expert_bytes_of
 from specmoe.weights.checkpoint import Checkpoint
 
@@ -51,6 +51,7 @@ class Tier(ABC):
     fmt: ExpertFormat  # storage format: what the tier holds and moves
     expert_bytes: int  # bytes of one expert in a slot (compute dtype)
     direct_io: bool = False
+    queue_depth: int = 1  # reads the tier serves at once (the loader runs one I/O thread per read in flight)
     reads: int = 0
     read_s: float = 0.0
     verify_s: float = 0.0
@@ -181,9 +182,11 @@ class DiskTier(Tier):
     kind = "disk"
     STAGE_ROWS = 2  # reads whose decode the compute thread finishes while the next read runs
 
-    def __init__(self, rp: Repacked, dtype: torch.dtype | None = None, *, direct: bool = False):
+    def __init__(self, rp: Repacked, dtype: torch.dtype | None = None, *, direct: bool = False, queue_depth: int = 1):
         """`dtype`: the compute dtype slots hold (default: the repack's own); `direct`: read straight into the
-        destination where no decode is needed (else through the staging row)."""
+        destination where no decode is needed (else through a staging row); `queue_depth`: reads that may run
+        at once (on as many threads; each has its own staging rows)."""
+        self.queue_depth = max(1, int(queue_depth))
         self.rp = rp
         self.fmt = rp.fmt
         self.dtype = dtype if dtype is not None else rp.fmt.dtype
@@ -193,11 +196,14 @@ class DiskTier(Tier):
         self.nbytes = 0
         self.direct_io = False
         self.fd = -1
-        # staged reads: one row for reads finished on the I/O thread, STAGE_ROWS for reads whose checksum and
-        # decode are left to `verify` (the compute thread, overlapped with the I/O thread's next read)
-        self._stage = None if self.direct else aligned_empty(rp.stride)
-        self._rows = [] if self.direct else [aligned_empty(rp.stride) for _ in range(self.STAGE_ROWS)]
+        # staged reads, per read in flight: one row for reads finished on the I/O thread, STAGE_ROWS for reads
+        # whose checksum and decode are left to `verify` (the compute thread, overlapped with the next reads)
+        q = self.queue_depth
+        self._stages = [] if self.direct else [aligned_empty(rp.stride) for _ in range(q)]
+        self._free_stages = list(range(len(self._stages)))
+        self._rows = [] if self.direct else [aligned_empty(rp.stride) for _ in range(self.STAGE_ROWS * q)]
         self._free = list(range(len(self._rows)))
+        self._inflight = 0
         self._pending: dict[int, int] = {}  # destination address -> staging row awaiting `verify`
         self._lock = threading.Lock()
         if hasattr(os, "O_DIRECT"):
@@ -225,13 +231,18 @@ class DiskTier(Tier):
         self.reset_io_stats()
 
     @staticmethod
-    def staging_for(stored_bytes: int) -> int:
-        """Bytes of a staged tier's rows: one for reads finished on the I/O thread + STAGE_ROWS deferred."""
-        return (1 + DiskTier.STAGE_ROWS) * round_up(stored_bytes)
+    def staging_for(stored_bytes: int, queue_depth: int = 1) -> int:
+        """Bytes of a staged tier's rows: per read in flight, one for reads finished on the I/O thread +
+        STAGE_ROWS deferred."""
+        return queue_depth * (1 + DiskTier.STAGE_ROWS) * round_up(stored_bytes)
 
     @property
     def staging_bytes(self) -> int:
-        return 0 if self.direct else self.staging_for(self.stored_bytes)
+        return 0 if self.direct else self.staging_for(self.stored_bytes, self.queue_depth)
+
+    def reset_io_stats(self) -> None:
+        super().reset_io_stats()
+        self.max_inflight = 0  # most reads seen in flight at once
 
     @property
     def stride(self) -> int:
@@ -243,10 +254,10 @@ class DiskTier(Tier):
         `stride` bytes), else into a staging row, verified and decoded into `dst`: here (`verify=True`, or
         when every deferred row is taken), else by `verify(layer, e, dst)`, which the caller must run before
         using `dst`. A failed or short read raises IntegrityError, and so does a checksum mismatch. Called by
-        one thread at a time (the I/O thread); `verify` may run on another."""
+        at most `queue_depth` threads at a time (the I/O threads); `verify` may run on another."""
         if dst.numel() < self.stride or (self.direct and self.direct_io and dst.data_ptr() % 4096):
             raise ValueError("disk reads need an aligned destination of stride bytes")
-        idx = None
+        idx = stage = None
         if not self.direct:
             with self._lock:
                 old = self._pending.pop(dst.data_ptr(), None)  # an earlier read into dst never finished
@@ -254,19 +265,26 @@ class DiskTier(Tier):
                     self._free.append(old)
                 if not verify and self._free:
                     idx = self._free.pop()
+                else:
+                    assert self._free_stages, f"more than queue_depth={self.queue_depth} reads at once"
+                    stage = self._free_stages.pop()
         try:
-            self._read(layer, e, dst if self.direct else self._stage if idx is None else self._rows[idx])
+            self._read(layer, e, dst if self.direct else self._stages[stage] if idx is None else self._rows[idx])
+            if stage is not None:
+                self._finish(layer, e, self._stages[stage], dst)
         except BaseException:
             if idx is not None:
                 with self._lock:
                     self._free.append(idx)
             raise
+        finally:
+            if stage is not None:
+                with self._lock:
+                    self._free_stages.append(stage)
         if self.direct:
             if verify:
                 self._check(layer, e, dst)
-        elif idx is None:
-            self._finish(layer, e, self._stage, dst)
-        else:
+        elif idx is not None:
             with self._lock:
                 self._pending[dst.data_ptr()] = idx
 
@@ -278,12 +296,18 @@ class DiskTier(Tier):
         rp = self.rp
         off = rp.offset(layer, e)
         row = land[: rp.stride].numpy()
+        with self._lock:
+            self._inflight += 1
+            self.max_inflight = max(self.max_inflight, self._inflight)
         t0 = time.perf_counter()
         try:
             n = os.preadv(self.fd, [row], off)
         except OSError as exc:
             raise IntegrityError(f"cannot read layer {layer} expert {e} from the expert repack file {rp.file}: "
                                  f"{exc.strerror or exc}; {rp.hint}") from None
+        finally:
+            with self._lock:
+                self._inflight -= 1
         t1 = time.perf_counter()
         if n != rp.stride:
             raise IntegrityError(f"short read of layer {layer} expert {e} from the expert repack file {rp.file}: "
@@ -291,8 +315,9 @@ class DiskTier(Tier):
                                  f"use?); {rp.hint}")
         if not self.direct_io:
             os.posix_fadvise(self.fd, off, rp.stride, os.POSIX_FADV_DONTNEED)
-        self.read_s += t1 - t0
-        self.reads += 1
+        with self._lock:  # summed over the reads (overlapping ones each count their own time)
+            self.read_s += t1 - t0
+            self.reads += 1
 
     def verify(self, layer: int, e: int, dst: torch.Tensor) -> None:
         """Finish a `read_into(..., verify=False)`: the expert's checksum (stored at repack time) against the

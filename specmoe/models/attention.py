@@ -14,13 +14,14 @@ import torch
 
 def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor,
                    scale: float) -> torch.Tensor:
-    """q [B, Hq, T, Dh], k and v [B, Hkv, S, Dh], mask [B, 1, T, S] bool (True = visible), sinks [Hq]
+    """q [B, Hq, T, Dh], k and v [B, Hkv, S, Dh], mask [B, 1, T, S] bool (True = visible) or None, sinks [Hq]
     → [B, Hq, T, Dh]."""
     B, Hq, T, Dh = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     qg = q.view(B, Hkv, Hq // Hkv, T, Dh)  # [B, Hkv, G, T, Dh]: the heads sharing a key head
     logits = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).view(B, Hq, T, S) * scale
-    logits = logits.masked_fill(~mask, float("-inf"))
+    if mask is not None:  # None: every key visible
+        logits = logits.masked_fill(~mask, float("-inf"))
     logits = torch.cat((logits, sinks.to(logits.dtype).view(1, Hq, 1, 1).expand(B, Hq, T, 1)), dim=-1)
     logits = logits - logits.max(dim=-1, keepdim=True).values
     probs = torch.softmax(logits, dim=-1)[..., :S]  # the sink's share is dropped

@@ -16,7 +16,7 @@ from torch import nn
 
 from specmoe.config import ModelConfig
 from specmoe.models.attention import sink_attention
-from specmoe.models.kv_cache import KVCache
+from specmoe.models.kv_cache import KVCache, round_positions
 from specmoe.models.layers import DenseMLP, Embedding, RMSNorm
 from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
@@ -29,16 +29,21 @@ from specmoe.models.rope import apply_rope, inv_freq, rope_tables
 class BatchView:
     """Which cache slots a forward touches and where its tokens sit.
 
-    slots: [B] cache rows; positions: [B, T] absolute positions; valid: [B, T] mask of
-    real (non-padding) tokens or None; contiguous: slice of slots when they are a range
+    slots: [B] cache rows (None when `contiguous` says which); positions: [B, T] absolute positions; valid:
+    [B, T] mask of real (non-padding) tokens or None; contiguous: slice of slots when they are a range
     (lets attention read the cache without a gather)."""
-    slots: torch.Tensor
+    slots: torch.Tensor | None
     positions: torch.Tensor
     valid: torch.Tensor | None = None
     contiguous: slice | None = None
     key_len: int = 0  # S: positions attended over (max position + 1)
-    write_index: torch.Tensor | None = None  # [B·T] KV rows the tokens write (set once per forward)
+    # where the tokens' K/V go (set once per forward): (slot [B·T], position [B·T]), or flat rows [B·T] (see
+    # `KVCache.write`)
+    write_index: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None = None
     real_tokens: int | None = None  # tokens that are not padding (host int; needed with `valid`)
+    # one new token per row and every row's at position key_len - 1: every key is visible (no mask needed)
+    last_only: bool = False
+    flat_positions: torch.Tensor | None = None  # [B·T] `positions` flattened (set by whoever builds the view)
     # token trees (speculative verification of a draft tree): `positions` are the RoPE positions (start +
     # depth), the tokens write K/V at `write_positions` [B, T] (start + t, scratch past the committed length)
     # and query t sees the committed prefix plus the new tokens u with tree[b, t, u] (its ancestors + itself)
@@ -74,36 +79,84 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(Hq * Dh, D, bias=cfg.o_proj_bias)
         if cfg.attention_sinks:
             self.sinks = nn.Parameter(torch.empty(Hq))
+        self.qkv_weight = self.qkv_bias = self.qk_norm_weight = self.o_weight_t = None  # set by `fuse`
         if cfg.qk_norm == "head":
             self.q_norm, self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps), RMSNorm(Dh, cfg.rms_norm_eps)
         elif cfg.qk_norm == "full":
             self.q_norm, self.k_norm = RMSNorm(Hq * Dh, cfg.rms_norm_eps), RMSNorm(Hkv * Dh, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv: BatchView):
-        """x [B·T, D] (tokens flattened) → [B·T, D]."""
+    def fuse(self) -> None:
+        """After loading: one [(Hq + 2·Hkv)·Dh, D] projection for q, k and v (the loaded q/k/v weights become
+        views of it, so nothing is held twice and the checkpoint's names stay), and the per-head q/k norm
+        weights as one table."""
+        cfg, projs = self.cfg, (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = torch.cat([p.weight for p in projs])
+        self.qkv_bias = torch.cat([p.bias for p in projs]) if cfg.qkv_bias else None
+        start = 0
+        for p in projs:
+            n = p.weight.shape[0]
+            p.weight = nn.Parameter(self.qkv_weight[start:start + n], requires_grad=False)
+            if cfg.qkv_bias:
+                p.bias = nn.Parameter(self.qkv_bias[start:start + n], requires_grad=False)
+            start += n
+        if cfg.qk_norm == "head":
+            self.qk_norm_weight = torch.cat((self.q_norm.weight.expand(cfg.num_heads, -1),
+                                             self.k_norm.weight.expand(cfg.num_kv_heads, -1)))[:, None]  # [Hq + Hkv, 1, Dh]
+        self.o_weight_t = None if cfg.o_proj_bias else self.o_proj.weight.t()  # residual + out @ Wᵀ in one addmm
+
+    def _fused(self):
+        """(q/k/v weight, bias, per-head q/k norm weight): made once by `fuse` after loading; a module used
+        without it (a head being trained) concatenates its projections per call."""
+        if self.qkv_weight is not None:
+            return self.qkv_weight, self.qkv_bias, self.qk_norm_weight
+        cfg, projs = self.cfg, (self.q_proj, self.k_proj, self.v_proj)
+        w = torch.cat([p.weight for p in projs])
+        b = torch.cat([p.bias for p in projs]) if cfg.qkv_bias else None
+        n = torch.cat((self.q_norm.weight.expand(cfg.num_heads, -1), self.k_norm.weight.expand(cfg.num_kv_heads, -1)))[
+            :, None] if cfg.qk_norm == "head" else None
+        return w, b, n
+
+    def _qkv(self, x):
+        """x [N, D] → q and k as one [N, Hq + Hkv, 1, Dh] tensor (normed as the family does, not yet rotated),
+        v [N, Hkv, 1, Dh] (the 1: at one token per row, q is already SDPA's [B, Hq, T, Dh])."""
+        cfg = self.cfg
+        Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        w_qkv, b_qkv, w_norm = self._fused()
+        qkv = F.linear(x, w_qkv, b_qkv)  # [N, (Hq + 2·Hkv)·Dh]
+        if cfg.qk_norm == "full":  # OLMoE: norm over the whole projection, before the head split
+            q, k, v = qkv.split((Hq * Dh, Hkv * Dh, Hkv * Dh), dim=-1)
+            qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=-1)
+        if cfg.clip_qkv is not None:
+            qkv = qkv.clamp(-cfg.clip_qkv, cfg.clip_qkv)
+        qk, v = qkv.view(x.shape[0], Hq + 2 * Hkv, 1, Dh).split((Hq + Hkv, Hkv), dim=1)
+        if cfg.qk_norm == "head":  # Qwen3: per-head norm (transformers: normalise in fp32, round, scale)
+            qk = (F.rms_norm(qk, (Dh,), None, cfg.rms_norm_eps) * w_norm if qk.dtype == torch.float32
+                  else w_norm * F.rms_norm(qk.float(), (Dh,), None, cfg.rms_norm_eps).to(qk.dtype))
+        return qk, v
+
+    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv: BatchView,
+                residual: torch.Tensor | None = None):
+        """x [B·T, D] (tokens flattened) → residual + attention(x) [B·T, D] (no residual: attention(x)); cos/sin
+        [B·T, 1, 1, R] (see `Transformer.rope`)."""
         cfg = self.cfg
         B, T = bv.positions.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B·T, H·Dh]
-        if cfg.qk_norm == "full":  # OLMoE: norm over the whole projection, before the head split
-            q, k = self.q_norm(q), self.k_norm(k)
-        if cfg.clip_qkv is not None:
-            q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
-        q = q.view(B, T, cfg.num_heads, cfg.head_dim)  # [B, T, Hq, Dh]
-        k = k.view(B, T, cfg.num_kv_heads, cfg.head_dim)  # [B, T, Hkv, Dh]
-        v = v.view(B, T, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm == "head":  # Qwen3: per-head norm
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, cos, sin)  # cos/sin: [B, T, 1, R], sin signed as in `Transformer.rope`
-        k = apply_rope(k, cos, sin)
+        qk, v = self._qkv(x)
+        q, k = apply_rope(qk, cos, sin).split((cfg.num_heads, cfg.num_kv_heads), dim=1)  # [B·T, H, 1, Dh]
         cache.write(layer, bv.write_index, k, v)
-        keys, values = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, S, Hkv, Dh]
+        keys, values = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, Hkv, S, Dh]
+        if T > 1:
+            q = q.view(B, T, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [B, Hq, T, Dh]
         if cfg.attention_sinks:
-            out = sink_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, self.sinks,
-                                 cfg.head_dim ** -0.5)
+            out = sink_attention(q, keys, values, mask, self.sinks, cfg.head_dim ** -0.5)
         else:
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                                 attn_mask=mask, enable_gqa=cfg.num_heads != cfg.num_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(B * T, -1))  # [B·T, D]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                 enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+        out = out.view(B, -1) if T == 1 else out.transpose(1, 2).reshape(B * T, -1)  # [B·T, Hq·Dh]
+        if residual is None:
+            return self.o_proj(out)
+        if self.o_weight_t is None:
+            return residual + self.o_proj(out)
+        return torch.addmm(residual, out, self.o_weight_t)  # [B·T, D]
 
 
 class DecoderLayer(nn.Module):
@@ -118,7 +171,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MoEBlock(cfg, layer) if self.is_moe else DenseMLP(cfg.hidden_size, cfg.dense_intermediate_size)
 
     def forward(self, x, cos, sin, masks, cache, bv, ctx: ForwardContext):
-        x = x + self.attn(self.input_norm(x), cos, sin, masks[self.window], cache, self.layer, bv)
+        x = self.attn(self.input_norm(x), cos, sin, masks[self.window], cache, self.layer, bv, residual=x)
         h = self.post_attn_norm(x)
         return x + (self.mlp(h, ctx) if self.is_moe else self.mlp(h))
 
@@ -133,21 +186,41 @@ class Transformer(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._inv_freq: torch.Tensor | None = None
+        self._rope_tables: tuple | None = None  # (positions, device, dtype, cos, sin [P, 1, 1, R])
+        self._windows = {layer.window for layer in self.layers}
+
+    def fuse(self) -> "Transformer":
+        """After the weights are assigned: fused q/k/v projections (see `Attention.fuse`)."""
+        for layer in self.layers:
+            if isinstance(layer.attn, Attention):
+                layer.attn.fuse()
+        return self
 
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
-        """cos and signed sin ([-sin, sin] over the two halves, see `rope.apply_rope`) for [B, T] positions as
-        [B, T, 1, R] (R: the rotating dims of a head)."""
-        if self._inv_freq is None or self._inv_freq.device != positions.device:
-            self._inv_freq, self._rope_scaling = inv_freq(self.cfg, positions.device)
-        return rope_tables(positions, self._inv_freq, self._rope_scaling, dtype)
+    def rope(self, bv: BatchView, dtype: torch.dtype):
+        """cos and signed sin ([-sin, sin] over the two halves, see `rope.apply_rope`) at the forward's positions
+        as [B·T, 1, 1, R] (R: the rotating dims of a head): rows of per-position tables computed once (fp32 math,
+        cast like transformers) and grown in blocks as positions grow."""
+        positions = bv.flat_positions if bv.flat_positions is not None else bv.positions.reshape(-1)  # [B·T]
+        need, device = max(bv.key_len, 1), positions.device
+        tab = self._rope_tables
+        if tab is None or tab[0] < need or tab[1] != device or tab[2] != dtype:
+            if self._inv_freq is None or self._inv_freq.device != device:
+                self._inv_freq, self._rope_scaling = inv_freq(self.cfg, device)
+            n = max(round_positions(need), tab[0] if tab is not None and tab[1] == device else 0)
+            cos, sin = rope_tables(torch.arange(n, device=device)[None], self._inv_freq, self._rope_scaling, dtype)
+            tab = self._rope_tables = (n, device, dtype, cos[0, :, None], sin[0, :, None])  # [P, 1, 1, R] each
+        return tab[3][positions], tab[4][positions]
 
-    def attention_mask(self, bv: BatchView, window: int | None) -> torch.Tensor:
-        """[B, 1, T, S] bool: key j visible to the query at position p iff j <= p (and inside the window)."""
+    def attention_mask(self, bv: BatchView, window: int | None) -> torch.Tensor | None:
+        """[B, 1, T, S] bool: key j visible to the query at position p iff j <= p (and inside the window); None
+        when every key is visible (one query per row, every row at the last of the key_len positions)."""
         if bv.tree is not None:
             return tree_attention_mask(bv, window)
+        if bv.last_only and (not window or window >= bv.key_len):
+            return None
         keys = torch.arange(bv.key_len, device=bv.positions.device)
         mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
         if window:
@@ -155,20 +228,29 @@ class Transformer(nn.Module):
         return mask[:, None]
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, bv: BatchView, ctx: ForwardContext,
-                logits_at: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, T] → logits [B, T, V] (or [B, n, V] at the index tensor `logits_at` [B, n]). The hidden
-        states are [B·T, D] between the layers (no reshape per layer)."""
+                logits_at: torch.Tensor | None = None, flat: bool = False) -> torch.Tensor:
+        """tokens [B, T] → logits [B, T, V] (or [B, n, V] at the index tensor `logits_at` [B, n]; with `flat`,
+        [B·T, V]). The hidden states are [B·T, D] between the layers (no reshape per layer)."""
         B, T = tokens.shape
-        x = self.embed(tokens.reshape(-1))  # [B·T, D]
-        cos, sin = self.rope(bv.positions, x.dtype)
-        masks = {w: self.attention_mask(bv, w) for w in {layer.window for layer in self.layers}}
-        bv.write_index = cache.write_index(bv.slots, bv.positions if bv.write_positions is None else bv.write_positions)
+        x = self.embed(tokens.view(-1))  # [B·T, D]
+        if bv.write_index is None:
+            slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
+                                                                       device=tokens.device)
+            bv.write_index = cache.write_index(slots, bv.positions if bv.write_positions is None
+                                               else bv.write_positions)
+        cos, sin = self.rope(bv, x.dtype)
+        masks = {w: self.attention_mask(bv, w) for w in self._windows}
         ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
         ctx.real_tokens = None if bv.valid is None else bv.real_tokens
         for i, layer in enumerate(self.layers):
             if i in ctx.capture_hidden:
                 ctx.hidden[i] = x.view(B, T, -1)
             x = layer(x, cos, sin, masks, cache, bv, ctx)
+        if flat:
+            x = self.norm(x)
+            if len(self.layers) in ctx.capture_hidden:
+                ctx.hidden[len(self.layers)] = x.view(B, T, -1)
+            return F.linear(x, self.head_weight())
         x = x.view(B, T, -1)
         if len(self.layers) in ctx.capture_hidden:
             ctx.hidden[len(self.layers)] = self.norm(x)

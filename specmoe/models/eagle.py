@@ -173,6 +173,7 @@ class EagleHead(nn.Module):
         if self._rope is None or self._rope[0].device != embeds.device:
             self._rope = inv_freq(self.cfg, embeds.device)
         cos, sin = rope_tables(bv.positions, *self._rope, embeds.dtype)
+        cos, sin = cos.reshape(B * T, 1, 1, -1), sin.reshape(B * T, 1, 1, -1)  # the decoder's [B·T, 1, 1, R]
         keys = torch.arange(bv.key_len, device=embeds.device)
         mask = (keys[None, None, :] <= bv.positions[:, :, None])[:, None]  # [B, 1, T, S]
         if bv.write_index is None:  # a caller may direct some entries elsewhere (the drafter's padding)

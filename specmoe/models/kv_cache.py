@@ -7,16 +7,19 @@ are masked by causality and overwritten by the next write.
 
 The cache holds `max_batch` slots × `max_seq` positions, both set by the engine from the
 requests it admits; `reserve` grows either (positions in blocks of `BLOCK`), keeping the
-contents, so a sequence is read as one contiguous [S, Hkv, Dh] row whatever its history.
+contents. The layout is head-major ([slot, head, position, dim] per layer), so a sequence's keys of one head
+are one contiguous run and attention reads [B, Hkv, S, Dh] without a transpose.
 """
 from __future__ import annotations
 
 import torch
 
 from specmoe.errors import MemoryBudgetError
-from specmoe.experts.memory import check_fits, fmt_bytes
+from specmoe.memory import check_fits, fmt_bytes
 
 # L=layers, Bmax=slots, S=positions, Hkv=kv heads, Dh=head dim
+
+_index_put = torch.ops.aten.index_put_  # t[slot, :, pos] = x as one op (indexing syntax adds a view)
 
 BLOCK = 256  # positions are allocated in multiples of this (growth copies the cache once per block)
 
@@ -65,51 +68,59 @@ class KVCache:
         check_fits(what, need, self.device)
         try:
             num_kv, hd = self.num_kv_heads, self.head_dim
-            shape = (self.num_layers, slots, positions, num_kv, hd)
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, Bmax, S, Hkv, Dh]
+            shape = (self.num_layers, slots, num_kv, positions, hd)
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, Bmax, Hkv, S, Dh]
             v = torch.zeros(shape[:-1] + (self.v_head_dim,), dtype=self.dtype, device=self.device) \
                 if self.v_head_dim else None
         except (RuntimeError, MemoryError) as e:
             raise MemoryBudgetError(f"{what} does not fit: {e}") from None
         if self.k is not None:  # growth keeps every slot's keys/values
-            k[:, : self.max_batch, : self.max_seq] = self.k
+            k[:, : self.max_batch, :, : self.max_seq] = self.k
             if v is not None:
-                v[:, : self.max_batch, : self.max_seq] = self.v
+                v[:, : self.max_batch, :, : self.max_seq] = self.v
         self.k, self.v = k, v
-        # per-layer views made once: [Bmax, S, Hkv, Dh] to read, [Bmax·S, Hkv, Dh] to write
+        # per-layer views made once: [Bmax, Hkv, S, Dh] to read, [Bmax, Hkv, S, 1, Dh] to write
         self.k_layer = list(k)
         self.v_layer = list(v) if v is not None else [None] * self.num_layers
-        self.k_rows = [t.view(-1, num_kv, hd) for t in self.k_layer]
-        self.v_rows = [None if t is None else t.view(-1, num_kv, self.v_head_dim) for t in self.v_layer]
+        self.k_write = [t.unsqueeze(3) for t in self.k_layer]
+        self.v_write = [None if t is None else t.unsqueeze(3) for t in self.v_layer]
         self.lengths += [0] * (slots - self.max_batch)
         self.max_batch, self.max_seq = slots, positions
 
     def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Flat row of each (slots[b], positions[b, t]) in a layer's [Bmax·S, Hkv, Dh] view: [B·T], computed once
-        per forward (every layer writes at the same rows)."""
+        """Flat row of each (slots[b], positions[b, t]), slot · max_seq + position: [B·T] (what `write` and
+        `move` take; the runner hands `write` the (slot, position) pair directly, see `places`)."""
         return (slots[:, None] * self.max_seq + positions).reshape(-1)
 
-    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
-        """k, v: [B, T, Hkv, Dh] written at the flat rows `index` [B·T] (see `write_index`; v None: keys only).
-        Padding tokens of a ragged batch write too, at positions past their sequence's new tokens: scratch
-        that causality masks and the next real write overwrites."""
-        self.k_rows[layer].index_copy_(0, index, k.reshape(-1, *k.shape[-2:]))
-        if v is not None:
-            self.v_rows[layer].index_copy_(0, index, v.reshape(-1, *v.shape[-2:]))
+    def places(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat rows (see `write_index`) → (slot, position)."""
+        return torch.div(rows, self.max_seq, rounding_mode="floor"), rows % self.max_seq
 
-    def read(self, layer: int, slots: torch.Tensor, contiguous: slice | None, S: int):
-        """Keys/values of the batch's slots over positions [0, S): [B, S, Hkv, Dh] each (values None when
-        the cache holds keys only)."""
+    def write(self, layer: int, index, k: torch.Tensor, v: torch.Tensor | None) -> None:
+        """k, v: [B·T, Hkv, 1, Dh] (the forward's tokens flattened; [B·T, Hkv, Dh] also taken) written at `index`:
+        (slot [B·T], position [B·T]), or flat rows [B·T] (see `write_index`); v None: keys only. One indexed write
+        each. Padding tokens of a ragged batch write too, at positions past their sequence's new tokens: scratch
+        that causality masks and the next real write overwrites."""
+        slot, pos = self.places(index) if isinstance(index, torch.Tensor) else index
+        if k.dim() == 3:
+            k, v = k[:, :, None], None if v is None else v[:, :, None]
+        _index_put(self.k_write[layer], [slot, None, pos], k)
+        if v is not None:
+            _index_put(self.v_write[layer], [slot, None, pos], v)
+
+    def read(self, layer: int, slots: torch.Tensor | None, contiguous: slice | None, S: int):
+        """Keys/values of the batch's slots over positions [0, S): [B, Hkv, S, Dh] each (values None when
+        the cache holds keys only); `contiguous`: the slots as a range (no gather; `slots` may then be None)."""
         k, v = self.k_layer[layer], self.v_layer[layer]
         if contiguous is not None:
-            return k[contiguous, :S], None if v is None else v[contiguous, :S]
-        return k[slots, :S], None if v is None else v[slots, :S]
+            return k[contiguous, :, :S], None if v is None else v[contiguous, :, :S]
+        return k[slots, :, :S], None if v is None else v[slots, :, :S]
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy the keys/values of flat rows `src` to flat rows `dst` (see `write_index`) in every layer: one
-        gather + one index_copy per cache tensor (all layers at once). Used to compact an accepted tree path
-        onto consecutive positions; the gather happens before the copy, so src and dst may overlap."""
+        gather + one indexed write per cache tensor (all layers at once). Used to compact an accepted tree path
+        onto consecutive positions; the gather happens before the write, so src and dst may overlap."""
+        (ss, ps), (sd, pd) = self.places(src), self.places(dst)
         for t in (self.k, self.v):
-            if t is not None:
-                rows = t.view(self.num_layers, -1, *t.shape[-2:])  # [L, Bmax·S, Hkv, Dh]
-                rows.index_copy_(1, dst, rows.index_select(1, src))
+            if t is not None:  # [L, Bmax, Hkv, S, Dh]; t[:, slot, :, pos] is [N, L, Hkv, Dh]
+                _index_put(t, [None, sd, None, pd], t[:, ss, :, ps])

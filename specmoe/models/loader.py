@@ -25,4 +25,4 @@ def load_model(ckpt: Checkpoint, *, dtype: torch.dtype, device: torch.device | s
         setattr(model.get_submodule(mod_name), attr, nn.Parameter(t, requires_grad=False))
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     assert not leftover, f"parameters never assigned: {leftover}"
-    return model.eval()
+    return model.fuse().eval()

@@ -46,10 +46,11 @@ class MLAttention(nn.Module):
         if cfg.yarn is not None and cfg.yarn.mscale_all_dim:
             self.scale *= yarn_mscale(cfg.yarn.factor, cfg.yarn.mscale_all_dim) ** 2
 
-    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv):
+    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv, residual: torch.Tensor):
         ml, H = self.ml, self.cfg.num_heads
         B, T = bv.positions.shape  # x: [B·T, D], the forward's tokens flattened
         x = x.view(B, T, -1)
+        cos, sin = cos.view(B, T, 1, -1), sin.view(B, T, 1, -1)  # [B, T, 1, Dr]
         Dn, Dr, C = ml.qk_nope_head_dim, ml.qk_rope_head_dim, ml.kv_lora_rank
         q = self.q_proj(x) if ml.q_lora_rank is None else self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
         q_nope, q_rot = q.view(B, T, H, Dn + Dr).split((Dn, Dr), dim=-1)  # [B, T, H, Dn], [B, T, H, Dr]
@@ -59,13 +60,12 @@ class MLAttention(nn.Module):
         if self.cfg.rope_interleave:
             q_rot, k_rot = deinterleave(q_rot), deinterleave(k_rot)
         q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
-        cache.write(layer, bv.write_index, torch.cat((c[:, :, None, :], k_rot), dim=-1), None)
-        latent, _ = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, S, 1, C + Dr]
+        cache.write(layer, bv.write_index, torch.cat((c[:, :, None, :], k_rot), dim=-1).view(B * T, 1, 1, -1), None)
+        keys, _ = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, 1, S, C + Dr]
         w = self.kv_b_proj.weight.view(H, Dn + ml.v_head_dim, C)
         q_lat = torch.einsum("bthn,hnc->bhtc", q_nope, w[:, :Dn])  # [B, H, T, C]: W_ukᵀ q_nope
         query = torch.cat((q_lat, q_rot.transpose(1, 2)), dim=-1)  # [B, H, T, C + Dr]
-        keys = latent.transpose(1, 2)  # [B, 1, S, C + Dr]
         out = F.scaled_dot_product_attention(query, keys, keys[..., :C], attn_mask=mask, scale=self.scale,
                                              enable_gqa=True)  # [B, H, T, C]
         out = torch.einsum("bhtc,hvc->bthv", out, w[:, Dn:])  # [B, T, H, Dv]: W_uv
-        return self.o_proj(out.reshape(B * T, H * ml.v_head_dim))
+        return residual + self.o_proj(out.reshape(B * T, H * ml.v_head_dim))

@@ -43,6 +43,7 @@ class SlotGroup:
     # families with expert biases (GPT-OSS): gate_up bias [S, 2I], down bias [S, D]; None otherwise
     gate_up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
+    identity: bool = False  # slot_of[e] == e for every expert and S == E (a resident store): no lookup needed
     # the grouped matmul's operands: gate_up / down transposed ([S, D, 2I], [S, I, D]); views, made once per group
     w_in: torch.Tensor = field(init=False, repr=False)
     w_out: torch.Tensor = field(init=False, repr=False)
@@ -56,10 +57,11 @@ class SlotGroup:
             and all(n * es % 16 == 0 for n in self.gate_up.shape[1:])
 
     @staticmethod
-    def over(slots: tuple, slot_of: torch.Tensor, complete: bool = True, rows: int | None = None) -> "SlotGroup":
+    def over(slots: tuple, slot_of: torch.Tensor, complete: bool = True, rows: int | None = None,
+             identity: bool = False) -> "SlotGroup":
         """A group over a store's `slot_tensors` (gate_up, down, gate_up bias or None, down bias or None)."""
         gate_up, down, gate_up_bias, down_bias = slots
-        return SlotGroup(gate_up, down, slot_of, complete, rows, gate_up_bias, down_bias)
+        return SlotGroup(gate_up, down, slot_of, complete, rows, gate_up_bias, down_bias, identity)
 
 
 class Routing:
@@ -76,6 +78,11 @@ class Routing:
         self.real_tokens = ids.shape[0] if real_tokens is None else real_tokens  # tokens that are not padding
         self._counts: torch.Tensor | None = None
         self._host: list[int] | None = None
+
+    def weights_col(self, dtype: torch.dtype) -> torch.Tensor:
+        """weights as [N, K, 1] in `dtype` (to scale each assignment's output row)."""
+        w = self.weights if self.weights.dtype == dtype else self.weights.to(dtype)
+        return w.unsqueeze(-1)
 
     @property
     def counts(self) -> torch.Tensor:
@@ -218,32 +225,43 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     and the K results of a token are summed in routing order, so the output does not depend on which slot
     holds an expert or how the store split the experts into groups (offloaded == resident, bit for bit)."""
     N, K = routing.ids.shape
-    flat = routing.ids.reshape(-1)  # [N·K]
+    flat = routing.ids.view(-1)  # [N·K]
     y = None  # [N·K, D] per assignment, in routing order
     for g in groups:
         n = routing.real_tokens * K if g.rows is None else g.rows  # the group's assignments sort first
         if n == 0:
             continue
         S = g.gate_up.shape[0]
-        slot = g.slot_of[flat]  # [N·K]; S for experts of other groups and for padding
-        order = torch.argsort(slot, stable=True)
-        per_slot = (torch.bincount(slot, minlength=S + 1)[:S] if n < N * K else torch.bincount(slot, minlength=S))
-        biased = g.gate_up_bias is not None
+        slot, order = torch.sort(flat if g.identity else g.slot_of[flat], stable=True)  # [N·K] sorted slots (S: other groups, padding)
+        # end row of each slot's rows: rows with a slot <= s
+        offs = torch.searchsorted(slot, _arange(S, slot.device), right=True, out_int32=True)  # [S]
         # every group multiplies all N·K rows (the grouped matmul's blocking, hence its bits, depends on the row
         # count: the same for every store and group split), of which the first n are this group's
-        ys = swiglu_grouped(x[order // K], g, per_slot.cumsum(0, dtype=torch.int32), slot[order] if biased else None,
+        rows_in = x.repeat(K, 1) if N == 1 else x[order // K]  # [N·K, D]: each sorted row's token
+        ys = swiglu_grouped(rows_in, g, offs, slot if g.gate_up_bias is not None else None,
                             math, n)  # [N·K, D] sorted by slot; rows from n on are not this group's
+        if y is None and n == N * K and g.complete:  # the one group: its rows put back in routing order
+            y = torch.index_copy(ys, 0, order, ys).view(N, K, -1)
+            break
         if y is None:  # rows no group computes (padding) stay 0
-            y = torch.empty(N * K, ys.shape[1], dtype=ys.dtype, device=ys.device) if n == N * K \
-                else torch.zeros(N * K, ys.shape[1], dtype=ys.dtype, device=ys.device)
+            y = torch.zeros(N, K, ys.shape[1], dtype=ys.dtype, device=ys.device)
         if n < N * K:
             order, ys = order[:n], ys[:n]
-        y.index_copy_(0, order, ys)
+        y.view(N * K, -1).index_copy_(0, order, ys)
     if y is None:  # nothing routed (every token is padding)
         return torch.zeros_like(x)
-    y = y.view(N, K, -1)
-    w = routing.weights if routing.weights.dtype == x.dtype else routing.weights.to(x.dtype)
-    return (y * w[..., None]).sum(1)
+    return (y * routing.weights_col(x.dtype)).sum(1)
+
+
+_ARANGE: dict = {}
+
+
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """arange(n) on `device`, made once per (n, device)."""
+    key = (n, device)
+    if key not in _ARANGE:
+        _ARANGE[key] = torch.arange(n, device=device)
+    return _ARANGE[key]
 
 
 class MoEBlock(nn.Module):

@@ -1,7 +1,7 @@
 """Routers as pure functions: router logits → (top-k weights, top-k expert ids).
 
 Each family's rule, as transformers implements it (checked in tests/models/test_routers.py):
-- Mixtral: softmax over all experts (fp32) → top-k → renormalise.
+- Mixtral: softmax over all experts (fp32) → top-k → renormalise (computed as the softmax of the top-k logits).
 - Qwen2-MoE / Qwen3-MoE / OLMoE: softmax (fp32) → top-k → renormalise iff `norm_topk_prob`.
 - GLM-4 MoE / DeepSeek-V3: sigmoid scores (fp32); the choice adds `e_score_correction_bias` and is limited
   to the `topk_group` best of `n_group` expert groups (a group scores the sum of its two best); the
@@ -19,11 +19,14 @@ import torch
 
 
 def softmax_topk(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    probs = torch.softmax(logits.float(), dim=-1)  # [N, E]
-    weights, ids = torch.topk(probs, top_k, dim=-1)  # [N, K]
+    """Renormalised: the softmax over the top-k logits (the same weights as renormalising the top-k of the full
+    softmax, in two ops); else the top-k of the full softmax."""
+    logits = logits if logits.dtype == torch.float32 else logits.float()
     if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
+        values, ids = torch.topk(logits, top_k, dim=-1)  # [N, K]
+        return torch.softmax(values, dim=-1), ids
+    probs = torch.softmax(logits, dim=-1)  # [N, E]
+    return torch.topk(probs, top_k, dim=-1)  # [N, K]
 
 
 def sigmoid_group_topk(logits: torch.Tensor, top_k: int, *, correction_bias: torch.Tensor, n_group: int,

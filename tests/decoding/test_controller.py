@@ -12,7 +12,7 @@ from specmoe import LLM
 from specmoe.decoding import costmodel as cmod
 from specmoe.decoding.controller import Controller
 from specmoe.decoding.costmodel import Coefficients, CostModel, RoutingStats
-from specmoe.decoding.factory import controller_of
+from specmoe.engine.auto import controller_of
 
 from tests.decoding.test_specmoe import BATCHES, reference
 

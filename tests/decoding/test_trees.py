@@ -89,7 +89,7 @@ def test_tree_accepts_off_chain_paths_and_compacts_their_kv(ar_llm):
     for b, o in enumerate(outs):  # one slot per request, in order; the last emitted token was never written
         n = len(o.prompt_token_ids) + len(o.token_ids) - 1
         for mine, ref in ((llm._cache.k, ar_llm._cache.k), (llm._cache.v, ar_llm._cache.v)):
-            torch.testing.assert_close(mine[:, b, :n], ref[:, b, :n], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(mine[:, b, :, :n], ref[:, b, :, :n], rtol=1e-4, atol=1e-5)  # [L, B, H, S, D]
 
 
 @pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3"])

@@ -22,6 +22,11 @@ def test_step_breakdown_parts_add_up_to_decode_wall(tiny_ckpt, tmp_path, decodin
     assert bd["decode_wall_s"] == pytest.approx(st["decode_time_s"] + st["scheduling_s"])
     assert sum(bd[k] for k in (*PARTS, "scheduling_s", "other_s")) == pytest.approx(bd["decode_wall_s"])
     assert all(bd[k] >= 0 for k in (*PARTS, "scheduling_s")), bd
+    # the timed parts themselves cover the decode wall time within 5%: what no phase timed (`other_s`, code
+    # between the phases) stays small (measured here: 0.01-0.04%); a phase that stops being timed shows up here.
+    # Not for auto: its controller's per-step decision is untimed, a large share of this tiny model's ~50 ms decode
+    if decoding != "auto":
+        assert bd["other_s"] <= 0.05 * bd["decode_wall_s"], bd
     assert bd["target_nonexpert_s"] > 0 and bd["target_expert_compute_s"] > 0 and bd["accept_sample_s"] > 0
     assert bd["fetch_wait_s"] > 0 and st["misses"] > 0, "a 3-slot cache on the disk tier waits for loads"
     if decoding == "specmoe":

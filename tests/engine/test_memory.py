@@ -129,7 +129,7 @@ def test_kv_slots_follow_the_requests(ckpt):
 
 
 def test_kv_request_that_cannot_fit_is_refused(ckpt, monkeypatch):
-    import specmoe.experts.memory as memory
+    import specmoe.memory as memory
     llm = LLM(ckpt, dtype="float32")
     cfg = llm.config
     one = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, llm.dtype, 1, 200 + 50 + 1)
@@ -144,7 +144,7 @@ def test_kv_request_that_cannot_fit_is_refused(ckpt, monkeypatch):
 def test_kv_admits_only_what_memory_holds(ckpt, monkeypatch):
     """With free memory for 2 sequences at the run's full length, 5 requests run 2 at a time (the others
     wait for a free slot) instead of failing mid-run; outputs equal an unconstrained run."""
-    import specmoe.experts.memory as memory
+    import specmoe.memory as memory
     prompts = [[i + 1, i + 2, i + 3] for i in range(5)]
     sp = SamplingParams(max_tokens=20, ignore_eos=True)
     llm = LLM(ckpt, dtype="float32")
@@ -167,8 +167,8 @@ def test_budget_too_small_for_top_k_draft_and_scratch_fails_at_construction(ckpt
     with pytest.raises(MemoryBudgetError, match=r"memory_budget=0\.14 MiB is too small: 4 slots per layer \(top-k "
                                                 r"is 2, 4 draft experts stay pinned\) need expert cache slots "
                                                 r"0\.11 MiB \+ scratch 0\.02 MiB \+ staging 0\.04 MiB = 0\.16 MiB"):
-        LLM(ckpt, dtype="float32", offload="disk", memory_budget=budget, decoding="specmoe", draft_experts=4)
-    ar = LLM(ckpt, dtype="float32", offload="disk", memory_budget=budget)
+        LLM(ckpt, dtype="float32", offload="disk", memory_budget=budget, decoding="specmoe", draft_experts=4, io_depth=1)
+    ar = LLM(ckpt, dtype="float32", offload="disk", memory_budget=budget, io_depth=1)
     assert ar.stats["memory"]["experts_total"] <= budget
     with pytest.raises(InputError, match="fewer than the 2 \\(top-k\\)") as e:  # the slots, not the budget, are short
         LLM(ckpt, dtype="float32", offload="disk", memory_budget="1MiB", cache_experts=1)
@@ -216,7 +216,7 @@ def test_memory_stats_add_up_and_match_allocations(ckpt, offload):
     assert m["scratch"] == sum(r.nbytes for r in p._scratch)
     assert m["host_tier"] == (sum(t.nbytes for t in p.tier.layers.values()) if offload == "host" else 0)
     # CPU: the disk tier's own staging rows (reads land there, then are copied / decoded into a slot)
-    assert m["staging"] == (p.tier._stage.nbytes + sum(r.nbytes for r in p.tier._rows) if offload == "disk" else 0)
+    assert m["staging"] == (sum(r.nbytes for r in p.tier._stages + p.tier._rows) if offload == "disk" else 0)
 
 
 @pytest.mark.parametrize("offload", ["host", "disk"])

@@ -91,7 +91,7 @@ def test_budget_too_small_for_host_tier(tiny_ckpt):
 
 
 def test_bad_options():
-    from specmoe.engine.options import OffloadConfig
+    from specmoe.options import OffloadConfig
     with pytest.raises(InputError, match="need offload='host'"):
         OffloadConfig(offload="disk", link_gbps=1.0)
     with pytest.raises(InputError, match="byte size"):
@@ -159,3 +159,31 @@ def test_filesystem_without_o_direct_falls_back_with_warning(tiny_ckpt, monkeypa
     assert llm.stats["direct_io"] is False
     assert not fcntl.fcntl(llm.provider.tier.fd, fcntl.F_GETFL) & os.O_DIRECT
     assert torch.equal(llm.logits(PROMPTS), LLM(path).logits(PROMPTS))
+
+
+@pytest.mark.parametrize("io_depth", [1, 3])
+def test_disk_reads_in_flight_at_once(tiny_ckpt, monkeypatch, io_depth):
+    """io_depth=n: the disk tier serves n reads at once (one I/O thread each; slowed reads here, so they
+    overlap), and the output stays bit-identical to resident experts."""
+    path = tiny_ckpt("qwen3_moe")
+    ref = LLM(path).logits(PROMPTS)
+    import specmoe.experts.tiers as tiers
+    real = os.preadv
+
+    def slow(*a):
+        import time
+        time.sleep(0.01)
+        return real(*a)
+    monkeypatch.setattr(tiers.os, "preadv", slow)
+    llm = LLM(path, offload="disk", cache_experts=3, cache_policy="lru", io_depth=io_depth)
+    assert torch.equal(llm.logits(PROMPTS), ref)
+    s = llm.stats
+    assert s["io_depth"] == io_depth and s["misses"] > io_depth and s["io_reads"] >= s["misses"]
+    assert s["io_max_inflight"] == io_depth, s["io_max_inflight"]
+    assert llm.provider.tier.staging_bytes == io_depth * (1 + tiers.DiskTier.STAGE_ROWS) * (
+        -(-s["bytes_per_expert"] // 4096) * 4096)
+
+
+def test_io_depth_is_checked():
+    with pytest.raises(InputError, match="io_depth"):
+        LLM(None, offload="disk", io_depth=0)

@@ -91,8 +91,8 @@ def test_mla_caches_the_latent_not_keys_and_values(tiny_ckpt):
     llm = LLM(tiny_ckpt("deepseek_v3"), dtype="float32")
     llm.generate(PROMPTS[:2], GREEDY)
     cache, ml = llm._cache, llm.config.mla
-    assert cache.v is None and cache.k.shape[-2:] == (1, ml.kv_lora_rank + ml.qk_rope_head_dim)
-    L, B, S = cache.k.shape[:3]
+    L, B, H, S, C = cache.k.shape  # head-major: [layers, slots, heads, positions, dims]
+    assert cache.v is None and (H, C) == (1, ml.kv_lora_rank + ml.qk_rope_head_dim)
     assert cache.nbytes == L * B * S * (ml.kv_lora_rank + ml.qk_rope_head_dim) * 4
     full = L * B * S * llm.config.num_heads * (ml.qk_nope_head_dim + ml.qk_rope_head_dim + ml.v_head_dim) * 4
     assert cache.nbytes * 4 < full  # what caching expanded per-head K and V would take

@@ -1,0 +1,110 @@
+"""Cache policies as objects, and the per-layer slot bookkeeping they decide over.
+
+A policy answers three questions for the expert cache (`cache.py`), which owns the slots and the transfers:
+which resident expert to evict when a slot is needed (`victim`), what a request does to the bookkeeping
+(`touch`: hit/recency/frequency accounting), and which experts leave the slots once a layer's forward is done
+(`after_forward`). Pinned (SpecMoE's draft set) and static experts are never a victim.
+
+- `ondemand` (MoE-OnDemand): nothing outlives the layer's forward except pinned experts;
+- `static` (MoE-Caching): the hottest experts of each layer from a profile stay (`ExpertCache.set_static`);
+  the other slots behave on demand;
+- `lru` / `lfu`: slots keep experts across forwards and evict the least recently / least frequently
+  requested one (mixtral-offloading style).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+
+import torch
+
+# S=slots per layer, E=experts
+
+
+class LayerSlots:
+    """Slot bookkeeping of one MoE layer (touched only by the compute thread)."""
+
+    def __init__(self, rows: torch.Tensor, num_experts: int, views: tuple):
+        self.rows = rows  # [S, slot bytes] uint8
+        self.views = views  # typed views of the rows: gate_up [S, 2I, D], down [S, D, I], biases or None
+        self.slot_of: dict[int, int] = {}
+        self.free = list(range(rows.shape[0]))[::-1]
+        self.pinned: set[int] = set()
+        self.static: set[int] = set()
+        self.recency: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.freq = [0] * num_experts
+        self.prefetched: set[int] = set()  # loaded ahead, not yet asked for
+        self.inflight: list = []  # (future) loads into this layer's slots started by prefetch
+        self.done_event = None  # CUDA: compute finished reading the slots
+
+    @property
+    def protected(self) -> set[int]:
+        return self.pinned | self.static
+
+    def evictable(self, keep: set[int]) -> list[int]:
+        """Resident experts that may leave, least recently requested first."""
+        return [e for e in self.recency if e not in keep and e not in self.pinned and e not in self.static]
+
+
+class CachePolicy(ABC):
+    name: str
+
+    def victim(self, L: LayerSlots, keep: set[int]) -> int | None:
+        """The expert to evict for a new one (never pinned, static or in `keep`); None: every slot is held."""
+        cands = L.evictable(keep)
+        return self.choose(L, cands) if cands else None
+
+    @abstractmethod
+    def choose(self, L: LayerSlots, candidates: list[int]) -> int:
+        """Pick among evictable `candidates` (least recently requested first)."""
+
+    def touch(self, L: LayerSlots, ids: list[int]) -> None:
+        """A forward requested `ids` of the layer: count them and mark them most recently used."""
+        for e in ids:
+            L.freq[e] += 1
+            if e in L.recency:
+                L.recency.move_to_end(e)
+
+    def after_forward(self, L: LayerSlots) -> list[int]:
+        """Experts to drop from the slots once the layer's forward (or a pin) is done; none by default."""
+        return []
+
+
+class LRU(CachePolicy):
+    name = "lru"
+
+    def choose(self, L: LayerSlots, candidates: list[int]) -> int:
+        return candidates[0]
+
+
+class LFU(CachePolicy):
+    name = "lfu"
+
+    def choose(self, L: LayerSlots, candidates: list[int]) -> int:
+        order = {e: i for i, e in enumerate(L.recency)}
+        return min(candidates, key=lambda e: (L.freq[e], order[e]))  # ties: least recently used
+
+
+class OnDemand(CachePolicy):
+    """Nothing outlives the forward but protected experts and prefetched ones not yet asked for (the only
+    evictable kind between forwards, evicted least recently used first)."""
+    name = "ondemand"
+
+    def choose(self, L: LayerSlots, candidates: list[int]) -> int:
+        return candidates[0]
+
+    def after_forward(self, L: LayerSlots) -> list[int]:
+        return [e for e in L.slot_of if e not in L.protected and e not in L.prefetched]
+
+
+class Static(OnDemand):
+    """On demand around a static set (the profile's hottest experts, set by `ExpertCache.set_static`)."""
+    name = "static"
+
+
+POLICY_CLASSES: dict[str, type[CachePolicy]] = {p.name: p for p in (OnDemand, Static, LRU, LFU)}
+POLICIES = tuple(POLICY_CLASSES)
+
+
+def make_policy(name: str) -> CachePolicy:
+    return POLICY_CLASSES[name]()

@@ -1,0 +1,51 @@
+"""Text ⇄ token ids with the `tokenizers` library (no transformers at run time).
+
+tokenizer.json and tokenizer_config.json are checked when loaded: unreadable, non-UTF-8,
+not JSON, the wrong shape or a bad special-token entry is one CheckpointError naming the file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer as _Tok
+
+from specmoe.config import read_json_object, type_name
+from specmoe.errors import CheckpointError
+
+
+class Tokenizer:
+    def __init__(self, path: Path):
+        tok_path = path / "tokenizer.json"
+        read_json_object(tok_path)  # shape, encoding and JSON errors as one line naming the file
+        try:
+            self.tok = _Tok.from_file(str(tok_path))
+        except Exception as e:  # the Rust library raises plain Exceptions for malformed models
+            raise CheckpointError(f"{tok_path} is not a valid tokenizers file: {str(e).splitlines()[0][:200]}") \
+                from None
+        cfg_path = path / "tokenizer_config.json"
+        self.config = read_json_object(cfg_path) if cfg_path.is_file() else {}
+        eos = self.config.get("eos_token")
+        if not (eos is None or isinstance(eos, str) or (isinstance(eos, dict) and isinstance(eos.get("content"), str))):
+            raise CheckpointError(f"{cfg_path}: eos_token must be a string, an object with a string 'content', "
+                                  f"or null; got {type_name(eos)}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer | None":
+        path = Path(path)
+        return cls(path) if (path / "tokenizer.json").is_file() else None
+
+    def token_id(self, token: str | dict | None) -> int | None:
+        if isinstance(token, dict):
+            token = token.get("content")
+        return self.tok.token_to_id(token) if token else None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.token_id(self.config.get("eos_token"))
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """`special`: apply the tokenizer's own template (e.g. BOS); off for text that already holds its
+        special tokens (a rendered chat template)."""
+        return self.tok.encode(text, add_special_tokens=special).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
