@@ -9,7 +9,8 @@ within one run).
 
 Greedy, EOS ignored; every system's outputs are checked against plain decoding's (the drafters are lossless:
 they must match token for token). τ at γ is also reported per prompt domain for the eagle drafter (all
-`--per-domain` prompts of each domain at the largest batch). Rows are measured round-robin over the systems
+`--per-domain` prompts of each domain at the largest batch), for the full-vocabulary head (`eagle`) and
+each reduced draft vocabulary (`eagle-vN`: drafts scored over the N most frequent target tokens only). Rows are measured round-robin over the systems
 `--repeats` times; the fastest run of each is reported (τ does not depend on the run).
 """
 from __future__ import annotations
@@ -35,9 +36,12 @@ SYSTEMS = {  # name: options (speculative ones get num_draft_tokens)
     "ar": {},
     "self": {"decoding": "specmoe"},
     "ngram": {"decoding": "specmoe", "drafter": "ngram"},
-    "eagle": {"decoding": "specmoe", "drafter": "eagle"},
+    "eagle": {"decoding": "specmoe", "drafter": "eagle", "eagle_draft_vocab": 0},  # full vocabulary
 }
+VOCABS = (256, 512, 1024, 2048)  # reduced draft vocabularies: system eagle-vN (the N most frequent target tokens)
+SYSTEMS |= {f"eagle-v{n}": {"decoding": "specmoe", "drafter": "eagle", "eagle_draft_vocab": n} for n in VOCABS}
 STAT_KEEP = ("drafter", "drafted_tokens", "accepted_tokens", "acceptance_per_position", "eagle_head_forwards",
+             "eagle_draft_vocab",
              "draft_phase_bytes", "expert_bytes_per_token", "empty_proposals")
 
 
@@ -84,11 +88,14 @@ def readme_block(res: dict) -> str:
         tau = r.get("tokens_per_step")
         lines.append(f"| {r['tier']} | {r['batch']} | {r['system']} | {'' if tau is None else f'{tau:.2f}'} | "
                      f"{r['tokens_per_s']:.1f} | {r['speedup_vs_ar']:.2f}× | {'yes' if r['equal_to_ar'] else 'NO'} |")
-    pd = res.get("eagle_tau_per_domain") or {}
-    if pd:
-        doms = ", ".join(f"{d} {v['tokens_per_step']:.2f}" for d, v in pd.items() if d in DOMAINS)
-        lines += ["", f"Eagle τ per held-out domain ({pd[DOMAINS[0]]['prompts']} prompts each): {doms}; "
-                  f"mean {pd['mean_over_domains']:.2f}."]
+    per_system = res.get("eagle_tau_per_domain") or {}
+    if per_system:
+        lines += ["", f"τ per held-out domain at batch {max(r['batch'] for r in res['rows'])} (resident; "
+                  "eagle: full vocabulary, eagle-vN: the N most frequent target tokens):", "",
+                  "| system | " + " | ".join(DOMAINS) + " | mean |", "|---|" + "---:|" * (len(DOMAINS) + 1)]
+        for n, pd in per_system.items():
+            lines.append(f"| {n} | " + " | ".join(f"{pd[d]['tokens_per_step']:.2f}" for d in DOMAINS)
+                         + f" | {pd['mean_over_domains']:.2f} |")
     return "\n".join(lines + ["", END])
 
 
@@ -113,7 +120,7 @@ def main() -> int:
     ap.add_argument("--per-domain", type=int, default=16)
     ap.add_argument("--seqs-at-batch-1", type=int, default=8, help="batch 1: this many prompts, one after another")
     ap.add_argument("--tiers", default="none,disk")
-    ap.add_argument("--systems", default="ar,self,ngram,eagle")
+    ap.add_argument("--systems", default="ar,self,ngram,eagle," + ",".join(f"eagle-v{n}" for n in VOCABS))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32", help="compute dtype (float32: greedy speculation must equal "
@@ -160,9 +167,10 @@ def main() -> int:
                          speedup_vs_ar=r["tokens_per_s"] / best["ar"]["tokens_per_s"])
                 rows.append(r)
     # τ of the eagle drafter per held-out domain (resident experts, largest batch)
-    per_domain = {}
-    if "eagle" in names:
-        llm = LLM(str(path), threads=args.threads, dtype=args.dtype, decoding="specmoe", drafter="eagle", num_draft_tokens=args.gamma)
+    per_system = {}
+    for n in (n for n in names if n.startswith("eagle")):
+        per_domain = per_system[n] = {}
+        llm = LLM(str(path), threads=args.threads, dtype=args.dtype, **SYSTEMS[n], num_draft_tokens=args.gamma)
         B = max(batches)
         for d, ps in by_domain.items():
             runs = [measure(llm, ps[a:a + B], args.max_tokens, instrument=False) for a in range(0, len(ps), B)]
@@ -170,7 +178,7 @@ def main() -> int:
             per_domain[d] = {"prompts": len(ps), "tokens_per_step": r["tokens_per_step"],
                              "acceptance_rate": r.get("acceptance_rate"),
                              "acceptance_per_position": runs[-1]["stats"].get("acceptance_per_position")}
-            print(f"eagle τ on {d}: {r['tokens_per_step']:.3f}", flush=True)
+            print(f"{n} τ on {d}: {r['tokens_per_step']:.3f}", flush=True)
         per_domain["mean_over_domains"] = sum(per_domain[d]["tokens_per_step"] for d in DOMAINS) / len(DOMAINS)
     head_meta = REPO / "models" / "specmoe-tiny-moe-eagle" / "training_meta.json"
     res = {"command": "python " + " ".join(sys.argv), "model": str(path),
@@ -180,7 +188,7 @@ def main() -> int:
            "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": args.threads},
            "dtype": args.dtype, "gamma": args.gamma, "max_tokens": args.max_tokens, "prompts": "benchmarks/prompts/*.jsonl (held out)",
            "per_domain_prompts": args.per_domain, "seqs_at_batch_1": args.seqs_at_batch_1, "repeats": args.repeats,
-           "elapsed_s": time.perf_counter() - t_start, "rows": rows, "eagle_tau_per_domain": per_domain}
+           "elapsed_s": time.perf_counter() - t_start, "rows": rows, "eagle_tau_per_domain": per_system}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     for r in rows:

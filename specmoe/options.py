@@ -168,6 +168,10 @@ class SpecConfig:
     eagle_head: str | None = opt(None, "eagle drafter: an EAGLE / EAGLE-3 head directory (config.json + "
                                  "model.safetensors, published layout); default: the head shipped for the demo "
                                  "model", type=str)
+    eagle_draft_vocab: int | None = opt(None, "eagle drafter, EAGLE-1 head: score drafts over only the N most "
+                                        "frequent target tokens (the ranking shipped beside the head, "
+                                        "draft_vocab.safetensors), not the full vocabulary; 0: full vocabulary; "
+                                        "default: the size that ranking file recommends, else full", type=int)
     ngram_min: int = opt(2, "ngram drafter: shortest suffix length n matched against the history")
     ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
     draft_selection: str = opt("all", "ngram drafter: verify every proposed token (all), or per step the prefix "
@@ -216,6 +220,9 @@ class SpecConfig:
             raise InputError(f"eagle_head must be a directory path (or None for the default), got {h!r}")
         if h is not None and self.drafter != "eagle":
             raise InputError("eagle_head applies to drafter='eagle'")
+        check_int("eagle_draft_vocab", self.eagle_draft_vocab, 0, none_ok=True)
+        if self.eagle_draft_vocab is not None and self.drafter != "eagle":
+            raise InputError("eagle_draft_vocab applies to drafter='eagle'")
 
 
 def check_choices(cfg) -> None:

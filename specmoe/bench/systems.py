@@ -56,6 +56,13 @@ SYSTEMS: tuple[System, ...] = (
            {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe", "drafter": "ngram", "draft_tree": True,
             "draft_selection": "cost"}, kind="speculative",
            note="verifies the ancestor-closed subtree that maximises predicted tokens/s (treeselect.py)"),
+    System("eagle", "EAGLE head drafts + LRU", {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe",
+                                               "drafter": "eagle"}, kind="speculative",
+           note="a one-layer dense head over the target's last hidden state drafts (no expert bytes); the demo "
+                "model's head ships, other models need eagle_head=PATH"),
+    System("eagle-tree", "EAGLE head token trees + LRU",
+           {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe", "drafter": "eagle", "draft_tree": True},
+           kind="speculative", note="the EAGLE head's chain verified through the tree decoder"),
     System("specmoe-tree", "SpecMoE token trees", {"decoding": "specmoe", "draft_tree": True}, kind="speculative",
            note="the self draft's chain + its next most likely tokens per depth as leaves, one verification"),
     System("specmoe-tree-cost", "SpecMoE token trees, cost-aware subtree",

@@ -92,20 +92,26 @@ class EagleDrafter(Drafter):
         kv, dev = self.kv, self.runner.device
         B, N = tokens.shape
         st = torch.tensor(starts, device=dev)
-        n = torch.tensor(lens, device=dev)
         ar = torch.arange(N, device=dev)[None, :]
-        real = ar < n[:, None]
-        positions = torch.where(real, st[:, None] + ar, st[:, None])  # padding: attends like the first entry
         sl = torch.tensor(slots, device=dev)
+        ragged = any(m != N for m in lens)
+        if ragged:
+            n = torch.tensor(lens, device=dev)
+            real = ar < n[:, None]
+            positions = torch.where(real, st[:, None] + ar, st[:, None])  # padding: attends like the first entry
+        else:  # every row has N entries (each draft step: one): no padding to direct to the scratch position
+            positions = st[:, None] + ar
         bv = BatchView(slots=sl, positions=positions, key_len=max(s + m for s, m in zip(starts, lens)),
                        contiguous=slice(slots[0], slots[0] + B) if slots == list(range(slots[0], slots[0] + B))
                        else None)
-        scratch = sl[:, None] * kv.max_seq + (kv.max_seq - 1)
-        bv.write_index = torch.where(real, kv.write_index(sl, positions).view(B, N), scratch).reshape(-1)
+        bv.write_index = kv.write_index(sl, positions)
+        if ragged:
+            scratch = sl[:, None] * kv.max_seq + (kv.max_seq - 1)
+            bv.write_index = torch.where(real, bv.write_index.view(B, N), scratch).reshape(-1)
         m = self.runner.model
         out = self.head(F.embedding(tokens, m.embed.weight), feats.to(m.embed.weight.dtype), kv, bv)
         self.head_forwards += 1
-        return out[torch.arange(B, device=dev), n - 1]  # [B, D]
+        return out[torch.arange(B, device=dev), n - 1] if ragged else out[:, -1]  # [B, D]
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], gammas: list[int], noise: dict[int, torch.Tensor]) -> Proposal:
@@ -150,17 +156,22 @@ class EagleDrafter(Drafter):
             rows = [b for b in range(B) if gammas[b] > j]
             if not rows:
                 break
-            if j > 0:
+            if j > 0 and len(rows) == B:  # every row drafts on (the common case): no gather / scatter
+                x = self._forward(slots, out[:, j - 1:j], x[:, None], [p + j - 1 for p in pos], [1] * B)
+            elif j > 0:
                 idx = torch.tensor(rows, device=dev)
                 x = x.clone()
                 x[idx] = self._forward([slots[b] for b in rows], out[idx, j - 1][:, None], x[idx][:, None],
                                        [pos[b] + j - 1 for b in rows], [1] * len(rows))
-            logits = self.head.logits(x, head_w).float()  # [B, V] (rows past their γ: unused)
-            nxt = logits.argmax(-1)
+            # greedy rows: the argmax over the draft vocabulary (reduced: only its rows of the LM head)
+            nxt = self.head.to_target(self.head.draft_logits(x, head_w).argmax(-1))  # [B] (past γ: unused)
+            logits = None
             for b in rows:
                 s = seqs[b]
                 if s.params.greedy:
                     continue
+                if logits is None:  # sampled rows need the distribution over the target's vocabulary
+                    logits = self.head.logits(x, head_w).float()  # [B, V], -inf outside the draft vocabulary
                 if b in noise:
                     nxt[b] = coupled_pick(logits[b], s.params, noise[b][j])
                     continue
@@ -176,5 +187,6 @@ class EagleDrafter(Drafter):
     def stats(self) -> dict:
         hc = self.head.hc
         return {"drafter": self.name, "eagle_head": self.head_path, "eagle_version": hc.version,
-                "eagle_head_forwards": self.head_forwards, "eagle_catchup_entries": self.catchup_entries,
+                "eagle_draft_vocab": hc.draft_vocab_size, "eagle_head_forwards": self.head_forwards,
+                "eagle_catchup_entries": self.catchup_entries,
                 "draft_tokens_asked": self.asked, "draft_tokens_proposed": self.proposed}

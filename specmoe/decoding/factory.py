@@ -101,7 +101,7 @@ def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
     from specmoe.bundled import demo_eagle_dir, demo_model_dir
     from specmoe.decoding.eagle import EagleDrafter
     from specmoe.errors import InputError
-    from specmoe.models.eagle import load_eagle_head
+    from specmoe.models.eagle import load_eagle_head, read_draft_vocab, recommended_draft_vocab
     path = cfg.eagle_head
     if path is None:
         if Path(ckpt.path).resolve() != demo_model_dir(check=False).resolve():
@@ -109,10 +109,16 @@ def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
                              f"{ckpt.path}")
         path = demo_eagle_dir()
     w = runner.model.embed.weight
-    key = ("eagle", str(Path(path).resolve()), w.dtype, str(w.device))
+    n = cfg.eagle_draft_vocab
+    if n is None:  # the size recommended beside the head (none: the full vocabulary)
+        n = recommended_draft_vocab(path)
+    key = ("eagle", str(Path(path).resolve()), w.dtype, str(w.device), n)
     if key not in memo:
-        memo[key] = load_eagle_head(path, dtype=w.dtype, device=w.device, target_vocab=ckpt.config.vocab_size,
-                                    target_hidden=ckpt.config.hidden_size)
+        head = load_eagle_head(path, dtype=w.dtype, device=w.device, target_vocab=ckpt.config.vocab_size,
+                               target_hidden=ckpt.config.hidden_size)
+        if n:
+            head.restrict_vocab(runner.model.head_weight(), read_draft_vocab(path, n, ckpt.config.vocab_size))
+        memo[key] = head
     return EagleDrafter(runner, memo[key], head_path=path)
 
 

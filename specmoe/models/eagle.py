@@ -23,7 +23,7 @@ pickle-only heads, missing or unexpected keys and shape mismatches with a `Check
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -150,6 +150,8 @@ class EagleHead(nn.Module):
         if hc.version == 1:
             self.fc = nn.Linear(2 * D, D, bias=hc.fc_bias)
             self.layers = nn.ModuleList(EagleLayer(cfg, D, input_norm=i > 0) for i in range(hc.num_layers))
+            self.norm = self.lm_head = None  # the target's LM head scores drafts, until `restrict_vocab`
+            self.d2t: torch.Tensor | None = None
         else:
             self.fc = nn.Linear(3 * hc.target_hidden_size, D, bias=hc.fc_bias)
             self.embed_norm = RMSNorm(D, hc.rms_norm_eps)
@@ -190,11 +192,38 @@ class EagleHead(nn.Module):
                                cache, 0, bv)
         return x.view(B, T, D)
 
-    def logits(self, x: torch.Tensor, target_head: torch.Tensor) -> torch.Tensor:
-        """[..., D] → target-vocabulary logits [..., V] (EAGLE-3: -inf outside its draft vocabulary)."""
-        if self.hc.version == 1:
+    def restrict_vocab(self, target_head: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """EAGLE-1: draft over `token_ids` (target ids) only, like EAGLE-3's reduced vocabulary: their rows of the
+        target's LM head `target_head` [V, D] are gathered once into the head's own contiguous `lm_head`
+        [Vd, D] and `d2t` maps draft id d to target id d + d2t[d]."""
+        if self.hc.version != 1 or self.lm_head is not None:
+            raise UnsupportedModelError("a reduced draft vocabulary applies to an EAGLE-1 head over the full "
+                                        "vocabulary (an EAGLE-3 head ships its own)")
+        ids = torch.unique(token_ids.to(device=target_head.device, dtype=torch.long))  # sorted, distinct
+        if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= target_head.shape[0]:
+            raise CheckpointError(f"draft vocabulary: token ids outside [0, {target_head.shape[0]})")
+        self.lm_head = nn.Linear(self.hc.hidden_size, ids.numel(), bias=False, device=target_head.device,
+                                 dtype=target_head.dtype)
+        self.lm_head.weight = nn.Parameter(target_head.index_select(0, ids).contiguous(), requires_grad=False)
+        self.d2t = ids - torch.arange(ids.numel(), device=ids.device)
+        self.hc = replace(self.hc, draft_vocab_size=ids.numel())
+
+    def draft_logits(self, x: torch.Tensor, target_head: torch.Tensor) -> torch.Tensor:
+        """[..., D] → scores over the draft vocabulary [..., Vd] (`to_target` maps a draft id back); an EAGLE-1
+        head without a reduced vocabulary: the target's LM head (Vd = V, draft id = target id)."""
+        if self.lm_head is None:
             return F.linear(x, target_head)
-        d = self.lm_head(self.norm(x))
+        return self.lm_head(x if self.norm is None else self.norm(x))  # EAGLE-1 regresses the normed feature
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids → target ids."""
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    def logits(self, x: torch.Tensor, target_head: torch.Tensor) -> torch.Tensor:
+        """[..., D] → target-vocabulary logits [..., V] (-inf outside a reduced draft vocabulary)."""
+        d = self.draft_logits(x, target_head)
+        if self.d2t is None:
+            return d
         out = d.new_full((*d.shape[:-1], self.hc.vocab_size), float("-inf"))
         return out.index_copy_(-1, torch.arange(d.shape[-1], device=d.device) + self.d2t, d)
 
@@ -310,6 +339,46 @@ def load_eagle_head(path: str | Path, *, dtype: torch.dtype = torch.float32, dev
     except SafetensorError as e:
         raise CheckpointError(f"{wpath}: not a readable safetensors file ({e})") from None
     return head.eval()
+
+
+DRAFT_VOCAB = "draft_vocab.safetensors"  # beside a head: `token_ids` [V], target ids by falling frequency
+
+
+def read_draft_vocab(path: str | Path, n: int, vocab_size: int) -> torch.Tensor:
+    """The `n` most frequent target token ids from a head directory's `draft_vocab.safetensors` (a ranking of
+    target ids, most frequent first, with their `counts`)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    f = Path(path) / DRAFT_VOCAB
+    if not f.is_file():
+        raise CheckpointError(f"{path}: no {DRAFT_VOCAB} (the token frequency ranking a reduced draft vocabulary "
+                              "is chosen from); use eagle_draft_vocab=0 (the full vocabulary)")
+    try:
+        ranking = load_file(str(f)).get("token_ids")
+    except SafetensorError as e:
+        raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
+    if ranking is None or ranking.dim() != 1 or ranking.dtype != torch.long:
+        raise CheckpointError(f"{f}: expected a 1-D int64 tensor token_ids")
+    if not 0 < n < vocab_size or n > ranking.numel():
+        raise CheckpointError(f"{f}: eagle_draft_vocab={n}: choose 0 (full vocabulary) or 1..{min(ranking.numel(), vocab_size - 1)}")
+    ids = ranking[:n]
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or torch.unique(ids).numel() != n:
+        raise CheckpointError(f"{f}: token_ids outside [0, {vocab_size}) or repeated")
+    return ids
+
+
+def recommended_draft_vocab(path: str | Path) -> int:
+    """The draft vocabulary size recommended for a head (`draft_vocab.safetensors` metadata
+    `recommended_size`, measured by benchmarks/eagle_bench.py); 0 (full vocabulary) when there is none."""
+    from safetensors import safe_open
+    f = Path(path) / DRAFT_VOCAB
+    if not f.is_file():
+        return 0
+    with safe_open(str(f), framework="pt") as fh:
+        raw = (fh.metadata() or {}).get("recommended_size", "0")
+    if not raw.isdigit():
+        raise CheckpointError(f"{f}: metadata recommended_size {raw!r} is not a whole number")
+    return int(raw)
 
 
 def save_eagle_head(head: EagleHead, path: str | Path, *, dtype: torch.dtype = torch.float32,
