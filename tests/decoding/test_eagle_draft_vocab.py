@@ -110,7 +110,17 @@ def test_shipped_ranking_and_option_errors(tmp_path):
     from safetensors.torch import load_file
     ranking = load_file(str(f))["token_ids"]
     assert sorted(ranking.tolist()) == list(range(V)), "the ranking lists every target id once"
-    assert 0 <= recommended_draft_vocab(demo_eagle_dir()) < V
+    rec = recommended_draft_vocab(demo_eagle_dir())
+    assert 0 < rec < V
+    llm = LLM(dtype="float32", threads=1, decoding="specmoe", drafter="eagle")  # default: the recommended N
+    llm.generate(prompts(1), SamplingParams(max_tokens=6, ignore_eos=True))
+    assert llm.stats["eagle_draft_vocab"] == rec
+    import argparse
+
+    from specmoe.cli.common import add_option_args, option_kwargs
+    ap = argparse.ArgumentParser()
+    add_option_args(ap)
+    assert option_kwargs(ap.parse_args(["--eagle-draft-vocab", "1024"]))["eagle_draft_vocab"] == 1024
     with pytest.raises(InputError, match="eagle_draft_vocab"):
         LLM(drafter="eagle", decoding="specmoe", eagle_draft_vocab=-1)
     with pytest.raises(InputError, match="applies to drafter='eagle'"):
