@@ -42,9 +42,12 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     ray = require_ray()
     if ray.is_initialized():
         return False
+    # log_to_driver=False: workers' and raylets' log lines are not forwarded into this process's stdout, which
+    # carries `specmoe batch --json`'s summary (a forwarded "(raylet) Task ... submit failed" line once landed
+    # in it after an interrupted run); a worker's failure still reaches the caller as an error row or exception
     if address:
         try:
-            ray.init(address=address, logging_level=logging.WARNING)
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except (ConnectionError, RuntimeError) as e:
             causes, c = [], e
             while c is not None:
@@ -56,7 +59,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     else:
         # "local": a new instance even where `ray start` left a cluster address behind
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING,
-                 runtime_env=local_runtime_env())
+                 log_to_driver=False, runtime_env=local_runtime_env())
     return True
 
 

@@ -204,3 +204,16 @@ def test_a_failed_join_is_a_one_line_error(tmp_path, monkeypatch):
     rc, _, err = batch(src, dst, "--ray-address", "10.0.0.1:6379", "--max-tokens", 2)
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "cannot join the Ray cluster at 10.0.0.1:6379: Failed to connect" in err and "RAY_AUTH_MODE=token" in err
+
+
+def test_ray_logs_stay_out_of_stdout(monkeypatch):
+    """`specmoe batch --json` prints its summary on stdout; Ray must not forward workers' and raylets' log lines
+    there (a forwarded "(raylet) Task ... submit failed" line once broke the summary after an interrupted run).
+    Both ways of connecting ask Ray not to forward them."""
+    ray = pytest.importorskip("ray")
+    from specmoe.integrations import ray as rx
+    seen = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append(kw))
+    assert rx.connect(None, num_cpus=1) and rx.connect("10.0.0.1:6379")
+    assert [kw.get("log_to_driver") for kw in seen] == [False, False]
