@@ -360,7 +360,8 @@ def read_draft_vocab(path: str | Path, n: int, vocab_size: int) -> torch.Tensor:
     if ranking is None or ranking.dim() != 1 or ranking.dtype != torch.long:
         raise CheckpointError(f"{f}: expected a 1-D int64 tensor token_ids")
     if not 0 < n < vocab_size or n > ranking.numel():
-        raise CheckpointError(f"{f}: eagle_draft_vocab={n}: choose 0 (full vocabulary) or 1..{min(ranking.numel(), vocab_size - 1)}")
+        top = min(ranking.numel(), vocab_size - 1)
+        raise CheckpointError(f"{f}: eagle_draft_vocab={n}: choose 0 (full vocabulary) or 1..{top}")
     ids = ranking[:n]
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or torch.unique(ids).numel() != n:
         raise CheckpointError(f"{f}: token_ids outside [0, {vocab_size}) or repeated")
