@@ -5,9 +5,6 @@ accepted and rejected; every proposal lies in the chosen set; the head's draft s
 on those rows; seeded sampled rows equal plain decoding; option errors."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,22 +13,7 @@ from specmoe.bundled import demo_eagle_dir
 from specmoe.decoding.eagle import EagleDrafter
 from specmoe.errors import CheckpointError, InputError, UnsupportedModelError
 from specmoe.models.eagle import DRAFT_VOCAB, load_eagle_head, read_draft_vocab, recommended_draft_vocab
-
-PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
-
-
-def prompts(n: int) -> list[str]:
-    out = []
-    for dom in ("bible", "code", "docs", "fortunes"):
-        out += [json.loads(line)["prompt"] for line in (PROMPTS / f"{dom}.jsonl").read_text().splitlines()[:16]]
-    return out[:n]
-
-
-BATCHES = {
-    1: (prompts(1), SamplingParams(max_tokens=40, ignore_eos=True)),
-    7: (prompts(7), [SamplingParams(max_tokens=m, ignore_eos=True) for m in (1, 3, 8, 13, 21, 30, 40)]),
-    64: (prompts(64), SamplingParams(max_tokens=10, ignore_eos=True)),
-}
+from tests.decoding.eagle_cases import BATCHES, prompts
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ unseeded sampled rows draw from the head's q; option and head-path errors."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,22 +17,7 @@ from specmoe.errors import CheckpointError, InputError
 from specmoe.models.decoder import BatchView
 from specmoe.models.kv_cache import KVCache
 from specmoe.models.moe import ForwardContext
-
-PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
-
-
-def prompts(n: int) -> list[str]:
-    out = []
-    for dom in ("bible", "code", "docs", "fortunes"):
-        out += [json.loads(line)["prompt"] for line in (PROMPTS / f"{dom}.jsonl").read_text().splitlines()[:16]]
-    return out[:n]
-
-
-BATCHES = {
-    1: (prompts(1), SamplingParams(max_tokens=40, ignore_eos=True)),
-    7: (prompts(7), [SamplingParams(max_tokens=m, ignore_eos=True) for m in (1, 3, 8, 13, 21, 30, 40)]),
-    64: (prompts(64), SamplingParams(max_tokens=10, ignore_eos=True)),
-}
+from tests.decoding.eagle_cases import BATCHES, PROMPTS, prompts
 
 
 @pytest.fixture(scope="module")
