@@ -35,16 +35,22 @@ class DraftedDecoder:
         left = min(s.params.max_tokens - len(s.output_ids), self.max_model_len - s.num_tokens)
         return max(0, min(self.gamma, left - 1))
 
-    @torch.inference_mode()
-    def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+    def _begin(self, seqs: list[Sequence]):
+        """Start of a step, shared with the tree decoder: draft lengths, the drafter's untimed setup, the step's
+        noise (row j: output position j of the step) and the clocks and counters the draft phase starts from."""
         r, dev = self.runner, self.runner.device
         gammas = [self._gamma_for(s) for s in seqs]
         ts = now(dev)
         self.drafter.prepare()
         t0 = now(dev)
         self.breakdown.setup(t0 - ts)
-        e0, b0 = r.expert_s, r.provider.bytes_moved
         noise = step_noise(seqs, gammas, r.model.cfg.vocab_size, dev)
+        return gammas, noise, t0, r.expert_s, r.provider.bytes_moved
+
+    @torch.inference_mode()
+    def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+        r, dev = self.runner, self.runner.device
+        gammas, noise, t0, e0, b0 = self._begin(seqs)
         prop = self.drafter.propose(seqs, gammas, noise)
         gammas = prop.gammas if self.selector is None else self.selector.choose(prop.gammas)
         G = max(gammas, default=0)

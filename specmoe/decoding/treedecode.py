@@ -15,7 +15,6 @@ import torch
 from specmoe.decoding.breakdown import now
 from specmoe.decoding.drafted import DraftedDecoder
 from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.specmoe import step_noise
 from specmoe.decoding.tree import accept, compaction, pack
 
 
@@ -32,13 +31,7 @@ class TreeDecoder(DraftedDecoder):
     @torch.inference_mode()
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         r, dev = self.runner, self.runner.device
-        gammas = [self._gamma_for(s) for s in seqs]
-        ts = now(dev)
-        self.drafter.prepare()
-        t0 = now(dev)
-        self.breakdown.setup(t0 - ts)
-        e0, b0 = r.expert_s, r.provider.bytes_moved
-        noise = step_noise(seqs, gammas, r.model.cfg.vocab_size, dev)  # row j: output position j of the step
+        gammas, noise, t0, e0, b0 = self._begin(seqs)
         trees = self.drafter.propose_tree(seqs, gammas, self.width, noise)
         self.proposed_nodes += sum(len(t) for t in trees)
         if self.selector is not None:
