@@ -148,9 +148,9 @@ class OffloadConfig:
 @dataclass(frozen=True)
 class SpecConfig:
     """Decoding strategy and speculative-decoding knobs (see specmoe/decoding)."""
-    decoding: str = opt("ar", "decoding strategy: plain autoregressive, SpecMoE self-assisted speculation, or "
-                        "auto (each step a controller over a calibrated cost model picks a plain step or SpecMoE with a draft "
-                        "length per sequence)",
+    decoding: str = opt("ar", "decoding strategy: plain autoregressive (ar), speculation at a fixed gamma with one "
+                        "drafter (specmoe), or auto (each step a controller over a calibrated cost model picks a "
+                        "plain step or speculation, and per sequence a drafter and its draft length)",
                         ("ar", "specmoe", "auto"))
     draft_experts: int = opt(4, "SpecMoE: resident draft experts N per MoE layer (the draft uses only these)")
     num_draft_tokens: int = opt(4, "SpecMoE: tokens drafted per step (gamma)")
@@ -161,10 +161,12 @@ class SpecConfig:
                             "(hot-temporal), static from a profile (hot-global), or random (ablation)",
                             ("hot-temporal", "hot-global", "random"))
     seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
-    drafter: str = opt("self", "speculation's draft source: the model's own draft experts (self), prompt/output "
-                       "lookup of the sequence's last n tokens (ngram: no compute, no expert bytes), or an EAGLE "
-                       "head over the target's last hidden state (eagle: a small dense layer, no expert bytes)",
-                       ("self", "ngram", "eagle"))
+    drafter: str | None = opt(None, "speculation's draft source: the model's own draft experts (self), "
+                              "prompt/output lookup of the sequence's last n tokens (ngram: no compute, no expert "
+                              "bytes), or an EAGLE head over the target's last hidden state (eagle: a small dense "
+                              "layer, no expert bytes); default: self for decoding=specmoe, every drafter available "
+                              "for decoding=auto (self, eagle where a head is found, ngram)",
+                              ("self", "ngram", "eagle"), type=str)
     eagle_head: str | None = opt(None, "eagle drafter: an EAGLE / EAGLE-3 head directory (config.json + "
                                  "model.safetensors, published layout); default: the head shipped for the demo "
                                  "model", type=str)
@@ -199,35 +201,32 @@ class SpecConfig:
         if not isinstance(self.draft_tree, bool):
             raise InputError(f"draft_tree must be True or False, got {self.draft_tree!r}")
         check_int("draft_tree_width", self.draft_tree_width, 1, 16)
-        if self.draft_tree and self.decoding != "specmoe":
-            raise InputError("draft_tree=True needs decoding='specmoe' (decoding='auto' models chains of the self "
-                             "draft)")
-        if self.draft_tree and self.draft_prefetch:
-            raise InputError("draft_prefetch applies to the self draft's chains, not to draft_tree=True")
+        if self.draft_tree and self.decoding == "ar":
+            raise InputError("draft_tree=True needs speculation (decoding='specmoe' or 'auto')")
         check_int("draft_experts", self.draft_experts, 1)
         check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
         check_int("seed", self.seed, *SEED_RANGE)
         check_int("ngram_min", self.ngram_min, 1)
         check_int("ngram_max", self.ngram_max, self.ngram_min)
         check_int("verify_expert_budget", self.verify_expert_budget, 1, none_ok=True)
-        if self.verify_expert_budget is not None and self.drafter == "self":
-            raise InputError("verify_expert_budget applies to the verification of drafter='ngram'")
-        if self.drafter != "self" and self.decoding == "auto":
-            raise InputError(f"drafter={self.drafter!r} runs at a fixed gamma with decoding='specmoe'; "
-                             "decoding='auto' (the controller) models the self draft")
+        if self.verify_expert_budget is not None and self.decoding == "ar":
+            raise InputError("verify_expert_budget applies to speculative verification (decoding='specmoe' or "
+                             "'auto')")
         h = self.eagle_head
         if h is not None and (not isinstance(h, (str, os.PathLike)) or not str(h).strip() or "\0" in str(h)):
             raise InputError(f"eagle_head must be a directory path (or None for the default), got {h!r}")
-        if h is not None and self.drafter != "eagle":
-            raise InputError("eagle_head applies to drafter='eagle'")
+        if h is not None and self.drafter not in ("eagle", None):
+            raise InputError("eagle_head applies to drafter='eagle' (or decoding='auto' without a drafter)")
         check_int("eagle_draft_vocab", self.eagle_draft_vocab, 0, none_ok=True)
-        if self.eagle_draft_vocab is not None and self.drafter != "eagle":
-            raise InputError("eagle_draft_vocab applies to drafter='eagle'")
+        if self.eagle_draft_vocab is not None and self.drafter not in ("eagle", None):
+            raise InputError("eagle_draft_vocab applies to drafter='eagle' (or decoding='auto' without a drafter)")
 
 
 def check_choices(cfg) -> None:
     for f in fields(cfg):
         choices, v = f.metadata.get("choices"), getattr(cfg, f.name)
+        if choices and v is None and f.default is None:
+            continue
         if choices and (not isinstance(v, str) or v not in choices):
             raise InputError(f"{f.name}={v!r}; choose one of {', '.join(choices)}")
 

@@ -1,20 +1,28 @@
-"""When to speculate: `decoding="auto"`'s per-step choice between a plain step and speculation with a
-draft length γ_b per sequence (0..γ_max), chosen to maximise predicted tokens per second
+"""`decoding="auto"`'s controller: per step, a plain step or speculation, and per sequence which drafter
+(self, eagle, ngram) and how many tokens it drafts (0..γ_max), chosen to maximise predicted tokens per second
 
-    rate = (B + Σ_b Σ_{j<γ_b} P_bj) / T(γ)
+    rate = (B + Σ_b Σ_{j<γ_b} P_{d_b,b,j}) / (Σ_d D_d(rows of d per depth) + V(B + Σ_b γ_b) + setup)
 
-(the chain case of cost-aware draft selection), where T comes from the calibrated `CostModel` and P_bj,
-the probability that sequence b's draft j is accepted (all drafts before it accepted), from acceptance
-calibrated online: per draft position (`Acceptance.position`), scaled by the sequence's own recent
-acceptance. Candidate plans are the thresholds θ on P_bj (a sequence drafts while P_bj ≥ θ), plus plain.
+(the chain case of cost-aware draft selection) where D_d (each drafter's draft phase), V (the verification
+forward, with the expected expert union and misses) and the setup of the self draft's set come from the
+calibrated `CostModel`, and P_{d,b,j}, the probability that sequence b's j-th draft by drafter d is accepted
+(all before it accepted), from acceptance calibrated online per drafter: per draft position
+(`Acceptance.position`), scaled by the sequence's own recent acceptance with that drafter. A lookup drafter
+(ngram) says before the step how long its proposal for each sequence is (`Drafter.available`); rows without
+one cannot use it. Candidate plans: for each threshold θ on P (a row drafts while P ≥ θ) every drafter alone,
+and each model drafter mixed with the lookup drafter (a row takes whichever expects more accepted tokens),
+plus plain. Speculation is chosen only on a predicted gain of `spec_margin`; every `explore_every` steps a
+drafter not used for that long is tried when its best plan is predicted within 0.8× of the best, so its
+acceptance estimate follows the workload.
 
 While drafting, each greedy sequence's running P is updated from the draft's own confidence (its softmax
 probability of the drafted token, mapped to an acceptance probability calibrated online by confidence
-bin), and the sequence stops drafting once the running P falls below the plan's θ (the next token's
-expected gain per second below the step's rate) or the confidence below `p_min`.
+bin, per drafter), and the sequence stops drafting once the running P falls below the plan's θ or the
+confidence below `p_min`.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +32,8 @@ from specmoe.decoding.costmodel import CostModel
 
 THETAS = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.12, 0.06])
 CONF_BINS = 10
+PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
+LOOKUP = ("ngram",)  # drafters whose proposal is known before the step (free to make)
 
 
 class Acceptance:
@@ -99,32 +109,60 @@ class Plan:
     predicted_misses: float
     plain_rate: float            # predicted tokens/s of the plain step and of the best speculative plan
     spec_rate: float
-    reason: str = "model"        # "model" | "forced" | "schedule" | "explore"
+    reason: str = "model"        # "model" | "forced" | "schedule" | "explore" | "coast"
     spec_gammas: list[int] | None = None  # the best speculative plan's γ_b, chosen or not
-    draft_raw_s: float = 0.0     # the chosen speculative step's raw draft and verification predictions
-    verify_raw_s: float = 0.0
-    verify_tokens: int = 0
+    drafter_of: list[str | None] | None = None  # per sequence (spec)
+    spec_drafters: list[str | None] | None = None  # the best speculative plan's drafters, chosen or not
 
 
 class Controller:
     """Chooses each step (module docstring). `force` ("plain" / "spec", None = choose) and `schedule` (a
     callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
-    drafts every sequence's full γ (what decoding="specmoe" does) but for the p_min floor (0 turns it off)."""
+    drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
+    floor (0 turns it off)."""
 
-    def __init__(self, cost: CostModel, gamma_max: int, *, p_min: float = 0.05, explore_every: int = 64):
+    def __init__(self, cost: CostModel, gamma_max: int, drafters: tuple[str, ...] = ("self",), *,
+                 p_min: float = 0.05, explore_every: int = 64):
         self.cost, self.g = cost, gamma_max
-        self.acc = Acceptance(gamma_max)
+        self.names = list(drafters)
+        self.accs = {n: Acceptance(gamma_max, prior=PRIOR.get(n, 0.6)) for n in self.names}
         self.p_min, self.explore_every = p_min, explore_every
         self.force: str | None = None
         self.schedule = None
         self.steps = self.stops = 0
         self.since_spec = 0
+        self.last_used = dict.fromkeys(self.names, 0)
         self.coasting = (0, 0)  # (batch size, steps left) of a plain call reused without planning
         self.coast_steps, self.coast_below = 3, 0.8
         # speculate only on a predicted gain of this margin: near a tie the noisier, setup-paying choice loses
         self.spec_margin = 1.1
         self.choices = {"plain": 0, "spec": 0}
         self.reasons: dict[str, int] = {}
+        self.rows_by_drafter = dict.fromkeys(self.names, 0)
+        self.decoder = None
+        self.spec_resident = None  # [L, E] the last plan's resident experts with the self draft's set
+        self.controller_s = 0.0
+        self.conf: dict[int, list[float]] = {}
+        # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
+        self.predictions: list[tuple] = []
+
+    @property
+    def acc(self) -> Acceptance:
+        """The first drafter's acceptance (a single-drafter controller's)."""
+        return self.accs[self.names[0]]
+
+    @acc.setter
+    def acc(self, value: Acceptance) -> None:
+        self.accs[self.names[0]] = value
+
+    def use(self, drafters: list[str]) -> None:
+        """Plan over these drafters (a decoder's, in its order: the first is forced speculation's)."""
+        for n in drafters:
+            if n not in self.accs:
+                self.accs[n] = Acceptance(self.g, prior=PRIOR.get(n, 0.6))
+                self.rows_by_drafter[n] = 0
+            self.last_used.setdefault(n, 0)
+        self.names = list(drafters)
 
     def coast(self, B: int) -> bool:
         """True when this step repeats the last plain call without planning: after a plan that chose plain by a
@@ -141,79 +179,253 @@ class Controller:
         self.reasons["coast"] = self.reasons.get("coast", 0) + 1
         return True
 
-    def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
-             setup_s: float = 0.0) -> Plan:
-        """`limits[b]`: the most sequence b may draft; `resident` / `spec_resident` [L, E]: resident experts for
-        a plain step / a speculative one (with the draft set); `setup_s`: seconds a speculative step would
-        first spend making the draft set resident."""
+    # ------------------------------------------------------------ the choice, over arrays
+    def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray) -> np.ndarray:
+        acc = self.accs[name]
+        P = acc.position()[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
+        P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
+        return np.where(np.arange(self.g)[None, :] < np.asarray(avail)[:, None], P, 0.0)
+
+    def _cost(self, who: np.ndarray, gam: np.ndarray, names: list[str], resident, spec_resident,
+              setup: dict[str, float]) -> tuple[float, float, float, float]:
+        """(raw draft s, raw verify s, refined total s, expected misses) of one candidate: who[b] index into
+        names (-1: plain row), gam[b] its draft length."""
+        cm = self.cost
+        B = len(gam)
+        G = int(gam.max()) if B else 0
+        d_raw = d_ref = s_setup = 0.0
+        self_rows = False
+        for i, n in enumerate(names):
+            mine = who == i
+            if not (mine & (gam > 0)).any():
+                continue
+            self_rows |= n == "self"
+            rows = ((gam[mine][:, None] > np.arange(G)[None, :]).sum(0))
+            t = float(cm.drafter_time(n, rows).sum())
+            d_raw += t
+            d_ref += t * cm.ratio(f"draft:{n}", B)
+            s_setup += setup.get(n, 0.0)
+        n_tok = B + int(gam.sum())
+        kind = "spec" if n_tok > B else "plain"
+        union, miss = cm.expected_union(np.array([n_tok]), spec_resident if self_rows else resident, kind)
+        v = float(cm.forward_time(np.array([n_tok]), union, miss)[0])
+        return d_raw, v, d_ref + v * cm.ratio("fwd", n_tok) + s_setup, float(miss.sum())
+
+    def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,
+               spec_resident: np.ndarray, setup: dict[str, float] | None = None) -> Plan:
+        """`avail[d][b]`: the most drafter d may draft for sequence b (its limit; a lookup drafter: its
+        proposal's length); `resident` / `spec_resident` [L, E]: resident experts for a step without / with the
+        self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set)."""
+        setup = setup or {}
+        names = [n for n in self.names if n in avail]
         B = len(seq_ids)
-        lim = np.asarray(limits)
         cm = self.cost
         t_plain_raw, t_plain = cm.plain_parts(B, resident)
         plain_rate = B / t_plain
-        P = self.acc.position()[None, :] * self.acc.seq_factor(seq_ids)[:, None]  # [B, G]
-        P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
-        P = np.where(np.arange(self.g)[None, :] < lim[:, None], P, 0.0)
-        cands = np.concatenate([(P[None] >= THETAS[:, None, None]).sum(-1), lim[None]])  # [C, B]
-        gain = np.array([(P * (np.arange(self.g)[None, :] < c[:, None])).sum() for c in cands])
-        d_raw, v_raw, t_spec = cm.spec_parts(cands, spec_resident)
-        t_spec = t_spec + setup_s  # making the draft set resident first (its first step, or after a plain stretch)
-        rates = (B + gain) / t_spec
-        rates[cands.sum(1) == 0] = 0.0  # a speculative step that drafts nothing is a plain step
-        i = int(np.argmax(rates))
-        spec_rate = float(rates[i])
-        want = None
+        P = {n: self._probs(n, seq_ids, avail[n]) for n in names}
+        ar = np.arange(self.g)[None, :]
+        cands = []  # (who [B], gammas [B], gain, theta, tag)
+        for k, th in enumerate(list(THETAS) + [None]):
+            L = {n: (np.asarray(avail[n]) if th is None else (P[n] >= th).sum(-1)) for n in names}
+            gain = {n: (P[n] * (ar < L[n][:, None])).sum(-1) for n in names}
+            for i, n in enumerate(names):
+                cands.append((np.full(B, i), L[n], float(gain[n].sum()), th, n))
+            for i, m in enumerate(names):
+                if m in LOOKUP:
+                    continue
+                for j, k2 in enumerate(names):
+                    if k2 not in LOOKUP:
+                        continue
+                    take = (gain[k2] >= gain[m]) & (L[k2] > 0)
+                    if not take.any() or take.all():
+                        continue
+                    who = np.where(take, j, i)
+                    gam = np.where(take, L[k2], L[m])
+                    cands.append((who, gam, float(np.where(take, gain[k2], gain[m]).sum()), th, f"{m}+{k2}"))
+        best = None
+        by_drafter: dict[str, tuple] = {}
+        for who, gam, gain, th, tag in cands:
+            if gam.sum() == 0:
+                continue
+            d_raw, v_raw, t, miss = self._cost(who, gam, names, resident, spec_resident, setup)
+            rate = (B + gain) / t
+            row = (rate, who, gam, th, tag, d_raw, v_raw, t, miss)
+            if best is None or rate > best[0]:
+                best = row
+            if tag not in by_drafter or rate > by_drafter[tag][0]:
+                by_drafter[tag] = row
+        want, reason = None, "model"
         if self.schedule is not None:
             want, reason = self.schedule(self.steps), "schedule"
         elif self.force is not None:
             want, reason = self.force, "forced"
-        if want == "spec":
-            i = len(cands) - 1  # every sequence its full γ
+        if want == "spec" and names:  # every sequence its full γ with the first drafter
+            first = names[0]
+            gam = np.asarray(avail[first])
+            who = np.zeros(B, int)
+            d_raw, v_raw, t, miss = self._cost(who, gam, names, resident, spec_resident, setup)
+            gain = float((P[first] * (ar < gam[:, None])).sum())
+            best = ((B + gain) / t, who, gam, None, first, d_raw, v_raw, t, miss) if gam.sum() else best
+        spec_rate = best[0] if best is not None else 0.0
         if want is None:
-            reason = "model"
-            want = "spec" if spec_rate > self.spec_margin * plain_rate else "plain"
-            if (want == "plain" and cands[i].sum() > 0 and self.since_spec >= self.explore_every
+            want = "spec" if best is not None and spec_rate > self.spec_margin * plain_rate else "plain"
+            if best is not None and self.steps and self.steps % self.explore_every == 0:
+                # a drafter not used for a while: try its best plan when it is predicted close to the best
+                stale = [tag for tag in by_drafter if "+" not in tag
+                         and self.steps - self.last_used.get(tag, 0) >= self.explore_every
+                         and by_drafter[tag][0] >= 0.8 * max(spec_rate, plain_rate)]
+                if stale:
+                    best = by_drafter[min(stale, key=lambda tag: self.last_used.get(tag, 0))]
+                    want, reason = "spec", "explore"
+            if (want == "plain" and best is not None and self.since_spec >= self.explore_every
                     and spec_rate >= 0.9 * plain_rate):
                 want, reason = "spec", "explore"  # keep the acceptance estimates alive near the break-even
         self.steps += 1
         self.choices[want] += 1
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
-        if want == "plain" or cands[i].sum() == 0:
+        spec_g = best[2].astype(int).tolist() if best is not None else [0] * B
+        spec_d = [names[i] for i in best[1]] if best is not None else [None] * B
+        if want == "plain" or best is None:
             self.since_spec += 1
             if reason == "forced" or (reason == "model" and spec_rate < self.coast_below * plain_rate):
                 self.coasting = (B, self.coast_steps)  # a clear call: the next steps reuse it without planning
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
             return Plan("plain", None, 1.0, t_plain, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
-                        cands[i].astype(int).tolist())
+                        spec_g, None, spec_d)
+        rate, who, gam, th, tag, d_raw, v_raw, t, miss = best
         self.since_spec = 0
-        raw = float(d_raw[i] + v_raw[i])
-        _, miss = cm.expected_union(np.array([B + cands[i].sum()]), spec_resident, "spec")
-        theta = 0.0 if reason in ("forced", "schedule") else float(THETAS[i]) if i < len(THETAS) else 0.0
-        return Plan("spec", cands[i].astype(int).tolist(), theta, float(t_spec[i]), raw, float(miss.sum()),
-                    plain_rate, spec_rate, reason, cands[i].astype(int).tolist(), float(d_raw[i]), float(v_raw[i]),
-                    int(B + cands[i].sum()))
+        theta = 0.0 if reason in ("forced", "schedule") or th is None else float(th)
+        drafter_of = [names[i] if g else None for i, g in zip(who, gam)]
+        for n in set(d for d in drafter_of if d):
+            self.last_used[n] = self.steps
+        return Plan("spec", gam.astype(int).tolist(), theta, t, d_raw + v_raw, miss, plain_rate, rate, reason,
+                    spec_g, drafter_of, spec_d)
 
-    def stopper(self, plan: Plan, seqs, gammas: list[int]):
-        """The draft's `on_logits` hook for this step: records each greedy row's confidence and stops it once
-        its running acceptance probability falls below the plan's θ or its confidence below p_min.
-        Returns (hook, confidences per sequence)."""
-        conf: list[list[float]] = [[] for _ in seqs]
+    def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
+             setup_s: float = 0.0) -> Plan:
+        """`choose` for the first drafter alone (every sequence may draft limits[b]); `specmoe plan`'s view."""
+        return self.choose(seq_ids, {self.names[0]: limits}, resident, spec_resident, {self.names[0]: setup_s})
+
+    # ------------------------------------------------------------ inside a step
+    def attach(self, decoder) -> None:
+        """The decoder this controller plans for (its drafters, runner and store)."""
+        self.decoder = decoder
+        self.use(list(decoder.drafters))
+        runner = decoder.runner
+        if self.cost.routing.observe not in runner.observers:
+            runner.observers.append(self.cost.routing.observe)
+        # a draft set pinned by an earlier run stays pinned in the cache; auto's plain steps need the slots
+        for layer in self.cost.routing.layers:
+            runner.provider.pin(layer, [])
+
+    def plan_step(self, seqs, limits: list[int]):
+        """The StepPlan of this step (the decoder's `plan`)."""
+        from specmoe.decoding.speculative import StepPlan
+        t0 = time.perf_counter()
+        B = len(seqs)
+        try:
+            if self.coast(B):
+                return StepPlan([None] * B, [0] * B, None)
+            dec = self.decoder
+            cm = self.cost
+            cm.routing.flush()
+            store = dec.runner.provider
+            L = len(cm.routing.layers)
+            res = np.zeros((L, cm.c.num_experts), dtype=bool)
+            for i, layer in enumerate(cm.routing.layers):
+                res[i, list(store.resident(layer))] = True
+            spec_res, setup = res, {}
+            sd = dec.drafters.get("self")
+            if sd is not None:
+                ex = sd.experts
+                if ex.ready:
+                    spec_res = res.copy()
+                    for i, layer in enumerate(cm.routing.layers):
+                        spec_res[i, ex.ids[layer]] = True
+                else:
+                    spec_res = res | cm.routing.hottest(ex.n)
+                if sd.needs_setup:  # the draft set's experts not resident now load first
+                    setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * L
+            self.spec_resident = spec_res
+            avail = {n: d.available(seqs, limits) for n, d in dec.drafters.items()}
+            plan = self.choose([s.seq_id for s in seqs], avail, res, spec_res, setup)
+            if plan.kind == "plain":
+                return StepPlan([None] * B, [0] * B, plan)
+            self.conf = {}
+            for n in plan.drafter_of:
+                if n:
+                    self.rows_by_drafter[n] += 1
+            return StepPlan(plan.drafter_of, plan.gammas, plan)
+        finally:
+            self.controller_s += time.perf_counter() - t0
+
+    def stopper(self, splan, name: str, rows: list[int], seqs, gammas: list[int]):
+        """The draft hook of drafter `name` over its rows (batch rows `rows`, local gammas): records each greedy
+        row's confidence and stops it once its running acceptance probability falls below the plan's θ or its
+        confidence below p_min."""
+        plan = splan.decision
+        if plan is None:
+            return None
+        acc = self.accs[name]
         run = np.ones(len(seqs))
         greedy = [s.params.greedy for s in seqs]
         theta = plan.theta if plan.reason not in ("forced", "schedule") else 0.0  # forced: the p_min floor only
+        conf = {b: self.conf.setdefault(b, []) for b in rows}
 
-        def hook(j: int, rows: list[int], logits: torch.Tensor) -> None:
-            c = torch.softmax(logits, dim=-1).amax(-1).tolist()  # the draft's own confidence, one host read
-            cs = np.asarray(c)
-            run[rows] *= self.acc.by_confidence(cs)
-            for i, b in enumerate(rows):
-                conf[b].append(c[i])
+        def hook(j: int, local: list[int], logits: torch.Tensor) -> None:
+            c = torch.softmax(logits.float(), dim=-1).amax(-1).tolist()  # the draft's own confidence, one host read
+            run[local] *= acc.by_confidence(np.asarray(c))
+            for i, b in enumerate(local):
+                conf[rows[b]].append(c[i])
                 if greedy[b] and gammas[b] > j + 1 and (c[i] < self.p_min or run[b] < theta):
                     gammas[b] = j + 1
                     self.stops += 1
-        return hook, conf
+        return hook
+
+    def learn(self, splan, seqs, depths: list[int] | None, out: list[list[int]], clock, step_bytes: int) -> None:
+        """Fold one step into the estimates: acceptance per drafter and sequence, the cost model's time and
+        miss refinements (against predictions for what the step really drafted)."""
+        plan = splan.decision
+        if plan is None:  # a coasting plain step
+            return
+        cm = self.cost
+        B = len(seqs)
+        measured = sum(w for w, _, _ in clock.spans.values()) - clock.wall("plan")
+        if plan.kind == "plain":
+            cm.refine_misses("plain", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
+            cm.refine("fwd", B, clock.wall("verify"), plan.raw_s)
+            self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
+            return
+        names = self.names
+        ids = [s.seq_id for s in seqs]
+        for n in set(d for d in splan.drafter_of if d):
+            rows = [b for b, d in enumerate(splan.drafter_of) if d == n]
+            self.accs[n].record([ids[b] for b in rows], [depths[b] for b in rows], [len(out[b]) - 1 for b in rows],
+                                [self.conf.get(b, []) for b in rows])
+        who = np.array([names.index(d) if d else -1 for d in splan.drafter_of])
+        gam = np.array(depths)
+        res = self.spec_resident
+        for i, n in enumerate(names):
+            mine = (who == i) & (gam > 0)
+            if mine.any() and f"draft:{n}" in clock.spans:
+                G = int(gam[mine].max())
+                rows = (gam[mine][:, None] > np.arange(G)[None, :]).sum(0)
+                cm.refine(f"draft:{n}", B, clock.wall(f"draft:{n}"), float(cm.drafter_time(n, rows).sum()))
+        n_tok = B + int(gam.sum())
+        union, miss = cm.expected_union(np.array([n_tok]), res, "spec")
+        cm.refine("fwd", n_tok, clock.wall("verify"), float(cm.forward_time(np.array([n_tok]), union, miss)[0]))
+        cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
+        self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
+
+    def _log(self, plan: Plan, B: int, predicted: float, raw: float, measured: float) -> None:
+        if len(self.predictions) < 20000:
+            self.predictions.append((plan.kind, B, predicted, raw, measured, plan.plain_rate, plan.spec_rate))
 
     def stats(self) -> dict:
-        return {"controller_steps": dict(self.choices), "controller_reasons": dict(self.reasons),
-                "controller_draft_stops": self.stops,
-                "controller_p_min": self.p_min, **self.acc.stats(), **self.cost.stats()}
+        st = {"controller_steps": dict(self.choices), "controller_reasons": dict(self.reasons),
+              "controller_draft_stops": self.stops, "controller_p_min": self.p_min,
+              "controller_rows_by_drafter": dict(self.rows_by_drafter), "controller_s": self.controller_s,
+              "step_predictions": [list(p) for p in self.predictions],
+              **self.acc.stats(), **self.cost.stats()}
+        st["acceptance_calibrated_by_drafter"] = {n: a.position().tolist() for n, a in self.accs.items()}
+        return st

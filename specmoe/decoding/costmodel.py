@@ -39,6 +39,9 @@ import torch
 from specmoe.decoding.breakdown import now
 
 CALIBRATION_VERSION = 3
+LOOKUP_DRAFTERS = ("ngram",)
+LOOKUP_ROW_S = 2e-5  # host seconds per row of a lookup proposal (prior; refined online)
+EAGLE_LAYERS = 1.5   # an EAGLE head's forward as this many of the draft's layers (prior; refined online)
 KINDS = ("plain", "spec")
 
 
@@ -349,6 +352,18 @@ class CostModel:
         r = np.asarray(rows, float)
         return np.where(r > 0, c.draft_fixed + c.draft_per_token * r, 0.0)
 
+    def drafter_time(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Raw seconds of drafter `name`'s forwards over rows [...] sequences each (one per draft depth): the
+        self draft's measured form (`draft_time`); an EAGLE head, a prior of one decoder layer's share of the
+        draft forward until measured steps refine it (`refine("draft:eagle", ...)`); a lookup, host work per
+        row."""
+        r = np.asarray(rows, float)
+        if name == "self":
+            return self.draft_time(r)
+        if name in LOOKUP_DRAFTERS:
+            return np.where(r > 0, LOOKUP_ROW_S * r, 0.0)
+        return self.draft_time(r) * (EAGLE_LAYERS / max(self.c.moe_layers, 1))
+
     # -------------------------------------------------------------- steps
     def plain_parts(self, B: int, resident: np.ndarray) -> tuple[float, float]:
         """(raw seconds, refined seconds) of a plain step: one target forward over B tokens."""
@@ -390,7 +405,7 @@ class CostModel:
         near = [k for k in t if k[0] == part]
         if near:
             return t[min(near, key=lambda k: (abs(math.log2(k[1]) - math.log2(b)), k[1]))]
-        return self.ratio("fwd", n) if part == "draft" and any(k[0] == "fwd" for k in t) else 1.0
+        return self.ratio("fwd", n) if part.startswith("draft") and any(k[0] == "fwd" for k in t) else 1.0
 
     def refine(self, part: str, n: int, measured_s: float, raw_predicted_s: float) -> None:
         """Fold in one measured part of a step (`raw_predicted_s`: its prediction without refinement)."""

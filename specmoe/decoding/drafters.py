@@ -1,85 +1,112 @@
-"""Drafters: where a speculative step's draft tokens come from (`drafter=` option).
+"""Drafters: where a speculative step's draft tokens come from (`drafter=` option; `decoding="auto"` may use
+every drafter, a different one per sequence, in one step).
 
-A `Drafter` proposes up to γ_b tokens per sequence; the acceptance rule (`specmoe.accept`) is the same
-for every drafter. Two drafters:
+A `Drafter` proposes a draft tree per sequence (`propose_tree`, a chain when width is 1) of depth ≤ γ_b; the
+step (`speculative.SpeculativeDecoder`) selects, verifies and accepts every row the same way, whichever
+drafter proposed it. Three drafters:
 
-- `self` — SpecMoE's draft experts (`draft.DraftExperts` + `specmoe.draft`, run by `SpecMoEDecoder`,
-  which also hosts `decoding="auto"`'s controller over that draft);
-- `ngram` — prompt/output lookup (`NgramDrafter`, run by `drafted.DraftedDecoder`): the continuation of
-  the latest earlier occurrence of the sequence's last n tokens (`ngram.NgramIndex`). No forward, no
-  expert bytes; a proposal may be shorter than γ_b or empty, and that row then verifies fewer positions
-  (only its pending token when empty).
+- `self` — SpecMoE's draft experts (`selfdraft.SelfDrafter` over `draft.DraftExperts`);
+- `eagle` — an EAGLE head over the target's own features (`eagle.EagleDrafter`);
+- `ngram` — prompt/output lookup (`NgramDrafter`): the continuations of earlier occurrences of the
+  sequence's last n tokens (`ngram.NgramIndex`). No forward, no expert bytes; a proposal may be shorter than
+  γ_b or empty, and that row then verifies fewer positions (only its pending token when empty).
 
-Token trees (`draft_tree=True`, `treedecode.TreeDecoder`): `Drafter.propose_tree` returns a
-`tree.DraftTree` per sequence; its default wraps `propose`'s chain, `NgramDrafter` merges several history
-continuations into a trie and `selfdraft.SelfDrafter` (the self draft behind this interface) adds the
-draft's next most likely tokens per depth as leaves. `prepare` / `begin_verify` / `end_verify` are hooks
-around a step (no-ops by default; the self draft pins and refreshes its draft set there).
+Hooks around a step (no-ops by default): `prepare` before the draft phase (the self draft pins its draft set),
+`begin_verify` / `end_verify` around the verification forward (the self draft refreshes its draft set), `idle`
+on a step the drafter sat out, `retire` with the live sequences (per-sequence state of finished ones is
+dropped). `target_observers` are the runner observers the drafter registered: the step leaves them out of
+forwards the drafter does not take part in, so a step without it costs what it would cost without it.
 
 Losslessness: greedy and seeded sampled rows use the exact-match rule against the target's pick, which
-does not depend on where drafts come from. Unseeded sampled rows use rejection sampling; a lookup draft
-is deterministic given the history, i.e. drawn from the one-hot q = δ(draft), for which rejection
-sampling accepts x with probability p(x) and otherwise resamples from p with x removed: exactly the
-target's distribution.
+does not depend on where drafts come from. Unseeded sampled rows use (multi-draft) rejection sampling; a
+lookup draft is deterministic given the history, i.e. drawn from the one-hot q = δ(draft), for which
+rejection sampling accepts x with probability p(x) and otherwise resamples from p with x removed: exactly
+the target's distribution.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
 from specmoe.decoding.ngram import NgramIndex
+from specmoe.decoding.sampling import probs_from_logits
 from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.tree import DraftTree, chain, trie
+from specmoe.decoding.tree import DraftTree, trie
 
 # B=sequences, G=max drafted tokens this step, V=vocab
 
-
-@dataclass
-class Proposal:
-    """drafts [B, G] (long, on the device; row b real for its first gammas[b] entries), q [B, G, V] the
-    draft distribution of the unseeded sampled rows (None when there are none) and gammas[b] ≤ the γ_b
-    asked for (a drafter may propose fewer)."""
-    drafts: torch.Tensor
-    q: torch.Tensor | None
-    gammas: list[int]
+# called by model drafters with (depth j, batch rows drafting at j, their logits [len(rows), V]); may lower
+# gammas[b] (the list passed to propose_tree, in place) to j + 1 for greedy rows b: they stop drafting there
+DraftHook = Callable[[int, list, torch.Tensor], None]
 
 
 class Drafter(ABC):
-    """A source of draft tokens for the shared verify + accept step."""
+    """A source of draft trees for the shared select + verify + accept step."""
     name: str = ""
+    record_picks: bool = False  # record the target routers' picks per drafted node (the selector's expert term)
 
     @abstractmethod
-    def propose(self, seqs: list[Sequence], gammas: list[int], noise: dict[int, torch.Tensor]) -> Proposal:
-        """Up to gammas[b] draft tokens per sequence. Greedy rows: any tokens (exact-match acceptance);
-        seeded sampled rows b: any tokens (`noise[b]` [γ_b+1, V] is the coupled rule's noise, for drafters
-        that sample); unseeded sampled rows: tokens drawn from the returned q. Must leave the KV cache's
-        committed lengths as they were."""
+    def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int, noise: dict[int, torch.Tensor],
+                     hook: DraftHook | None = None) -> list[DraftTree]:
+        """A draft tree per sequence (`tree.DraftTree`): depth ≤ gammas[b], at most width · gammas[b] nodes,
+        the children of a node distinct tokens (or, for unseeded sampled rows, independent draws from one q).
+        Greedy rows: any tokens (exact-match acceptance); seeded sampled rows b: any tokens (`noise[b]`
+        [γ_b+1, V] is the coupled rule's noise, for drafters that sample); unseeded sampled rows: tokens drawn
+        from the tree's q. Must leave the KV cache's committed lengths as they were."""
 
-    def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int,
-                     noise: dict[int, torch.Tensor]) -> list[DraftTree]:
-        """A draft tree per sequence (`tree.DraftTree`, `draft_tree=True`): depth ≤ gammas[b], at most
-        width · gammas[b] nodes, the children of a node distinct tokens (or, for unseeded sampled rows,
-        independent draws from one q). The same rules as `propose` otherwise. Default: `propose`'s chain."""
-        prop = self.propose(seqs, gammas, noise)
-        rows = prop.drafts.tolist()
-        return [chain(rows[b][:g], None if prop.q is None or not g or b in noise or s.params.greedy else prop.q[b, :g])
-                for b, (s, g) in enumerate(zip(seqs, prop.gammas))]
+    def available(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
+        """The most tokens this drafter can propose per sequence now (at most limits[b]); a model drafter can
+        always draft up to the limit, a lookup only as far as its match goes."""
+        return list(limits)
 
     def prepare(self) -> None:
-        """Called at the start of every step, before the draft phase is timed and its bytes counted: one-time
-        setup (the self draft pins its draft set here)."""
+        """Before this drafter's draft phase (untimed as drafting: one-time setup)."""
+
+    @property
+    def needs_setup(self) -> bool:
+        """`prepare` will do setup work (load or pin something) before the next draft phase."""
+        return False
+
+    def idle(self) -> None:
+        """A step this drafter sat out."""
+
+    def retire(self, live: set[int]) -> None:
+        """Drop per-sequence state of sequences not in `live` (seq ids)."""
+
+    def target_observers(self) -> list:
+        """The runner observers this drafter registered (left out of forwards it takes no part in)."""
+        return []
 
     def begin_verify(self) -> None:
-        """Called right before the verification forward (the self draft starts counting its routing)."""
+        """Right before a verification forward with rows this drafter proposed."""
 
     def end_verify(self) -> None:
-        """Called right after the verification forward (the self draft refreshes its draft set)."""
+        """Right after that forward."""
+
+    @property
+    def refresh_s(self) -> float:
+        """Seconds `end_verify` spent so far (the step breakdown's draft-set refresh)."""
+        return 0.0
 
     @abstractmethod
     def stats(self) -> dict:
         """The drafter's own counters for `llm.stats` (always its `drafter` name)."""
+
+
+def siblings(s: Sequence, logits: torch.Tensor, chosen: int, n: int, noise: torch.Tensor | None,
+             q: torch.Tensor | None) -> list[int]:
+    """Up to n more children of a tree node beside `chosen`, from the draft's logits [V] at that node: greedy rows
+    the next most likely tokens, seeded rows the next best of log q + g (the coupled rule's noise), unseeded
+    rows n more independent draws from q (as multi-draft rejection sampling needs)."""
+    if n <= 0:
+        return []
+    if q is not None:
+        return torch.multinomial(q, n, replacement=True, generator=s.generator).tolist()
+    score = logits.float() if noise is None else torch.log(probs_from_logits(logits, s.params)) + noise
+    top = torch.topk(score, min(n + 1, score.numel()))
+    return [t for v, t in zip(top.values.tolist(), top.indices.tolist()) if t != chosen and v != float("-inf")][:n]
 
 
 class NgramDrafter(Drafter):
@@ -107,35 +134,20 @@ class NgramDrafter(Drafter):
         idx.extend(s.output_ids[n - P:])
         return idx
 
-    def _drop_gone(self, seqs: list[Sequence]) -> None:
-        live = {s.seq_id for s in seqs}
+    def available(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
+        """The length of the chain each sequence's lookup would propose now (at most limits[b]): the controller
+        plans with it before the step drafts."""
+        return [len(self._sync(s).propose(g)) for s, g in zip(seqs, limits)]
+
+    def retire(self, live: set[int]) -> None:
         for sid in [k for k in self.index if k not in live]:
             del self.index[sid], self.owner[sid]
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], gammas: list[int], noise: dict[int, torch.Tensor]) -> Proposal:
-        self._drop_gone(seqs)
-        props = [self._sync(s).propose(g) for s, g in zip(seqs, gammas)]
-        got = [len(p) for p in props]
-        self.asked += sum(gammas)
-        self.proposed += sum(got)
-        self.empty += sum(1 for g, n in zip(gammas, got) if g > 0 and n == 0)
-        B, G = len(seqs), max(got, default=0)
-        drafts = torch.tensor([p + [0] * (G - len(p)) for p in props], dtype=torch.long,
-                              device=self.device).reshape(B, G)
-        q = None
-        unseeded = [b for b, s in enumerate(seqs) if not s.params.greedy and b not in noise and got[b]]
-        if unseeded:  # the lookup is deterministic: q is the one-hot of the proposed token
-            q = torch.zeros(B, G, self.vocab, device=self.device)
-            for b in unseeded:
-                q[b, torch.arange(got[b], device=self.device), drafts[b, :got[b]]] = 1.0
-        return Proposal(drafts, q, got)
-
-    def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int,
-                     noise: dict[int, torch.Tensor]) -> list[DraftTree]:
+    def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int, noise: dict[int, torch.Tensor],
+                     hook: DraftHook | None = None) -> list[DraftTree]:
         """The trie of up to `width` distinct continuations of the history's matches (`propose_many`; the
-        first is `propose`'s chain). Deterministic drafts: q is one-hot (None) for every row."""
-        self._drop_gone(seqs)
+        first is the latest occurrence's, the chain). Deterministic drafts: q is one-hot (None) for every row."""
         trees = [trie(self._sync(s).propose_many(g, width)) for s, g in zip(seqs, gammas)]
         got = [len(t) for t in trees]
         self.asked += sum(gammas)

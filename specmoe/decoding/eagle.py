@@ -25,10 +25,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specmoe.decoding.drafters import Drafter, Proposal
+from specmoe.decoding.drafters import Drafter, DraftHook, siblings
 from specmoe.decoding.runner import ModelRunner
 from specmoe.decoding.sampling import coupled_pick, probs_from_logits
 from specmoe.decoding.sequence import Sequence
+from specmoe.decoding.tree import DraftTree
 from specmoe.models.decoder import BatchView
 from specmoe.models.eagle import EagleHead
 from specmoe.models.kv_cache import KVCache
@@ -113,12 +114,16 @@ class EagleDrafter(Drafter):
         self.head_forwards += 1
         return out[torch.arange(B, device=dev), n - 1] if ragged else out[:, -1]  # [B, D]
 
-    @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], gammas: list[int], noise: dict[int, torch.Tensor]) -> Proposal:
-        r, dev = self.runner, self.runner.device
-        live = {s.seq_id for s in seqs}
+    def retire(self, live: set[int]) -> None:
         for sid in [k for k in self.tracks if k not in live]:
             del self.tracks[sid]
+
+    @torch.inference_mode()
+    def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int, noise: dict[int, torch.Tensor],
+                     hook: DraftHook | None = None) -> list[DraftTree]:
+        """A chain per sequence (width 1), or the chain plus up to width − 1 siblings per depth from the head's
+        logits at that depth (`drafters.siblings`; leaves, no extra head forward)."""
+        r, dev = self.runner, self.runner.device
         self._reserve()
         B, G = len(seqs), max(gammas, default=0)
         # 1. the entries committed since the last proposal (their features came from the target's forwards)
@@ -152,6 +157,7 @@ class EagleDrafter(Drafter):
         q = None
         head_w = r.model.head_weight()
         pos = [r.cache.lengths[s.slot] for s in seqs]
+        seen: dict[int, tuple[list[int], torch.Tensor]] = {}
         for j in range(G):
             rows = [b for b in range(B) if gammas[b] > j]
             if not rows:
@@ -164,14 +170,15 @@ class EagleDrafter(Drafter):
                 x[idx] = self._forward([slots[b] for b in rows], out[idx, j - 1][:, None], x[idx][:, None],
                                        [pos[b] + j - 1 for b in rows], [1] * len(rows))
             # greedy rows: the argmax over the draft vocabulary (reduced: only its rows of the LM head)
-            nxt = self.head.to_target(self.head.draft_logits(x, head_w).argmax(-1))  # [B] (past γ: unused)
+            dl = self.head.draft_logits(x, head_w)  # [B, V'] (past γ: unused)
+            nxt = self.head.to_target(dl.argmax(-1))  # [B]
             logits = None
+            if width > 1 or any(not seqs[b].params.greedy for b in rows):
+                logits = self.head.logits(x, head_w).float()  # [B, V], -inf outside the draft vocabulary
             for b in rows:
                 s = seqs[b]
                 if s.params.greedy:
                     continue
-                if logits is None:  # sampled rows need the distribution over the target's vocabulary
-                    logits = self.head.logits(x, head_w).float()  # [B, V], -inf outside the draft vocabulary
                 if b in noise:
                     nxt[b] = coupled_pick(logits[b], s.params, noise[b][j])
                     continue
@@ -180,9 +187,30 @@ class EagleDrafter(Drafter):
                 q[b, j] = probs_from_logits(logits[b], s.params)
                 nxt[b] = torch.multinomial(q[b, j], 1, generator=s.generator)[0]
             out[rows, j] = nxt[rows]
-        self.asked += sum(gammas)
-        self.proposed += sum(gammas)
-        return Proposal(out, q, list(gammas))
+            if width > 1:
+                seen[j] = (rows, logits)
+            if hook is not None:  # the draft's confidence: the reduced vocabulary's softmax is the full one's
+                hook(j, rows, dl[rows] if len(rows) < B else dl)
+        asked = sum(gammas)
+        self.asked += asked
+        self.proposed += asked
+        chain = out.tolist()
+        trees = []
+        for b, (s, g) in enumerate(zip(seqs, gammas)):
+            tokens, parents, qrows, prev = [], [], [], -1
+            unseeded = not s.params.greedy and b not in noise
+            for j in range(g):
+                sib = (siblings(s, seen[j][1][b], chain[b][j], width - 1, noise[b][j] if b in noise else None,
+                                q[b, j] if unseeded else None) if width > 1 else [])
+                here = len(tokens)
+                for tok in [chain[b][j]] + sib:
+                    tokens.append(tok)
+                    parents.append(prev)
+                    if unseeded:
+                        qrows.append(q[b, j])
+                prev = here
+            trees.append(DraftTree(tokens, parents, torch.stack(qrows) if qrows else None))
+        return trees
 
     def stats(self) -> dict:
         hc = self.head.hc

@@ -15,12 +15,47 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, ckpt=None, max_model_
         return AutoregressiveDecoder(runner)
     if ckpt is None or max_model_len is None:
         raise ValueError(f"decoding={cfg.decoding!r} needs the checkpoint and the context length")
-    if cfg.drafter != "self" or cfg.draft_tree:
-        return make_drafted(runner, cfg, ckpt=ckpt, max_model_len=max_model_len, memo=memo)
     if cfg.decoding == "auto" and controller is None:
         raise ValueError('decoding="auto" needs its controller (build_controller)')
-    return make_specmoe(runner, cfg, ckpt=ckpt, max_model_len=max_model_len, memo=memo,
-                        controller=controller if cfg.decoding == "auto" else None)
+    from specmoe.decoding.budget import ExpertBudget
+    from specmoe.decoding.speculative import SpeculativeDecoder
+    from specmoe.decoding.treeselect import TreeSelector
+    memo = {} if memo is None else memo
+    drafters = {name: make_drafter(name, runner, cfg, ckpt=ckpt, memo=memo)
+                for name in drafter_names(cfg, ckpt)}
+    budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
+    width = cfg.draft_tree_width if cfg.draft_tree else 1
+    ctl = memo.get("controller")  # a calibrated cost model, when the engine has one: its read time
+    sel = (TreeSelector(cfg.num_draft_tokens, width, experts=cfg.draft_selection == "cost",
+                        read_s=ctl.cost.c.read_s if ctl is not None else None)
+           if cfg.draft_selection != "all" else None)
+    return SpeculativeDecoder(runner, drafters, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
+                              width=width, selector=sel, budget=budget,
+                              controller=controller if cfg.decoding == "auto" else None)
+
+
+def drafter_names(cfg: SpecConfig, ckpt) -> list[str]:
+    """The drafters a configuration uses, the default first: `drafter=` alone, or for `decoding="auto"` without
+    one every drafter available: self, eagle where a head is found (`eagle_head`, or the one shipped for the
+    checkpoint), ngram."""
+    if cfg.drafter is not None:
+        return [cfg.drafter]
+    if cfg.decoding != "auto":
+        return ["self"]
+    names = ["self"]
+    if eagle_head_path(cfg, ckpt) is not None:
+        names.append("eagle")
+    return names + ["ngram"]
+
+
+def make_drafter(name: str, runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
+    from specmoe.decoding.drafters import NgramDrafter
+    if name == "self":
+        from specmoe.decoding.selfdraft import SelfDrafter
+        return SelfDrafter(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo))
+    if name == "eagle":
+        return make_eagle(runner, cfg, ckpt=ckpt, memo=memo)
+    return NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
 
 
 def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: OffloadConfig, dtype, device):
@@ -35,20 +70,13 @@ def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: Offloa
     key = calibration_key(model_fingerprint=ckpt.fingerprint(), dtype=dtype, device=device, tier=f"{tier}|N={nd}")
     coef = load_or_calibrate(model, provider, device, tier=offload.offload, key=key, draft_experts=nd)
     routing = RoutingStats(list(mcfg.moe_layers), mcfg.num_experts, mcfg.top_k)
-    return Controller(CostModel(coef, routing, draft_experts=nd), spec.num_draft_tokens)
-
-
-def make_specmoe(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None,
-                 controller=None):
-    """`memo` outlives one generate call (the engine keeps it): the affinity table is computed once per
-    engine, not once per call."""
-    from specmoe.decoding.specmoe import SpecMoEDecoder
-    return SpecMoEDecoder(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo),
-                          num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len, controller=controller)
+    return Controller(CostModel(coef, routing, draft_experts=nd), spec.num_draft_tokens,
+                      tuple(drafter_names(spec, ckpt)))
 
 
 def draft_experts(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict | None = None):
-    """The self draft's draft-expert set (`draft.DraftExperts`)."""
+    """The self draft's draft-expert set (`draft.DraftExperts`); `memo` outlives one generate call (the engine
+    keeps it): the affinity table is computed once per engine, not once per call."""
     from specmoe.decoding.affinity import load_or_compute_affinity
     from specmoe.decoding.draft import DraftExperts, load_profile
     mcfg = ckpt.config
@@ -63,34 +91,16 @@ def draft_experts(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict | No
         prefetch=cfg.draft_prefetch)
 
 
-def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: int, memo: dict | None = None):
-    """Speculation with a `Drafter` (`drafters.py`): the ngram lookup, the EAGLE head (`eagle.py`), or the
-    self draft's trees."""
-    from specmoe.decoding.budget import ExpertBudget
-    from specmoe.decoding.chainselect import ChainSelector
-    from specmoe.decoding.drafted import DraftedDecoder
-    from specmoe.decoding.drafters import NgramDrafter
-    if cfg.drafter == "self":
-        from specmoe.decoding.selfdraft import SelfDrafter
-        drafter = SelfDrafter(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo))
-    elif cfg.drafter == "eagle":
-        drafter = make_eagle(runner, cfg, ckpt=ckpt, memo={} if memo is None else memo)
-    else:
-        drafter = NgramDrafter(ckpt.config.vocab_size, runner.device, n_min=cfg.ngram_min, n_max=cfg.ngram_max)
-    budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
-    if cfg.draft_tree:
-        from specmoe.decoding.treedecode import TreeDecoder
-        from specmoe.decoding.treeselect import TreeSelector
-        w = cfg.draft_tree_width
-        ctl = (memo or {}).get("controller")  # a calibrated cost model, when the engine has one: its read time
-        sel = (TreeSelector(cfg.num_draft_tokens, w, experts=cfg.draft_selection == "cost",
-                            read_s=ctl.cost.c.read_s if ctl is not None else None)
-               if cfg.draft_selection != "all" else None)
-        return TreeDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
-                           width=w, budget=budget, selector=sel)
-    selector = ChainSelector(cfg.num_draft_tokens) if cfg.draft_selection != "all" else None
-    return DraftedDecoder(runner, drafter, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
-                          budget=budget, selector=selector)
+def eagle_head_path(cfg: SpecConfig, ckpt):
+    """The EAGLE head for `ckpt`: `cfg.eagle_head`, else the head shipped for the demo model, else None."""
+    from pathlib import Path
+
+    from specmoe.bundled import demo_eagle_dir, demo_model_dir
+    if cfg.eagle_head is not None:
+        return cfg.eagle_head
+    if Path(ckpt.path).resolve() == demo_model_dir(check=False).resolve():
+        return demo_eagle_dir()
+    return None
 
 
 def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
@@ -98,16 +108,13 @@ def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
     read once per engine (`memo`)."""
     from pathlib import Path
 
-    from specmoe.bundled import demo_eagle_dir, demo_model_dir
     from specmoe.decoding.eagle import EagleDrafter
     from specmoe.errors import InputError
     from specmoe.models.eagle import load_eagle_head, read_draft_vocab, recommended_draft_vocab
-    path = cfg.eagle_head
+    path = eagle_head_path(cfg, ckpt)
     if path is None:
-        if Path(ckpt.path).resolve() != demo_model_dir(check=False).resolve():
-            raise InputError(f"drafter='eagle' needs eagle_head=PATH (--eagle-head): no EAGLE head ships for "
-                             f"{ckpt.path}")
-        path = demo_eagle_dir()
+        raise InputError(f"drafter='eagle' needs eagle_head=PATH (--eagle-head): no EAGLE head ships for "
+                         f"{ckpt.path}")
     w = runner.model.embed.weight
     n = cfg.eagle_draft_vocab
     if n is None:  # the size recommended beside the head (none: the full vocabulary)

@@ -54,6 +54,11 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def is_chain(self) -> bool:
+        """Each node the child of the one before it (or no node): verifies with the causal mask."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
     def depths(self) -> list[int]:
         """Depth of every node (children of the root: 1)."""
         d: list[int] = []
@@ -120,10 +125,14 @@ def ancestor_mask(tree: DraftTree, T: int) -> list[list[bool]]:
 
 def pack(seqs: list[Sequence], trees: list[DraftTree], device: torch.device):
     """The verification batch: tokens [B, T] (pending token + nodes, padded), lens[b] = 1 + nodes,
-    depths [B, T] and the ancestor mask [B, T, T] (bool), on the device."""
+    depths [B, T] and the ancestor mask [B, T, T] (bool), on the device. When every tree is a chain the mask
+    is None (the causal mask is the ancestor mask: the forward takes its plain form) and depths[b, t] = t."""
     lens = [len(t) + 1 for t in trees]
     T = max(lens)
     toks = [[s.output_ids[-1]] + t.tokens + [0] * (T - n) for s, t, n in zip(seqs, trees, lens)]
+    if all(t.is_chain for t in trees):
+        return (torch.tensor(toks, device=device), lens, torch.arange(T, device=device).expand(len(trees), T),
+                None)
     deps = [[0] + t.depths() + [0] * (T - n) for t, n in zip(trees, lens)]
     mask = [ancestor_mask(t, T) for t in trees]
     return (torch.tensor(toks, device=device), lens, torch.tensor(deps, device=device),

@@ -1,11 +1,12 @@
-"""Cost-aware selection over draft trees (`draft_selection="cost"` with `draft_tree=True`, SpecFit + EcoSpec).
+"""Cost-aware selection over draft trees (`draft_selection="cost"`, SpecFit + EcoSpec; a chain is a tree of
+width 1, so chains are selected by the same rule).
 
 Per step, the verified set of each sequence is an ancestor-closed subtree of its proposed tree, chosen to
 maximise (B + Σ_v P(v)) / T(S) over the whole batch: P(v) = Π p(u) along v's path (`selection.path_probs`),
 p(u) the acceptance measured so far for nodes at u's depth and sibling rank (rank 0: the first child, i.e.
 the drafter's chain; Beta(1, 1) prior, conditional on the parent's acceptance). The verification forward is
 padded to the largest tree of the batch, so T(S) = a + c · B · (1 + max_b |S_b|), fitted against the rows
-the forward computed (`ChainSelector`'s least-squares fit; every 8th step verifies whole trees so the fit
+the forward computed (a least-squares fit t ≈ a + c · rows, exponentially forgotten; every 8th step verifies whole trees so the fit
 keeps seeing large verifications; while the fit has no spread, e.g. same-size trees at batch 1, every other
 step verifies only the chains). Candidates: for every cap k, each sequence's k nodes of highest P
 (ancestor-closed: P never grows along a path), and `selection.select`'s SpecFit greedy set; the best by the
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import time
 
-from specmoe.decoding.chainselect import ChainSelector
 from specmoe.decoding.selection import (DraftNode, VerifyCost, missing, path_probs, select, uniform_chains,
                                         union_added)
 from specmoe.decoding.tree import DraftTree
@@ -49,10 +49,16 @@ def ranks(tree: DraftTree) -> list[int]:
     return out
 
 
-class TreeSelector(ChainSelector):
+class TreeSelector:
+    """The cost-aware selector of every speculative configuration (chains are trees of width 1)."""
+    MIN_STEPS = 4  # steps measured before the fit is trusted (until then every proposal is verified)
+    EXPLORE_EVERY = 8  # every 8th step verifies every proposal, so the fit keeps seeing long verifications
+
     def __init__(self, gamma: int, width: int, *, forget: float = 0.98, experts: bool = True,
                  read_s: float | None = None):
-        super().__init__(gamma, forget=forget)
+        self.forget = forget
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0  # weighted sums of (rows computed, seconds)
+        self.steps = self.cut = self.calls = 0  # steps fitted; proposed nodes left out; choose_trees() calls
         self.width = width
         self.t_reach = [[0.0] * width for _ in range(gamma)]  # [depth-1][rank]: verified with parent accepted
         self.t_acc = [[0.0] * width for _ in range(gamma)]    # ... and accepted
@@ -70,6 +76,17 @@ class TreeSelector(ChainSelector):
         self.step_predicted = self.fetch_n = self.pred_n = 0.0  # this step's prediction; forgotten sums
         self.expert_s_used = 0.0
         self.selection_s = 0.0  # host seconds spent choosing subtrees
+
+    def cost(self) -> tuple[float, float] | None:
+        """(a, c) of t ≈ a + c·rows, None while it cannot be fitted (too few steps, no spread)."""
+        if self.steps < self.MIN_STEPS:
+            return None
+        var = self.n * self.sxx - self.sx * self.sx
+        if var <= 1e-12 * max(1.0, self.n * self.sxx):
+            return None
+        c = (self.n * self.sxy - self.sx * self.sy) / var
+        a = (self.sy - c * self.sx) / self.n
+        return (a, c) if c > 0 and a + c > 0 else None
 
     # ------------------------------------------------------------ the expert term's inputs
     def attach(self, runner) -> None:
@@ -243,7 +260,9 @@ class TreeSelector(ChainSelector):
         self.steps += 1
 
     def stats(self) -> dict:
-        st = super().stats()
+        fit = self.cost()
+        st = {"draft_selection": self.mode, "selection_cut_tokens": self.cut,
+              "selection_cost_fit": None if fit is None else {"base_s": fit[0], "per_position_s": fit[1]}}
         st["selection_accept_probs"] = [[(a + 1.0) / (r + 2.0) for a, r in zip(ra, rr)]
                                         for ra, rr in zip(self.t_acc, self.t_reach)]
         st.update(draft_selection=self.mode, selection_expert_term=self.experts,

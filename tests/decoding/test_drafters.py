@@ -105,7 +105,7 @@ def test_unseeded_sampled_ngram_follows_target(ar_llm):
         assert tv_spec < tv_plain + 0.12, (tv_spec, tv_plain)  # 5 sigma of the difference
 
 
-def test_ngram_rejection_uses_one_hot_q_and_shorter_proposals():
+def test_ngram_proposes_deterministic_chains_and_shorter_proposals():
     d = NgramDrafter(vocab_size=20, device=torch.device("cpu"), n_min=1, n_max=3)
 
     def seq(i, prompt, out, **kw):
@@ -114,48 +114,51 @@ def test_ngram_rejection_uses_one_hot_q_and_shorter_proposals():
     seqs = [seq(0, [1, 2, 3, 1, 2], [3]),                       # greedy: [1, 2] after "3"... then "3"
             seq(1, [4, 5, 6], [7], temperature=1.0),            # unseeded, no match: empty
             seq(2, [8, 9, 8], [9], temperature=1.0),            # unseeded: proposes 8, 9 (history end)
-            seq(3, [1, 2, 1], [2], temperature=1.0, seed=3)]    # seeded: exact-match rule, no q row
-    p = d.propose(seqs, [4, 4, 4, 4], {3: torch.zeros(5, 20)})
-    assert p.gammas == [3, 0, 2, 2]
-    assert p.drafts[0, :3].tolist() == [1, 2, 3] and p.drafts[2, :2].tolist() == [8, 9]
-    assert p.q is not None and p.q.shape == (4, 3, 20)
-    assert torch.equal(p.q[2, :2].argmax(-1), p.drafts[2, :2]) and p.q[2, :2].sum().item() == 2.0
-    assert p.q[0].sum() == 0 and p.q[3].sum() == 0 and p.q[1].sum() == 0
-    # the next call feeds only new tokens; a sequence gone from the batch is dropped
+            seq(3, [1, 2, 1], [2], temperature=1.0, seed=3)]    # seeded: exact-match rule
+    assert d.available(seqs, [4, 4, 4, 4]) == [3, 0, 2, 2]
+    trees = d.propose_tree(seqs, [4, 4, 4, 4], 1, {3: torch.zeros(5, 20)})
+    assert [len(t) for t in trees] == [3, 0, 2, 2] and all(t.is_chain for t in trees)
+    assert trees[0].tokens == [1, 2, 3] and trees[2].tokens == [8, 9]
+    assert all(t.q is None for t in trees), "a lookup's q is the one-hot of its token (rejection: q = δ)"
+    # the next call feeds only new tokens; a sequence gone from the batch is dropped by retire
     seqs[0].output_ids.append(1)
-    d.propose(seqs[:1], [2], {})
+    d.retire({0})
+    d.propose_tree(seqs[:1], [2], 1, {})
     assert list(d.index) == [0] and d.index[0].tokens == [1, 2, 3, 1, 2, 3, 1]
     fresh = seq(0, [7, 7], [7])  # a new sequence under a reused id starts a new index
-    assert d.propose([fresh], [3], {}).drafts[0].tolist() == [7] and d.index[0].tokens == [7, 7, 7]
+    assert d.propose_tree([fresh], [3], 1, {})[0].tokens == [7] and d.index[0].tokens == [7, 7, 7]
     assert d.stats()["empty_proposals"] == 1
 
 
 def test_ngram_options_are_checked():
-    with pytest.raises(InputError):
-        LLM(decoding="auto", drafter="ngram")
     with pytest.raises(InputError):
         LLM(drafter="medusa")
     with pytest.raises(InputError):
         LLM(drafter="ngram", ngram_min=3, ngram_max=2)
 
 
-def test_chain_selector_cuts_costly_unlikely_drafts_and_keeps_cheap_likely_ones():
-    from specmoe.decoding.chainselect import ChainSelector
-    sel = ChainSelector(4)
-    assert sel.choose([4, 2, 0]) == [4, 2, 0], "before a fit, every proposal is verified"
-    for i in range(8):  # verification costs 1 s + 1 s per position; drafts are never accepted
+def test_selector_cuts_costly_unlikely_chain_drafts_and_keeps_cheap_likely_ones():
+    """Chains are trees of width 1: the one cost-aware selector picks their prefixes."""
+    from specmoe.decoding.tree import chain
+    from specmoe.decoding.treeselect import TreeSelector
+
+    def lens(sel, gammas):
+        return [len(t) for t in sel.choose_trees([chain(list(range(10, 10 + g))) for g in gammas])]
+    sel = TreeSelector(4, 1, experts=False)
+    assert lens(sel, [4, 2, 0]) == [4, 2, 0], "before a fit, every proposal is verified"
+    for i in range(8):  # verification costs 1 s + 1 s per row; drafts are never accepted
         pos = 1 + i % 4
-        sel.record([pos - 1], [0], pos, 1.0 + pos)
+        sel.record_trees([chain(list(range(pos - 1)))], [[0]], pos, 1.0 + pos)
     assert sel.cost() == pytest.approx((1.0, 1.0))
-    assert sel.choose([4, 3]) == [0, 0]
+    assert lens(sel, [4, 3]) == [0, 0]
     for _ in range(5):
-        assert sel.choose([1]) == [0]
-    assert sel.choose([4, 3]) == [4, 3], "every 8th step explores"
-    cheap = ChainSelector(4)
-    for i in range(8):  # positions nearly free, drafts always accepted
+        assert lens(sel, [1]) == [0]
+    assert lens(sel, [4, 3]) == [4, 3], "every 8th step explores"
+    cheap = TreeSelector(4, 1, experts=False)
+    for i in range(8):  # rows nearly free, drafts always accepted
         pos = 1 + i % 5
-        cheap.record([pos - 1], [pos - 1], pos, 1.0 + 0.01 * pos)
-    assert cheap.choose([4, 1, 0]) == [4, 1, 0]
+        cheap.record_trees([chain(list(range(pos - 1)))], [list(range(pos))], pos, 1.0 + 0.01 * pos)
+    assert lens(cheap, [4, 1, 0]) == [4, 1, 0]
     assert cheap.stats()["selection_cut_tokens"] == 0 and sel.stats()["selection_cut_tokens"] == 12
 
 

@@ -11,9 +11,18 @@ import torch
 from specmoe import LLM, SamplingParams
 from specmoe.decoding.sampling import coupled_noise, coupled_pick
 from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.specmoe import accept
+from specmoe.decoding.tree import accept as tree_accept, chain
 
 V, G = 8, 3
+
+
+def accept(seqs, drafts, qs, logits, gammas, noise):
+    """The step's acceptance (`tree.accept`) over chains: row b drafted drafts[b, :gammas[b]], unseeded rows
+    from qs[b]."""
+    trees = [chain(drafts[b, :g].tolist(), qs[b, :g] if not s.params.greedy and b not in noise else None)
+             for b, (s, g) in enumerate(zip(seqs, gammas))]
+    depths = torch.arange(logits.shape[1]).expand(len(seqs), -1)
+    return tree_accept(seqs, trees, logits, depths, noise)[1]
 
 
 def _tv(samples: torch.Tensor, p: torch.Tensor) -> float:
