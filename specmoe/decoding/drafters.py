@@ -86,6 +86,11 @@ class Drafter(ABC):
         """Right after that forward."""
 
     @property
+    def prefetch_bytes(self) -> int:
+        """Bytes this drafter started loading in the background for the verification (not draft-phase bytes)."""
+        return 0
+
+    @property
     def refresh_s(self) -> float:
         """Seconds `end_verify` spent so far (the step breakdown's draft-set refresh)."""
         return 0.0

@@ -214,6 +214,10 @@ class SelfDrafter(Drafter):
     def refresh_s(self) -> float:
         return self.experts.refresh_s
 
+    @property
+    def prefetch_bytes(self) -> int:
+        return self.experts.prefetch_bytes
+
     def _score_prefetch(self, picks: dict) -> None:
         """Draft-guided prefetch's prediction (the target routers' picks on drafted tokens, outside the draft
         set) against what verification needed outside the draft set, per layer."""

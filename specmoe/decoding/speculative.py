@@ -179,10 +179,12 @@ class SpeculativeDecoder:
             if name not in groups:
                 d.idle()
         noise = step_noise(seqs, gammas, r.model.cfg.vocab_size, r.device)
-        b0 = r.provider.bytes_moved
+        b0, p0 = r.provider.bytes_moved, sum(d.prefetch_bytes for d in used)
         with clock.phase("draft"):
             trees = self.propose(seqs, groups, gammas, noise, plan, clock)
-        self.draft_phase_bytes += r.provider.bytes_moved - b0
+        # what the draft phase itself fetched (0: drafters compute from resident weights); draft-guided
+        # prefetch loads in the background for the verification and is counted apart
+        self.draft_phase_bytes += r.provider.bytes_moved - b0 - (sum(d.prefetch_bytes for d in used) - p0)
         self.proposed_nodes += sum(len(t) for t in trees)
         with clock.phase("select"):
             if self.selector is not None:

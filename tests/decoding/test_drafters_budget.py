@@ -55,7 +55,7 @@ def test_small_budget_reroutes_and_shrinks_the_union():
 
 def test_budget_options_are_checked():
     with pytest.raises(InputError):
-        LLM(decoding="specmoe", verify_expert_budget=4)  # the self drafter has no budgeted verification
+        LLM(decoding="ar", verify_expert_budget=4)  # plain decoding verifies nothing
     with pytest.raises(InputError):
         _ngram(verify_expert_budget=0)
     with pytest.raises(InputError):

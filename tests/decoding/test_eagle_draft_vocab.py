@@ -26,13 +26,13 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.drafts: list[torch.Tensor] = []
-        orig = EagleDrafter.propose
+        orig = EagleDrafter.propose_tree
 
-        def spy(drafter, seqs, gammas, noise):
-            p = orig(drafter, seqs, gammas, noise)
-            self.drafts += [p.drafts[b, :g] for b, g in enumerate(gammas)]
-            return p
-        monkeypatch.setattr(EagleDrafter, "propose", spy)
+        def spy(drafter, seqs, gammas, width, noise, hook=None):
+            trees = orig(drafter, seqs, gammas, width, noise, hook)
+            self.drafts += [torch.tensor(t.tokens, dtype=torch.long) for t in trees]
+            return trees
+        monkeypatch.setattr(EagleDrafter, "propose_tree", spy)
 
 
 @pytest.mark.parametrize("batch,gamma,n", [(1, 4, 512), (7, 3, 1024), (64, 4, 256)])

@@ -61,13 +61,13 @@ def head_outputs(head, emb_w, tokens: list[int], feats: torch.Tensor) -> torch.T
 
 def test_eagle_proposals_equal_a_from_scratch_recomputation(monkeypatch):
     seen = []
-    orig = EagleDrafter.propose
+    orig = EagleDrafter.propose_tree
 
-    def spy(self, seqs, gammas, noise):
-        p = orig(self, seqs, gammas, noise)
-        seen.extend((s.prompt_ids + s.output_ids, p.drafts[b, :gammas[b]].tolist()) for b, s in enumerate(seqs))
-        return p
-    monkeypatch.setattr(EagleDrafter, "propose", spy)
+    def spy(self, seqs, gammas, width, noise, hook=None):
+        trees = orig(self, seqs, gammas, width, noise, hook)
+        seen.extend((s.prompt_ids + s.output_ids, t.tokens) for t, s in zip(trees, seqs))
+        return trees
+    monkeypatch.setattr(EagleDrafter, "propose_tree", spy)
     llm = LLM(dtype="float32", threads=1, decoding="specmoe", drafter="eagle", num_draft_tokens=3)
     ps = prompts(3)
     llm.generate(ps, [SamplingParams(max_tokens=m, ignore_eos=True) for m in (12, 5, 9)])
@@ -97,27 +97,27 @@ def test_eagle_sampled_rows(ar_llm):
     assert llm.stats["drafted_tokens"] > 0
     # unseeded: drafts drawn from the head's q go through rejection sampling
     qs = []
-    orig = EagleDrafter.propose
+    orig = EagleDrafter.propose_tree
 
-    def spy(self, seqs, gammas, noise):
-        p = orig(self, seqs, gammas, noise)
-        qs.append(p.q)
-        return p
-    EagleDrafter.propose = spy
+    def spy(self, seqs, gammas, width, noise, hook=None):
+        trees = orig(self, seqs, gammas, width, noise, hook)
+        qs.extend(t.q for t in trees)
+        return trees
+    EagleDrafter.propose_tree = spy
     try:
         outs = llm.generate(ps, SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True))
     finally:
-        EagleDrafter.propose = orig
+        EagleDrafter.propose_tree = orig
     assert all(len(o.token_ids) == 10 for o in outs)
     q = next(q for q in qs if q is not None)
-    assert torch.allclose(q.sum(-1)[q.sum(-1) > 0], torch.ones(1))
+    assert torch.allclose(q.sum(-1), torch.ones(1))
 
 
 def test_eagle_options_and_head_errors(tmp_path):
     with pytest.raises(InputError, match="eagle_head applies"):
         LLM(drafter="ngram", eagle_head=str(tmp_path))
-    with pytest.raises(InputError, match="fixed gamma"):
-        LLM(decoding="auto", drafter="eagle")
+    with pytest.raises(InputError, match="eagle_draft_vocab applies"):
+        LLM(decoding="auto", drafter="self", eagle_draft_vocab=4)
     llm = LLM(dtype="float32", threads=1, decoding="specmoe", drafter="eagle", eagle_head=str(tmp_path / "none"))
     with pytest.raises(CheckpointError, match="not found"):
         llm.generate(prompts(1), SamplingParams(max_tokens=2))
@@ -156,18 +156,18 @@ def test_eagle3_head_drafts_from_three_target_layers(tmp_path, ar_llm):
     ps, sp = prompts(2), SamplingParams(max_tokens=10, ignore_eos=True)
     ref = [o.token_ids for o in ar_llm.generate(ps, sp)]
     seen = []
-    orig = EagleDrafter.propose
+    orig = EagleDrafter.propose_tree
 
-    def spy(self, seqs, gammas, noise):
-        p = orig(self, seqs, gammas, noise)
-        seen.append(p.drafts)
-        return p
-    EagleDrafter.propose = spy
+    def spy(self, seqs, gammas, width, noise, hook=None):
+        trees = orig(self, seqs, gammas, width, noise, hook)
+        seen.extend(torch.tensor(t.tokens, dtype=torch.long) for t in trees)
+        return trees
+    EagleDrafter.propose_tree = spy
     try:
         llm = LLM(dtype="float32", threads=1, decoding="specmoe", drafter="eagle", eagle_head=str(tmp_path))
         assert [o.token_ids for o in llm.generate(ps, sp)] == ref
     finally:
-        EagleDrafter.propose = orig
+        EagleDrafter.propose_tree = orig
     s = llm.stats
     assert s["eagle_version"] == 3 and s["drafted_tokens"] > 0
     drafted = torch.cat([d.reshape(-1) for d in seen])

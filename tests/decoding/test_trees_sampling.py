@@ -158,20 +158,11 @@ def test_tree_selector_cuts_unlikely_branches_once_fitted():
     assert sel.prob(1, 0) > 0.8 and sel.prob(1, 1) < 0.2
 
 
-def test_default_propose_tree_wraps_the_chain():
-    from specmoe.decoding.drafters import Drafter, Proposal
-
-    class Fixed(Drafter):
-        name = "fixed"
-
-        def propose(self, seqs, gammas, noise):
-            return Proposal(torch.tensor([[4, 5, 6], [7, 0, 0]]), None, [3, 1])
-
-        def stats(self):
-            return {"drafter": self.name}
-    trees = Fixed().propose_tree(_rows(2, 0), [3, 3], 4, {})
-    assert [t.tokens for t in trees] == [[4, 5, 6], [7]] and trees[0].parents == [-1, 0, 1]
-    assert all(t.q is None for t in trees)
+def test_chains_are_trees_of_width_one():
+    from specmoe.decoding.tree import chain, trie
+    c = chain([4, 5, 6])
+    assert c.is_chain and c.parents == [-1, 0, 1] and c.q is None
+    assert trie([[4, 5, 6]]).parents == c.parents and not trie([[4, 5], [4, 7]]).is_chain
     assert DraftNode(seq=0, parent=-1, p=0.5).p == 0.5
 
 

@@ -109,7 +109,8 @@ def test_self_draft_records_router_picks_per_chain_node(tmp_path, monkeypatch):
         return seen[-len(a[0]):]
     monkeypatch.setattr(SelfDrafter, "propose_tree", spy)
     llm = LLM(dtype="float32", threads=1, decoding="specmoe", draft_tree=True, num_draft_tokens=3,
-              draft_tree_width=3, offload="disk", repack_dir=str(tmp_path / "r"), cache_experts=10,
+              draft_tree_width=3, draft_selection="cost", offload="disk", repack_dir=str(tmp_path / "r"),
+              cache_experts=10,
               cache_policy="lru")
     llm.generate(*BATCHES[1])
     cfg = llm.config
