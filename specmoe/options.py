@@ -166,8 +166,9 @@ class SpecConfig:
                        "head over the target's last hidden state (eagle: a small dense layer, no expert bytes)",
                        ("self", "ngram", "eagle"))
     eagle_head: str | None = opt(None, "eagle drafter: an EAGLE / EAGLE-3 head directory (config.json + "
-                                 "model.safetensors, published layout); default: the head shipped for the demo "
-                                 "model", type=str)
+                                 "model.safetensors, published layout); default: the checkpoint's own eagle/ "
+                                 "subdirectory (a widened copy's), else the head shipped for the demo model",
+                                 type=str)
     eagle_draft_vocab: int | None = opt(None, "eagle drafter, EAGLE-1 head: score drafts over only the N most "
                                         "frequent target tokens (the ranking shipped beside the head, "
                                         "draft_vocab.safetensors), not the full vocabulary; 0: full vocabulary; "

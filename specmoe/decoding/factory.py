@@ -94,20 +94,18 @@ def make_drafted(runner: ModelRunner, cfg: SpecConfig, *, ckpt, max_model_len: i
 
 
 def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
-    """The EAGLE drafter over `cfg.eagle_head` (default: the head shipped for the demo model), its weights
-    read once per engine (`memo`)."""
+    """The EAGLE drafter over `cfg.eagle_head` (default: the head that ships for the checkpoint,
+    `bundled.default_eagle_head`), its weights read once per engine (`memo`)."""
     from pathlib import Path
 
-    from specmoe.bundled import demo_eagle_dir, demo_model_dir
+    from specmoe.bundled import default_eagle_head
     from specmoe.decoding.eagle import EagleDrafter
     from specmoe.errors import InputError
     from specmoe.models.eagle import load_eagle_head, read_draft_vocab, recommended_draft_vocab
-    path = cfg.eagle_head
+    path = cfg.eagle_head if cfg.eagle_head is not None else default_eagle_head(ckpt.path)
     if path is None:
-        if Path(ckpt.path).resolve() != demo_model_dir(check=False).resolve():
-            raise InputError(f"drafter='eagle' needs eagle_head=PATH (--eagle-head): no EAGLE head ships for "
-                             f"{ckpt.path}")
-        path = demo_eagle_dir()
+        raise InputError(f"drafter='eagle' needs eagle_head=PATH (--eagle-head): no EAGLE head ships for "
+                         f"{ckpt.path}")
     w = runner.model.embed.weight
     n = cfg.eagle_draft_vocab
     if n is None:  # the size recommended beside the head (none: the full vocabulary)
