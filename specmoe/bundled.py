@@ -42,6 +42,21 @@ def demo_eagle_dir() -> Path:
                        f"{' and '.join(str(d) for d in DEMO_EAGLE_CANDIDATES)}); pass eagle_head=PATH")
 
 
+EAGLE_SUBDIR = "eagle"  # a checkpoint's own EAGLE head (what specmoe.bench.widen writes into a widened copy)
+
+
+def default_eagle_head(model_dir: str | Path) -> Path | None:
+    """The EAGLE head `drafter='eagle'` uses for the checkpoint at `model_dir` when no eagle_head is given: the
+    checkpoint's own `eagle/` subdirectory when it holds a head (a widened copy of the demo model carries its
+    widened head there), else for the demo model its shipped head (`demo_eagle_dir`); None: no head ships."""
+    own = Path(model_dir) / EAGLE_SUBDIR
+    if (own / "model.safetensors").is_file():
+        return own
+    if Path(model_dir).resolve() == demo_model_dir(check=False).resolve():
+        return demo_eagle_dir()
+    return None
+
+
 def prompts_dir() -> Path:
     """The held-out prompts folder (`<domain>.jsonl`): the installed copy if there is one, else the
     repository's; the repository's path when neither exists (callers fall back to built-in prompts)."""

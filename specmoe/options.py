@@ -168,8 +168,9 @@ class SpecConfig:
                               "for decoding=auto (self, eagle where a head is found, ngram)",
                               ("self", "ngram", "eagle"), type=str)
     eagle_head: str | None = opt(None, "eagle drafter: an EAGLE / EAGLE-3 head directory (config.json + "
-                                 "model.safetensors, published layout); default: the head shipped for the demo "
-                                 "model", type=str)
+                                 "model.safetensors, published layout); default: the checkpoint's own eagle/ "
+                                 "subdirectory (a widened copy's), else the head shipped for the demo model",
+                                 type=str)
     eagle_draft_vocab: int | None = opt(None, "eagle drafter, EAGLE-1 head: score drafts over only the N most "
                                         "frequent target tokens (the ranking shipped beside the head, "
                                         "draft_vocab.safetensors), not the full vocabulary; 0: full vocabulary; "

@@ -66,7 +66,7 @@ PRESETS = {
                  sweep_batch=32, sweep_max_tokens=32, gammas=(1, 2, 4, 6, 8, 10), draft_experts=(1, 2, 4, 8, 16),
                  peers=("hf", "hf-offload", "llama.cpp"), peer_batches=(1, 16), peer_max_tokens=16,
                  widened=True, widened_batches=(1, 4, 16, 64), widened_tiers=("disk",),
-                 widened_systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"),
+                 widened_systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe", "eagle"),
                  repeats=2, time_budget_s=28 * 60),
 }
 

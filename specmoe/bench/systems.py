@@ -59,7 +59,7 @@ SYSTEMS: tuple[System, ...] = (
     System("eagle", "EAGLE head drafts + LRU", {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe",
                                                "drafter": "eagle"}, kind="speculative",
            note="a one-layer dense head over the target's last hidden state drafts (no expert bytes); the demo "
-                "model's head ships, other models need eagle_head=PATH"),
+                "model's head ships (widened with it into its widened copy), other models need eagle_head=PATH"),
     System("eagle-tree", "EAGLE head token trees + LRU",
            {"cache_policy": "lru", "prefetch": "none", "decoding": "specmoe", "drafter": "eagle", "draft_tree": True},
            kind="speculative", note="the EAGLE head's chain verified through the tree decoder"),

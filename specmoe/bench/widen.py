@@ -15,6 +15,14 @@ function-preserving growth, zero-padding variant):
   pads). With D'/D a power of 4 that scale is a power of 2: exact in bf16.
 - heads and head_dim are unchanged (Qwen3's q_norm/k_norm act per head and are untouched).
 
+So every hidden state of the copy (embeddings, residual stream, normed features) is the source's with
+D' - D zeros appended. An EAGLE head (specmoe.models.eagle) reads exactly those (the target's token
+embeddings and hidden states), so the head that ships for the source is widened the same way
+(`widen_eagle_head`) into the copy's `eagle/` subdirectory, where the engine finds it
+(`specmoe.bundled.default_eagle_head`): each D-wide input block of fc and of the attention's q/k/v gets
+zero columns, fc / o_proj / down get zero rows, its RMSNorms are rescaled with the same eps rule, and
+the head's output is the source head's with zeros appended, so its drafts equal the source head's.
+
 The copy is built on demand into a cache directory and never committed.
 """
 from __future__ import annotations
@@ -30,6 +38,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from specmoe.bundled import EAGLE_SUBDIR  # the widened head's directory inside the copy (default_eagle_head)
 
 SHARD_BYTES = 1 << 30
 COPY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -56,8 +66,25 @@ RULES = (
 )
 
 
-def rule_of(key: str) -> str:
-    for pat, rule in RULES:
+# An EAGLE head's published keys (specmoe.models.eagle `_head_keys`); "blocks": the input dim is k blocks of D
+# (fc: 2 (EAGLE-1: embedding, feature) or 3 (EAGLE-3: three target states); EAGLE-3's q/k/v: 2), each padded
+# to D'; fc also gets zero rows (its output is the head's hidden width, D')
+HEAD_RULES = (
+    (r"^fc\.weight$", "fc"),
+    (r"^fc\.bias$", "hid0"),
+    (r"(layernorm|hidden_norm)\.weight$|^norm\.weight$", "norm"),
+    (r"self_attn\.(q|k|v)_proj\.weight$", "blocks"),
+    (r"self_attn\.(q|k|v)_proj\.bias$", "keep"),
+    (r"self_attn\.o_proj\.(weight|bias)$", "hid0"),
+    (r"mlp\.(gate_proj|up_proj)\.weight$", "hid1"),
+    (r"mlp\.down_proj\.weight$", "hid0"),
+    (r"^(lm_head|embed_tokens)\.weight$", "hid1"),
+    (r"^(d2t|t2d)$", "keep"),
+)
+
+
+def rule_of(key: str, rules=RULES) -> str:
+    for pat, rule in rules:
         if re.search(pat, key):
             return rule
     raise ValueError(f"widen: no rule for tensor {key!r}; refusing to guess")
@@ -69,8 +96,23 @@ def _pad(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
-def widen_tensor(key: str, t: torch.Tensor, *, D: int, D2: int, I: int, I2: int) -> torch.Tensor:
-    rule = rule_of(key)
+def _pad_blocks(t: torch.Tensor, D: int, D2: int, rows: int | None = None) -> torch.Tensor:
+    """[R, k·D] → [rows (default R), k·D']: block j's columns at j·D' .. j·D'+D-1, zeros elsewhere."""
+    k = t.shape[1] // D
+    out = torch.zeros((rows or t.shape[0], k * D2), dtype=t.dtype)
+    for j in range(k):
+        out[:t.shape[0], j * D2: j * D2 + D] = t[:, j * D:(j + 1) * D]
+    return out
+
+
+def widen_tensor(key: str, t: torch.Tensor, *, D: int, D2: int, I: int = 0, I2: int = 0,
+                 rules=RULES) -> torch.Tensor:
+    rule = rule_of(key, rules)
+    if rule in ("fc", "blocks"):
+        assert t.dim() == 2 and t.shape[1] % D == 0, f"{key}: expected [*, k·{D}], got {tuple(t.shape)}"
+        if rule == "fc":
+            assert t.shape[0] == D, f"{key}: expected {D} rows, got {tuple(t.shape)}"
+        return _pad_blocks(t, D, D2, D2 if rule == "fc" else t.shape[0])
     if rule == "keep":
         return t
     if rule == "hid1":
@@ -153,6 +195,67 @@ def widen_checkpoint(src: str | Path, dst: str | Path, *, hidden: int, expert_in
             "rms_norm_eps": [cfg["specmoe_widened_from"]["rms_norm_eps"], cfg["rms_norm_eps"]]}
 
 
+def widen_eagle_head(src: str | Path, dst: str | Path, *, hidden: int) -> dict:
+    """Write the widened copy of the EAGLE head directory `src` (EAGLE-1 or EAGLE-3, published layout) into `dst`
+    for a target widened to `hidden`: config.json with the head's hidden size, eps and target_hidden_size
+    rescaled, model.safetensors by `HEAD_RULES`, every other file (draft_vocab.safetensors,
+    training_meta.json) copied as is (token ids do not change). Returns a description."""
+    from specmoe.models.eagle import WEIGHTS
+    src, dst = Path(src), Path(dst)
+    raw = json.loads((src / "config.json").read_text())
+    D, D2 = raw["hidden_size"], hidden
+    if raw.get("target_hidden_size", D) != D:
+        raise ValueError(f"{src}: a head whose hidden size ({D}) differs from its target's "
+                         f"({raw['target_hidden_size']}) cannot read the target's embeddings; refusing to widen")
+    assert D2 >= D, "widening can only grow the head"
+    dst.mkdir(parents=True, exist_ok=True)
+    with safe_open(str(src / WEIGHTS), framework="pt") as h:
+        meta = h.metadata() or {"format": "pt"}
+        out = {k: widen_tensor(k, h.get_tensor(k), D=D, D2=D2, rules=HEAD_RULES).contiguous() for k in h.keys()}
+    save_file(out, str(dst / WEIGHTS), metadata=meta)
+    eps = raw.get("rms_norm_eps", 1e-6)
+    cfg = dict(raw)
+    cfg.update({"hidden_size": D2, "rms_norm_eps": eps * D / D2,
+                "head_dim": raw.get("head_dim") or D // raw["num_attention_heads"],
+                "specmoe_widened_from": {"hidden_size": D, "rms_norm_eps": eps, "source": str(src)}})
+    if "target_hidden_size" in raw:
+        cfg["target_hidden_size"] = D2
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    for f in src.iterdir():
+        if f.is_file() and f.name not in ("config.json", WEIGHTS):
+            shutil.copy2(f, dst / f.name)
+    return {"source": str(src), "hidden": [D, D2], "rms_norm_eps": [eps, cfg["rms_norm_eps"]],
+            "bytes": (dst / WEIGHTS).stat().st_size}
+
+
+def eagle_head_check(src: str | Path, dst: str | Path, *, entries: int = 12, seed: int = 0) -> dict:
+    """The widened head against its source on random inputs (fp32, a fresh cache): the source head's inputs with
+    zeros appended to each D-wide block give the source head's output with zeros appended (EAGLE-3: also the
+    same draft logits). Returns the largest absolute differences."""
+    from specmoe.models.decoder import BatchView
+    from specmoe.models.eagle import load_eagle_head
+    a, b = load_eagle_head(src), load_eagle_head(dst)
+    D, D2 = a.hc.hidden_size, b.hc.hidden_size
+    F = a.hc.feature_layers * a.hc.target_hidden_size
+    g = torch.Generator().manual_seed(seed)
+    e, h = torch.randn(1, entries, D, generator=g), torch.randn(1, entries, F, generator=g)
+    def wide(x):  # [1, T, k·D] → [1, T, k·D'], zeros appended to each block
+        return _pad_blocks(x[0], D, D2)[None]
+
+    def run(head, emb, feats):
+        kv = head.new_cache(1, entries, torch.float32, "cpu")
+        bv = BatchView(slots=torch.arange(1), positions=torch.arange(entries)[None], contiguous=slice(0, 1),
+                       key_len=entries)
+        return head(emb, feats, kv, bv)[0]
+    with torch.inference_mode():
+        x, y = run(a, e, h), run(b, wide(e), wide(h))
+        out = {"max_abs_diff": float((y[:, :D] - x).abs().max()), "pad_max_abs": float(y[:, D:].abs().max()),
+               "output_max_abs": float(x.abs().max())}
+        if a.lm_head is not None:  # EAGLE-3: its own norm + lm_head score the draft vocabulary
+            out["logits_max_abs_diff"] = float((b.draft_logits(y, None) - a.draft_logits(x, None)).abs().max())
+    return out
+
+
 def default_size(src: str | Path, *, hidden: int | None = None, expert_mb: float = 6.0) -> tuple[int, int]:
     """D' = 4·D (the norm scale is then exactly 1/2) unless given; I' so one expert ≈ expert_mb MiB."""
     raw = json.loads((Path(src) / "config.json").read_text())
@@ -176,23 +279,51 @@ def greedy_check(src: Path, dst: Path, *, dtype: str, prompts: list[list[int]], 
             "tokens": sum(len(x) for x in a)}
 
 
+def _widened_head(head: Path, dst: Path, D2: int) -> dict:
+    """Widen `head` into `dst`/eagle (built aside, then moved in place) and check it (`eagle_head_check`)."""
+    out, tmp = dst / EAGLE_SUBDIR, dst / f"{EAGLE_SUBDIR}.building"
+    for d in (out, tmp):
+        if d.exists():
+            shutil.rmtree(d)
+    info = widen_eagle_head(head, tmp, hidden=D2)
+    tmp.rename(out)
+    return {"path": EAGLE_SUBDIR, **info, "check": eagle_head_check(head, out)}
+
+
 def widened_copy(src: str | Path, *, cache_dir: str | Path, hidden: int | None = None, expert_mb: float = 6.0,
                  check_prompts: list[list[int]] | None = None, progress: bool = True,
-                 device: str = "cpu") -> tuple[Path, dict]:
+                 device: str = "cpu", eagle_head: str | Path | None = None) -> tuple[Path, dict]:
     """The widened copy of `src` under `cache_dir` (built once, reused while the source is unchanged),
-    with a greedy equivalence check recorded on build."""
+    with a greedy equivalence check recorded on build. The EAGLE head `eagle_head` (default: the one that ships
+    for `src`, `specmoe.bundled.default_eagle_head`; none: no head) is widened into the copy's `eagle/`, the
+    head `drafter='eagle'` uses there by default; a cached copy without it (or with another source's) gets it."""
+    from specmoe.bundled import default_eagle_head
+    from specmoe.errors import SpecMoEError
     from specmoe.weights.checkpoint import Checkpoint
     src = Path(src)
     D2, I2 = default_size(src, hidden=hidden, expert_mb=expert_mb)
     tag = hashlib.sha1(Checkpoint(src).fingerprint().encode()).hexdigest()[:10]
     dst = Path(cache_dir) / f"{src.name}-widened-d{D2}-i{I2}-{tag}"
     marker = dst / "widen.json"
+    if eagle_head is None:
+        try:
+            eagle_head = default_eagle_head(src)
+        except SpecMoEError:  # the demo model's head is missing: a copy without one
+            eagle_head = None
+    head = Path(eagle_head).resolve() if eagle_head is not None else None
     if marker.is_file():
-        return dst, json.loads(marker.read_text())
+        info = json.loads(marker.read_text())
+        have = info.get("eagle_head", {}).get("source")
+        if head is not None and (have != str(head) or not (dst / EAGLE_SUBDIR / "config.json").is_file()):
+            info["eagle_head"] = _widened_head(head, dst, D2)  # a copy built before heads were widened
+            marker.write_text(json.dumps(info, indent=1))
+        return dst, info
     if dst.exists():
         shutil.rmtree(dst)  # an interrupted build
     t0 = time.perf_counter()
     info = widen_checkpoint(src, dst, hidden=D2, expert_intermediate=I2, progress=progress)
+    if head is not None:
+        info["eagle_head"] = _widened_head(head, dst, D2)
     info["build_s"] = time.perf_counter() - t0
     info["expert_bytes"] = Checkpoint(dst).config.expert_numel * (2 if "16" in Checkpoint(dst).config.dtype else 4)
     prompts = check_prompts or [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12]]

@@ -92,20 +92,15 @@ def draft_experts(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict | No
 
 
 def eagle_head_path(cfg: SpecConfig, ckpt):
-    """The EAGLE head for `ckpt`: `cfg.eagle_head`, else the head shipped for the demo model, else None."""
-    from pathlib import Path
-
-    from specmoe.bundled import demo_eagle_dir, demo_model_dir
-    if cfg.eagle_head is not None:
-        return cfg.eagle_head
-    if Path(ckpt.path).resolve() == demo_model_dir(check=False).resolve():
-        return demo_eagle_dir()
-    return None
+    """The EAGLE head for `ckpt`: `cfg.eagle_head`, else the head that ships for the checkpoint (its own `eagle/`,
+    or the demo model's bundled head; `bundled.default_eagle_head`), else None."""
+    from specmoe.bundled import default_eagle_head
+    return cfg.eagle_head if cfg.eagle_head is not None else default_eagle_head(ckpt.path)
 
 
 def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
-    """The EAGLE drafter over `cfg.eagle_head` (default: the head shipped for the demo model), its weights
-    read once per engine (`memo`)."""
+    """The EAGLE drafter over `cfg.eagle_head` (default: the head that ships for the checkpoint,
+    `bundled.default_eagle_head`), its weights read once per engine (`memo`)."""
     from pathlib import Path
 
     from specmoe.decoding.eagle import EagleDrafter

@@ -7,6 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
+import torch
 
 from specmoe.errors import InputError
 from specmoe.models.moe import Routing, SlotGroup
@@ -30,11 +31,18 @@ class ExpertStore(ABC):
     - `bytes_moved` counts bytes read from the backing tier so far (an integer counter, cheap to read
       inside a step); `stats()` is the full telemetry dict, for the engine boundary only.
     - `forward_observers` / `forward_layer_hooks`: what the engine registers on its ModelRunner.
+    - `device`: where the slot tensors live (routing tensors handed to `fetch` are built there, e.g. by the
+      cost model's read calibration); `holds_all`: every expert is resident for good (no union ever needs
+      reading to the host).
+
+    Every attribute and method above is the whole interface callers use; `DelegatingStore` forwards each
+    one (tests/experts/test_delegating_store.py checks that it overrides every public member declared here).
     """
 
     forward_observers: list
     forward_layer_hooks: list
-    holds_all: bool = False  # every expert is resident for good (no union ever needs reading to the host)
+    device: torch.device
+    holds_all: bool = False
 
     @abstractmethod
     def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
@@ -90,8 +98,22 @@ class DelegatingStore(ExpertStore):
 
     def __init__(self, inner: ExpertStore):
         self.inner = inner
-        self.forward_observers, self.forward_layer_hooks = inner.forward_observers, inner.forward_layer_hooks
-        self.holds_all = inner.holds_all
+
+    @property
+    def forward_observers(self) -> list:
+        return self.inner.forward_observers
+
+    @property
+    def forward_layer_hooks(self) -> list:
+        return self.inner.forward_layer_hooks
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
+
+    @property
+    def holds_all(self) -> bool:
+        return self.inner.holds_all
 
     def fetch(self, layer: int, routing: Routing) -> Iterator[SlotGroup]:
         return self.inner.fetch(layer, routing)
@@ -141,6 +163,10 @@ class ClosedProvider(ExpertStore):
 
     def _closed(self):
         raise InputError(f"{self._what} is closed (close() was called); create a new LLM")
+
+    @property
+    def device(self) -> torch.device:
+        self._closed()
 
     def fetch(self, layer: int, routing: Routing):
         self._closed()
