@@ -79,6 +79,10 @@ class Drafter(ABC):
         """The runner observers this drafter registered (left out of forwards it takes no part in)."""
         return []
 
+    def compacted(self, seqs: list[Sequence], paths: list[list[int]], lengths: list[int]) -> None:
+        """A step moved each sequence's accepted tree path (verification rows paths[b], at lengths[b] + row) onto
+        consecutive positions (per-position state the drafter keeps follows)."""
+
     def begin_verify(self) -> None:
         """Right before a verification forward with rows this drafter proposed."""
 

@@ -39,11 +39,47 @@ from specmoe.models.kv_cache import KVCache
 
 @dataclass
 class _Track:
-    """One sequence's features not yet read by the head: positions [start, start + len(feats))."""
+    """One sequence's features not yet read by the head: positions [start, start + n) in buf's first n rows (a
+    buffer grown by doubling, so a sequence that does not draft with the head for a while costs one row write
+    per token, not a copy of its history)."""
     seq: Sequence
     start: int = 0
-    feats: torch.Tensor | None = None  # [n, F]
+    buf: torch.Tensor | None = None  # [capacity, F]
+    n: int = 0
     head_len: int = 0  # head entries 0..head_len-1 hold K/V
+
+    def put(self, at: int, new: torch.Tensor) -> None:
+        """Features of positions at .. at + len(new) - 1 (those from `at` on replace what was held)."""
+        if self.buf is None:
+            self.start, self.buf, self.n = at, new.new_empty(max(16, 2 * new.shape[0]), new.shape[1]), 0
+        keep = at - self.start
+        if not 0 <= keep <= self.n:
+            raise RuntimeError(f"eagle drafter: features of sequence {self.seq.seq_id} arrived out of order "
+                               f"(at {at}, holding {self.start}..{self.start + self.n})")
+        need = keep + new.shape[0]
+        if need > self.buf.shape[0]:
+            grown = self.buf.new_empty(max(need, 2 * self.buf.shape[0]), self.buf.shape[1])
+            grown[:keep] = self.buf[:keep]
+            self.buf = grown
+        self.buf[keep:need] = new
+        self.n = need
+
+    def rows(self, a: int, b: int) -> torch.Tensor:
+        """Features of positions a .. b - 1."""
+        return self.buf[a - self.start: b - self.start]
+
+    def drop_before(self, pos: int) -> None:
+        k = pos - self.start
+        if k > 0:
+            self.buf[: self.n - k] = self.buf[k: self.n].clone()
+            self.n, self.start = self.n - k, pos
+
+    def move(self, pairs: list[tuple[int, int]]) -> None:
+        """Positions src → dst (a token tree's accepted path compacted onto consecutive positions)."""
+        if pairs:
+            src = torch.tensor([a - self.start for a, _ in pairs], device=self.buf.device)
+            dst = torch.tensor([b - self.start for _, b in pairs], device=self.buf.device)
+            self.buf[dst] = self.buf[src]
 
 
 class EagleDrafter(Drafter):
@@ -65,15 +101,14 @@ class EagleDrafter(Drafter):
             tr = self.tracks.get(s.seq_id)
             if tr is None or tr.seq is not s:  # a new sequence (ids may be reused across runs)
                 tr = self.tracks[s.seq_id] = _Track(s, start=starts[b])
-            new = feats[b, :lens[b]]
-            if tr.feats is None:
-                tr.start, tr.feats = starts[b], new
-                continue
-            keep = starts[b] - tr.start
-            if not 0 <= keep <= tr.feats.shape[0]:
-                raise RuntimeError(f"eagle drafter: features of sequence {s.seq_id} arrived out of order "
-                                   f"(at {starts[b]}, holding {tr.start}..{tr.start + tr.feats.shape[0]})")
-            tr.feats = torch.cat((tr.feats[:keep], new))
+            tr.put(starts[b], feats[b, :lens[b]])
+
+    def compacted(self, seqs: list[Sequence], paths: list[list[int]], lengths: list[int]) -> None:
+        """A tree verification's accepted paths moved to consecutive positions: their features follow."""
+        for s, path, L in zip(seqs, paths, lengths):
+            tr = self.tracks.get(s.seq_id)
+            if tr is not None and tr.buf is not None:
+                tr.move([(L + r, L + k) for k, r in enumerate(path) if r != k])
 
     # ------------------------------------------------------------ drafting
     def _reserve(self) -> KVCache:
@@ -130,14 +165,14 @@ class EagleDrafter(Drafter):
         toks, fts, starts, lens = [], [], [], []
         for s in seqs:
             tr = self.tracks.get(s.seq_id)
-            if tr is None or tr.seq is not s or tr.feats is None:
+            if tr is None or tr.seq is not s or tr.buf is None:
                 raise RuntimeError(f"eagle drafter: no target features for sequence {s.seq_id} (its prefill did "
                                    "not run through this drafter's runner)")
             L = r.cache.lengths[s.slot]
             h = tr.head_len
             ids = (s.prompt_ids + s.output_ids)[h + 1: L + 1]  # x_{t+1} for entries t = h .. L-1
             toks.append(ids)
-            fts.append(tr.feats[h - tr.start: L - tr.start])
+            fts.append(tr.rows(h, L))
             starts.append(h)
             lens.append(L - h)
             if L - h < 1 or fts[-1].shape[0] != L - h:
@@ -151,7 +186,8 @@ class EagleDrafter(Drafter):
         x = self._forward(slots, tokens, feats, starts, lens)  # [B, D]
         for s, L in zip(seqs, (r.cache.lengths[s.slot] for s in seqs)):
             tr = self.tracks[s.seq_id]
-            tr.feats, tr.start, tr.head_len = tr.feats[L - tr.start:], L, L
+            tr.drop_before(L)
+            tr.head_len = L
         # 2. the drafts: one entry per row per step (the previous draft, the head's own feature)
         out = torch.zeros(B, G, dtype=torch.long, device=dev)
         q = None

@@ -157,7 +157,9 @@ class SelfDrafter(Drafter):
             self.picks = {layer: (set(w), set(self.experts.ids[layer]))
                           for layer, w in self.experts.prefetch_want.items()}
         picks = self._picks(raw) if raw else {}
-        chain = drafts.tolist()
+        # a chain's tokens stay on the device (the verification input is built there, `accept` reads them)
+        deferred = width == 1
+        chain = drafts.tolist() if not deferred else None
         trees = []
         for b, (s, g) in enumerate(zip(seqs, gammas)):
             tokens, parents, qrows, ex = [], [], [], []
@@ -170,7 +172,7 @@ class SelfDrafter(Drafter):
                     sib = siblings(s, logits[rows.index(b)], chain[b][j], width - 1,
                                    noise[b][j] if b in noise else None, q[b, j] if unseeded else None)
                 here = len(tokens)
-                for k, tok in enumerate([chain[b][j]] + sib):
+                for k, tok in enumerate([chain[b][j] if chain is not None else 0] + sib):
                     tokens.append(tok)
                     parents.append(prev)
                     ex.append(picks.get(j + 1, {}).get(b) if k == 0 else None)  # the chain node: forward j + 1
@@ -179,7 +181,7 @@ class SelfDrafter(Drafter):
                 self.siblings += len(sib)
                 prev = here  # the chain continues from its own node (siblings are leaves)
             trees.append(DraftTree(tokens, parents, torch.stack(qrows) if qrows else None, ex if picks else None,
-                                   picks.get(0, {}).get(b)))
+                                   picks.get(0, {}).get(b), src=(drafts, b) if deferred and g else None))
         return trees
 
     @staticmethod

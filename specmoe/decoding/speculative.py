@@ -191,9 +191,9 @@ class SpeculativeDecoder:
                 trees = self.selector.choose_trees(trees)
         lengths = [r.cache.lengths[s.slot] for s in seqs]
         with clock.phase("verify"):
-            logits, depths, lens = self.verify(seqs, trees, used)
+            logits, depths, lens, tokens = self.verify(seqs, trees, used)
         with clock.phase("accept"):
-            paths, out = accept(seqs, trees, logits, depths, noise)
+            paths, out = accept(seqs, trees, logits, depths, noise, tokens)
         with clock.phase("commit"):
             self.commit(seqs, paths, out, logits, lengths)
         if self.selector is not None:
@@ -217,7 +217,8 @@ class SpeculativeDecoder:
         return trees
 
     def verify(self, seqs: list[Sequence], trees: list[DraftTree], used: list[Drafter]):
-        """One target forward over the pending tokens + every row's nodes → (logits [B, T, V], depths, lens)."""
+        """One target forward over the pending tokens + every row's nodes → (logits [B, T, V], depths, lens,
+        the input tokens [B, T])."""
         r, dev = self.runner, self.runner.device
         tokens, lens, depths, mask = pack(seqs, trees, dev)
         if self.budget is not None:  # padding rows do not vote
@@ -231,7 +232,7 @@ class SpeculativeDecoder:
         finally:
             for d in used:
                 d.end_verify()
-        return logits, depths, lens
+        return logits, depths, lens, tokens
 
     def commit(self, seqs, paths: list[list[int]], out: list[list[int]], logits: torch.Tensor,
                lengths: list[int]) -> None:
@@ -239,6 +240,8 @@ class SpeculativeDecoder:
         src, dst = compaction(seqs, paths, lengths, r.cache.max_seq)
         if src:
             r.cache.move(torch.tensor(src, device=r.device), torch.tensor(dst, device=r.device))
+            for d in self.drafters.values():
+                d.compacted(seqs, paths, lengths)
         r.rerecord(seqs, paths, logits)
         for s, toks in zip(seqs, out):
             r.commit(s, len(toks))  # K/V of the pending token + the accepted path, now consecutive

@@ -46,6 +46,10 @@ class DraftTree:
     q: torch.Tensor | None = None
     experts: list[frozenset | None] | None = None
     root_experts: frozenset | None = None
+    # (drafts [B', G] on the device, row): the tokens are still there, `tokens` holds placeholders until they
+    # are read (`read_tokens`, or `accept` in its one host read); the verification input is built from them
+    # on the device, so a drafter need not read its drafts to the host before verification
+    src: tuple[torch.Tensor, int] | None = None
 
     def __post_init__(self):
         if len(self.tokens) != len(self.parents) or any(not -1 <= p < i for i, p in enumerate(self.parents)):
@@ -78,6 +82,7 @@ class DraftTree:
 
     def restrict(self, keep) -> DraftTree:
         """The subtree of the nodes in `keep` (ancestor-closed), renumbered in their order."""
+        read_tokens([self])
         keep = sorted(keep)
         new = {-1: -1}
         for j, i in enumerate(keep):
@@ -88,6 +93,19 @@ class DraftTree:
         ex = None if self.experts is None else [self.experts[i] for i in keep]
         return DraftTree([self.tokens[i] for i in keep], [new[self.parents[i]] for i in keep], q, ex,
                          self.root_experts)
+
+
+def read_tokens(trees: list[DraftTree]) -> None:
+    """Read the tokens of trees still on the device (`DraftTree.src`) to the host: one read per source tensor."""
+    by_src: dict[int, tuple[torch.Tensor, list[DraftTree]]] = {}
+    for t in trees:
+        if t.src is not None:
+            by_src.setdefault(id(t.src[0]), (t.src[0], []))[1].append(t)
+    for drafts, ts in by_src.values():
+        rows = drafts.tolist()
+        for t in ts:
+            t.tokens[:] = rows[t.src[1]][:len(t)]
+            t.src = None
 
 
 def chain(tokens: list[int], q: torch.Tensor | None = None) -> DraftTree:
@@ -129,39 +147,64 @@ def pack(seqs: list[Sequence], trees: list[DraftTree], device: torch.device):
     is None (the causal mask is the ancestor mask: the forward takes its plain form) and depths[b, t] = t."""
     lens = [len(t) + 1 for t in trees]
     T = max(lens)
-    toks = [[s.output_ids[-1]] + t.tokens + [0] * (T - n) for s, t, n in zip(seqs, trees, lens)]
+    toks = torch.tensor([[s.output_ids[-1]] + t.tokens + [0] * (T - n) for s, t, n in zip(seqs, trees, lens)],
+                        device=device)
+    by_src: dict[int, tuple[torch.Tensor, list[int]]] = {}  # chains whose tokens are still on the device
+    for b, t in enumerate(trees):
+        if t.src is not None:
+            by_src.setdefault(id(t.src[0]), (t.src[0], []))[1].append(b)
+    for drafts, rows in by_src.values():
+        G = min(drafts.shape[1], T - 1)
+        idx = torch.tensor(rows, device=device)
+        src = drafts[torch.tensor([trees[b].src[1] for b in rows], device=device), :G]  # [r, G]
+        real = torch.arange(G, device=device)[None, :] < torch.tensor([len(trees[b]) for b in rows],
+                                                                        device=device)[:, None]
+        toks[idx, 1:G + 1] = torch.where(real, src, toks[idx, 1:G + 1])
     if all(t.is_chain for t in trees):
-        return (torch.tensor(toks, device=device), lens, torch.arange(T, device=device).expand(len(trees), T),
-                None)
+        return toks, lens, torch.arange(T, device=device).expand(len(trees), T), None
     deps = [[0] + t.depths() + [0] * (T - n) for t, n in zip(trees, lens)]
     mask = [ancestor_mask(t, T) for t in trees]
-    return (torch.tensor(toks, device=device), lens, torch.tensor(deps, device=device),
-            torch.tensor(mask, dtype=torch.bool, device=device))
+    return toks, lens, torch.tensor(deps, device=device), torch.tensor(mask, dtype=torch.bool, device=device)
 
 
 def accept(seqs: list[Sequence], trees: list[DraftTree], logits: torch.Tensor, depths: torch.Tensor,
-           noise: dict[int, torch.Tensor] | None = None) -> tuple[list[list[int]], list[list[int]]]:
+           noise: dict[int, torch.Tensor] | None = None, tokens: torch.Tensor | None = None
+           ) -> tuple[list[list[int]], list[list[int]]]:
     """(paths, out): paths[b] = the forward rows of b's accepted path (root 0 first), out[b] = the tokens
     to emit (the accepted nodes' tokens + the correction/bonus). logits [B, T, V]; depths [B, T];
-    noise[b] [depth + 1, V] for seeded rows (row j: the output position j after the pending token)."""
+    noise[b] [depth + 1, V] for seeded rows (row j: the output position j after the pending token);
+    tokens [B, T]: the verification input (`pack`), read with the target's picks to fill the tokens of trees
+    still on the device."""
     noise = noise or {}
     B, T = logits.shape[:2]
     dev = logits.device
+    deferred = [t for t in trees if t.src is not None]
+    if deferred and tokens is None:
+        read_tokens(deferred)
+        deferred = []
     lens = torch.tensor([len(t) + 1 for t in trees], device=dev)
     real = torch.arange(T, device=dev)[None, :] < lens[:, None]
     finite = (finite_rows(logits) | ~real).all(-1)  # [B]: the verified rows hold no inf/NaN
     exact = [b for b, s in enumerate(seqs) if s.params.greedy or b in noise]
-    if len(exact) < B:
-        check_finite(finite.tolist())  # before rejection sampling meets NaN
     paths: list[list[int]] = [[] for _ in range(B)]
     out: list[list[int]] = [[] for _ in range(B)]
+    if len(exact) < B:
+        if deferred:
+            read_tokens(deferred)
+            deferred = []
+        check_finite(finite.tolist())  # before rejection sampling meets NaN
     if exact:
         tgt = logits.argmax(-1)  # [B, T]
         for b, n in noise.items():
             k = len(trees[b]) + 1
             tgt[b, :k] = coupled_pick(logits[b, :k], seqs[b].params, n[depths[b, :k]])
-        rows = torch.cat([tgt, finite[:, None].long()], 1).tolist()  # one host read
-        check_finite([r[-1] == 1 for r in rows])
+        parts = [tgt, finite[:, None].long()] + ([tokens] if deferred else [])
+        rows = torch.cat(parts, 1).tolist()  # one host read: picks | finite | (the drafts still on the device)
+        for b, t in enumerate(trees):
+            if t.src is not None:
+                t.tokens[:] = rows[b][T + 2: T + 2 + len(t)]
+                t.src = None
+        check_finite([r[T] == 1 for r in rows])
         for b in exact:
             paths[b], out[b] = _walk_exact(trees[b], rows[b])
     for b, s in enumerate(seqs):
