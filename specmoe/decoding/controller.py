@@ -186,30 +186,35 @@ class Controller:
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
         return np.where(np.arange(self.g)[None, :] < np.asarray(avail)[:, None], P, 0.0)
 
-    def _cost(self, who: np.ndarray, gam: np.ndarray, names: list[str], resident, spec_resident,
-              setup: dict[str, float]) -> tuple[float, float, float, float]:
-        """(raw draft s, raw verify s, refined total s, expected misses) of one candidate: who[b] index into
-        names (-1: plain row), gam[b] its draft length."""
+    def _costs(self, W: np.ndarray, Gm: np.ndarray, names: list[str], resident, spec_resident,
+               setup: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per candidate c (W [C, B]: index into names of each row's drafter, Gm [C, B] its draft length):
+        raw draft s, raw verify s, refined total s and expected misses, each [C]."""
         cm = self.cost
-        B = len(gam)
-        G = int(gam.max()) if B else 0
-        d_raw = d_ref = s_setup = 0.0
-        self_rows = False
+        C, B = Gm.shape
+        G = max(int(Gm.max()), 1)
+        d_raw, d_ref, s_setup = np.zeros(C), np.zeros(C), np.zeros(C)
+        uses_self = np.zeros(C, bool)
+        ar = np.arange(G)[None, None, :]
         for i, n in enumerate(names):
-            mine = who == i
-            if not (mine & (gam > 0)).any():
+            mine = (W == i) & (Gm > 0)  # [C, B]
+            if not mine.any():
                 continue
-            self_rows |= n == "self"
-            rows = ((gam[mine][:, None] > np.arange(G)[None, :]).sum(0))
-            t = float(cm.drafter_time(n, rows).sum())
+            rows = ((Gm[:, :, None] > ar) & mine[:, :, None]).sum(1)  # [C, G] rows drafting at depth j
+            t = cm.drafter_time(n, rows).sum(1)
             d_raw += t
             d_ref += t * cm.ratio(f"draft:{n}", B)
-            s_setup += setup.get(n, 0.0)
-        n_tok = B + int(gam.sum())
-        kind = "spec" if n_tok > B else "plain"
-        union, miss = cm.expected_union(np.array([n_tok]), spec_resident if self_rows else resident, kind)
-        v = float(cm.forward_time(np.array([n_tok]), union, miss)[0])
-        return d_raw, v, d_ref + v * cm.ratio("fwd", n_tok) + s_setup, float(miss.sum())
+            used = mine.any(1)
+            s_setup += used * setup.get(n, 0.0)
+            if n == "self":
+                uses_self |= used
+        n_tok = B + Gm.sum(1)
+        u0, m0 = cm.expected_union(n_tok, resident, "spec")
+        u1, m1 = cm.expected_union(n_tok, spec_resident, "spec")
+        union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
+        v = cm.forward_time(n_tok, union, miss)
+        fwd = np.array([cm.ratio("fwd", int(k)) for k in n_tok])
+        return d_raw, v, d_ref + v * fwd + s_setup, miss.sum(1)
 
     def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,
                spec_resident: np.ndarray, setup: dict[str, float] | None = None) -> Plan:
@@ -223,49 +228,59 @@ class Controller:
         t_plain_raw, t_plain = cm.plain_parts(B, resident)
         plain_rate = B / t_plain
         P = {n: self._probs(n, seq_ids, avail[n]) for n in names}
-        ar = np.arange(self.g)[None, :]
-        cands = []  # (who [B], gammas [B], gain, theta, tag)
-        for k, th in enumerate(list(THETAS) + [None]):
-            L = {n: (np.asarray(avail[n]) if th is None else (P[n] >= th).sum(-1)) for n in names}
-            gain = {n: (P[n] * (ar < L[n][:, None])).sum(-1) for n in names}
-            for i, n in enumerate(names):
-                cands.append((np.full(B, i), L[n], float(gain[n].sum()), th, n))
-            for i, m in enumerate(names):
-                if m in LOOKUP:
+        ar = np.arange(self.g)
+        K = len(THETAS) + 1  # thresholds θ, then "everything available"
+        Ls, gains = {}, {}
+        for n in names:  # draft lengths [K, B] and expected accepted tokens [K, B] per threshold
+            L = (P[n][None] >= THETAS[:, None, None]).sum(-1)
+            Ls[n] = np.concatenate([L, np.asarray(avail[n])[None]])
+            gains[n] = (P[n][None] * (ar[None, None, :] < Ls[n][:, :, None])).sum(-1)
+        Ws, Gs, Ns, tags = [], [], [], []
+        for i, n in enumerate(names):
+            Ws.append(np.full((K, B), i))
+            Gs.append(Ls[n])
+            Ns.append(gains[n])
+            tags += [n] * K
+            for j, k in enumerate(names):
+                if n in LOOKUP or k not in LOOKUP:
                     continue
-                for j, k2 in enumerate(names):
-                    if k2 not in LOOKUP:
-                        continue
-                    take = (gain[k2] >= gain[m]) & (L[k2] > 0)
-                    if not take.any() or take.all():
-                        continue
-                    who = np.where(take, j, i)
-                    gam = np.where(take, L[k2], L[m])
-                    cands.append((who, gam, float(np.where(take, gain[k2], gain[m]).sum()), th, f"{m}+{k2}"))
-        best = None
-        by_drafter: dict[str, tuple] = {}
-        for who, gam, gain, th, tag in cands:
-            if gam.sum() == 0:
-                continue
-            d_raw, v_raw, t, miss = self._cost(who, gam, names, resident, spec_resident, setup)
-            rate = (B + gain) / t
-            row = (rate, who, gam, th, tag, d_raw, v_raw, t, miss)
-            if best is None or rate > best[0]:
-                best = row
-            if tag not in by_drafter or rate > by_drafter[tag][0]:
-                by_drafter[tag] = row
+                take = (gains[k] >= gains[n]) & (Ls[k] > 0)  # rows the lookup serves better
+                Ws.append(np.where(take, j, i))
+                Gs.append(np.where(take, Ls[k], Ls[n]))
+                Ns.append(np.where(take, gains[k], gains[n]))
+                tags += [f"{n}+{k}"] * K
+        W, Gm, gain = np.concatenate(Ws), np.concatenate(Gs), np.concatenate(Ns).sum(1)
+        theta = np.tile(np.append(THETAS, np.nan), len(Ws))
+        keep = Gm.sum(1) > 0
+        _, first = np.unique(np.concatenate([np.where(Gm > 0, W, -1), Gm], 1)[keep], axis=0, return_index=True)
+        idx = np.flatnonzero(keep)[np.sort(first)]  # distinct plans, the highest θ of each
         want, reason = None, "model"
         if self.schedule is not None:
             want, reason = self.schedule(self.steps), "schedule"
         elif self.force is not None:
             want, reason = self.force, "forced"
         if want == "spec" and names:  # every sequence its full γ with the first drafter
-            first = names[0]
-            gam = np.asarray(avail[first])
-            who = np.zeros(B, int)
-            d_raw, v_raw, t, miss = self._cost(who, gam, names, resident, spec_resident, setup)
-            gain = float((P[first] * (ar < gam[:, None])).sum())
-            best = ((B + gain) / t, who, gam, None, first, d_raw, v_raw, t, miss) if gam.sum() else best
+            full = np.asarray(avail[names[0]])
+            if full.sum():
+                W, Gm = np.zeros((1, B), int), full[None]
+                gain = np.array([float((P[names[0]] * (ar[None, :] < full[:, None])).sum())])
+                theta, tags, idx = np.array([np.nan]), [names[0]], np.array([0])
+        rows = [(W[c], Gm[c], float(gain[c]), None if np.isnan(theta[c]) else float(theta[c]), tags[c]) for c in idx]
+        best = None
+        by_drafter: dict[str, tuple] = {}
+        if rows:
+            W = np.stack([r[0] for r in rows])
+            Gm = np.stack([r[1] for r in rows])
+            gains = np.array([r[2] for r in rows])
+            d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup)
+            rates = (B + gains) / t
+            for c in np.argsort(-rates, kind="stable"):
+                who, gam, _, th, tag = rows[c]
+                row = (float(rates[c]), who, gam, th, tag, float(d_raw[c]), float(v_raw[c]), float(t[c]),
+                       float(miss[c]))
+                if best is None:
+                    best = row
+                by_drafter.setdefault(tag, row)
         spec_rate = best[0] if best is not None else 0.0
         if want is None:
             want = "spec" if best is not None and spec_rate > self.spec_margin * plain_rate else "plain"

@@ -139,19 +139,19 @@ def _eagle_run(path, prompts, sp, **kw):
     from specmoe import LLM
     from specmoe.decoding.eagle import EagleDrafter
     seen = []
-    orig = EagleDrafter.propose
+    orig = EagleDrafter.propose_tree
 
-    def spy(self, seqs, gammas, noise):
-        p = orig(self, seqs, gammas, noise)
-        seen.append([(s.seq_id, p.drafts[b, :gammas[b]].tolist()) for b, s in enumerate(seqs)])
-        return p
-    EagleDrafter.propose = spy
+    def spy(self, seqs, gammas, width, noise, hook=None):
+        trees = orig(self, seqs, gammas, width, noise, hook)
+        seen.append([(s.seq_id, t.tokens) for s, t in zip(seqs, trees)])
+        return trees
+    EagleDrafter.propose_tree = spy
     try:
         llm = LLM(path, dtype="float32", threads=1, decoding="specmoe", drafter="eagle", num_draft_tokens=4,
                   max_batch=len(prompts), **kw)
         outs = [o.token_ids for o in llm.generate(prompts, sp)]
     finally:
-        EagleDrafter.propose = orig
+        EagleDrafter.propose_tree = orig
     return outs, seen, llm.stats
 
 
