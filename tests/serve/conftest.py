@@ -1,4 +1,8 @@
-"""A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module."""
+"""A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module.
+
+Nothing optional is imported here: a module that starts a server calls `need_server()` first, so it skips when
+the [serve] extra or the dev clients are missing, while the tests that need neither (test_text, the install
+hint) still run on a machine without them."""
 from __future__ import annotations
 
 import threading
@@ -7,8 +11,14 @@ from dataclasses import dataclass
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("openai")
+# what a live server and its clients need: the [serve] extra, and the dev clients (openai, httpx)
+SERVER = ("fastapi", "uvicorn", "starlette", "prometheus_client", "jinja2", "openai", "httpx")
+
+
+def need_server() -> None:
+    """Skip the calling test module (called at its top) or test when a package in SERVER is missing."""
+    for name in SERVER:
+        pytest.importorskip(name)
 
 
 @dataclass

@@ -3,10 +3,12 @@ its timeout is aborted (504) and frees its slot, a failed engine step answers 50
 served by a fresh engine core."""
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from tests.serve.conftest import metric, scrape, start_server, wait_for
+from tests.serve.conftest import metric, need_server, scrape, start_server, wait_for
+
+need_server()
+httpx = pytest.importorskip("httpx")
 
 MODEL = "specmoe-tiny-moe"
 LONG = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 200, "temperature": 0, "ignore_eos": True}

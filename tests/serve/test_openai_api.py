@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 import torch
 
 from specmoe import LLM, SamplingParams
 from specmoe.bundled import prompts_dir
-from tests.serve.conftest import metric, scrape, start_server, wait_for
+from tests.serve.conftest import metric, need_server, scrape, start_server, wait_for
+
+need_server()
+httpx = pytest.importorskip("httpx")
 
 KEY = "test-key"
 MODEL = "specmoe-tiny-moe"

@@ -7,8 +7,10 @@ import asyncio
 import pytest
 
 from specmoe import LLM, SamplingParams
-from tests.serve.conftest import metric, scrape, start_server
+from tests.serve.conftest import metric, need_server, scrape, start_server
 from tests.serve.test_openai_api import MODEL, prompts
+
+need_server()
 
 
 @pytest.fixture(scope="module")
