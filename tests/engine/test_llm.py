@@ -90,3 +90,16 @@ def test_padding_is_not_routed(llm):
     counts = llm.stats["expert_counts"]
     assert len(counts) == len(llm.config.moe_layers)
     assert all(sum(row) == 6 * llm.config.top_k for row in counts)
+
+
+def test_logits_scores_a_prompt_of_exactly_the_context_length(tiny_ckpt):
+    """Scoring generates nothing: a prompt filling the whole context is scored (generation still refuses it)."""
+    llm = LLM(tiny_ckpt("qwen3_moe"), dtype="float32", max_model_len=16)
+    ids = [(7 * i) % 90 + 1 for i in range(16)]
+    full = llm.logits([ids])[0]
+    assert full.shape == (16, llm.config.vocab_size)
+    assert torch.allclose(full[:15], llm.logits([ids[:15]])[0], atol=1e-5)  # causal: the prefix is unchanged
+    with pytest.raises(InputError, match="context length is 16"):
+        llm.logits([ids + [1]])
+    with pytest.raises(InputError, match="at least one generated token"):
+        llm.generate([ids])
