@@ -103,3 +103,20 @@ def test_logits_scores_a_prompt_of_exactly_the_context_length(tiny_ckpt):
         llm.logits([ids + [1]])
     with pytest.raises(InputError, match="at least one generated token"):
         llm.generate([ids])
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_tiny_positive_temperature_is_the_greedy_limit(llm, seed):
+    """logits / 1e-45 overflows; sampling takes the limit instead (the top token), with top-k and top-p too."""
+    greedy = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=8, ignore_eos=True))
+    for t in (1e-45, 1e-38):
+        tiny = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=8, temperature=t, top_k=5, top_p=0.9,
+                                                                seed=seed, ignore_eos=True))
+        assert [o.token_ids for o in tiny] == [o.token_ids for o in greedy]
+
+
+def test_probs_from_logits_is_finite_at_tiny_temperature():
+    from specmoe.decoding.sampling import probs_from_logits
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0], [1e30, -1e30, 0.0, 5.0]])
+    p = probs_from_logits(logits, SamplingParams(temperature=1e-45))
+    assert torch.equal(p, torch.tensor([[0.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0]]))  # ties share the mass
