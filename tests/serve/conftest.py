@@ -1,4 +1,5 @@
-"""A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module."""
+"""A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module, with the
+uvicorn settings `specmoe serve` uses (specmoe.serve.http.uvicorn_config)."""
 from __future__ import annotations
 
 import threading
@@ -51,9 +52,11 @@ def start_server(llm_kwargs: dict | None = None, **config) -> Server:
     threads = torch.get_num_threads()
     from specmoe.serve.app import build_app
     from specmoe.serve.config import ServeConfig
+    from specmoe.serve.http import uvicorn_config
     llm = LLM(**{"dtype": "float32", "threads": 1, **(llm_kwargs or {})})
-    app = build_app(llm, ServeConfig(port=0, **config))
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    cfg = ServeConfig(port=0, **config)
+    app = build_app(llm, cfg)
+    srv = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning", lifespan="on"))  # as `specmoe serve`
     th = threading.Thread(target=srv.run, name="uvicorn", daemon=True)
     th.start()
     t0 = time.monotonic()
