@@ -363,11 +363,13 @@ class ModelConfig:
                 kw.update(qkv_bias=f.bool("qkv_bias", True), shared_expert_intermediate_size=f.int(
                     "shared_expert_intermediate_size", default=0, lo=0))
             else:
-                kw.update(qk_norm="head", qkv_bias=f.bool("attention_bias", False))
+                bias = f.bool("attention_bias", False)  # transformers: q/k/v and o projections all biased
+                kw.update(qk_norm="head", qkv_bias=bias, o_proj_bias=bias)
         elif mt == "olmoe":
+            bias = f.bool("attention_bias", False)  # transformers: q/k/v and o projections all biased
             kw.update(expert_intermediate_size=f.int("intermediate_size"), dense_intermediate_size=0,
                       norm_topk_prob=f.bool("norm_topk_prob", False), qk_norm="full",
-                      qkv_bias=f.bool("attention_bias", False), clip_qkv=f.float("clip_qkv", None))
+                      qkv_bias=bias, o_proj_bias=bias, clip_qkv=f.float("clip_qkv", None))
             if head_dim != H // n_heads:
                 raise UnsupportedModelError("OLMoE with head_dim != hidden_size / num_attention_heads")
         else:  # glm4_moe, deepseek_v2, deepseek_v3, gpt_oss

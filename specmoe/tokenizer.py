@@ -47,5 +47,18 @@ class Tokenizer:
         special tokens (a rendered chat template)."""
         return self.tok.encode(text, add_special_tokens=special).ids
 
+    def encode_in_thread(self, text: str, special: bool = True) -> list[int]:
+        """`encode` for a worker thread: the library's batch call releases the GIL while it works (its single
+        call holds it), so the thread that handed the text over (a server's event loop) keeps running."""
+        return self.tok.encode_batch([text], add_special_tokens=special)[0].ids
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token's vocabulary string holds (byte-level BPE stores a byte per
+        character, so this bounds the characters of text one token covers)."""
+        if not hasattr(self, "_max_token_chars"):
+            self._max_token_chars = max((len(t) for t in self.tok.get_vocab(with_added_tokens=True)), default=1)
+        return self._max_token_chars
+
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

@@ -71,7 +71,8 @@ def make_tiny_checkpoint(family: str, path, *, shard_size: str | None = None, se
     cls = getattr(tf, classes[family][1])
     torch.manual_seed(seed)
     model = cls(cfg).to(dtype).eval()
-    if family in DELTA_FAMILIES:  # biases, correction biases and sinks start at zero: make them matter
+    if family in DELTA_FAMILIES or overrides.get("attention_bias"):  # biases, correction biases and sinks start
+        # at zero: make them matter
         with torch.no_grad():
             for name, t in model.state_dict().items():
                 if not t.any() or name.endswith("sinks"):

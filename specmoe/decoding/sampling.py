@@ -58,8 +58,11 @@ class SamplingParams:
 
 
 def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """logits [..., V] → probabilities after temperature, top-k and top-p (fp32)."""
-    logits = logits.float() / p.temperature
+    """logits [..., V] → probabilities after temperature, top-k and top-p (fp32). The row's maximum is
+    subtracted before dividing by the temperature, so a tiny positive temperature (logits / 1e-45 would
+    overflow to inf and softmax to NaN) gives the greedy limit: the top token (or its ties) gets all the mass."""
+    logits = logits.float()
+    logits = (logits - logits.amax(-1, keepdim=True)) / p.temperature
     if p.top_k and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

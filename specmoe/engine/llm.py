@@ -116,9 +116,9 @@ class LLM:
         runner.layer_hooks += self.provider.forward_layer_hooks
         return runner
 
-    def _tokenize(self, prompts) -> tuple[list[str | None], list[list[int]]]:
+    def _tokenize(self, prompts, scoring: bool = False) -> tuple[list[str | None], list[list[int]]]:
         return normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self.config.vocab_size,
-                                 max_model_len=self.max_model_len, model_path=self.path)
+                                 max_model_len=self.max_model_len, model_path=self.path, scoring=scoring)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
@@ -194,8 +194,9 @@ class LLM:
     @torch.inference_mode()
     def logits(self, token_id_lists: list[list[int]]) -> torch.Tensor:
         """Scoring: [B, T, V] fp32 logits for each position (right-padded with zeros); batches larger
-        than max_batch run in chunks of max_batch. Non-finite logits raise NonFiniteLogitsError."""
-        _, ids = self._tokenize(token_id_lists)
+        than max_batch run in chunks of max_batch. A prompt may fill the whole context (nothing is generated).
+        Non-finite logits raise NonFiniteLogitsError."""
+        _, ids = self._tokenize(token_id_lists, scoring=True)
         T = max(len(t) for t in ids)
         with self._lock:
             n = min(len(ids), self.max_batch)  # sequences per forward: the cache never exceeds max_batch slots

@@ -68,9 +68,11 @@ def split_prompts(prompts) -> list[str | list[int]]:
     return out
 
 
-def normalize_prompts(prompts, *, tokenizer, vocab_size: int, max_model_len: int,
-                      model_path) -> tuple[list[str | None], list[list[int]]]:
-    """(texts or None per prompt, token ids per prompt), every prompt checked against the model."""
+def normalize_prompts(prompts, *, tokenizer, vocab_size: int, max_model_len: int, model_path,
+                      scoring: bool = False) -> tuple[list[str | None], list[list[int]]]:
+    """(texts or None per prompt, token ids per prompt), every prompt checked against the model. A prompt to
+    generate from must leave room for one generated token (< max_model_len tokens); one to score (`scoring`)
+    generates nothing, so it may fill the context (<= max_model_len)."""
     texts, ids = [], []
     for i, p in enumerate(split_prompts(prompts)):
         if isinstance(p, str):
@@ -91,7 +93,9 @@ def normalize_prompts(prompts, *, tokenizer, vocab_size: int, max_model_len: int
         bad = [t for t in ids[-1] if not 0 <= t < vocab_size]
         if bad:
             raise InputError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-        if len(ids[-1]) >= max_model_len:
+        if scoring and len(ids[-1]) > max_model_len:
+            raise InputError(f"prompt {i} has {len(ids[-1])} tokens; the context length is {max_model_len}")
+        if not scoring and len(ids[-1]) >= max_model_len:
             raise InputError(f"prompt {i} has {len(ids[-1])} tokens; the context length is {max_model_len} "
                              "(prompt + at least one generated token must fit)")
     return texts, ids

@@ -42,7 +42,7 @@ def load_profile(path: Path, cfg: ModelConfig) -> list[list[int]]:
     """Counts per MoE layer (rows may be given per MoE layer or per decoder layer)."""
     try:
         raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
         raise CheckpointError(f"cannot read expert profile {path}: {e}") from None
     rows = raw.get("counts") if isinstance(raw, dict) else raw
     if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
@@ -52,13 +52,27 @@ def load_profile(path: Path, cfg: ModelConfig) -> list[list[int]]:
     if len(rows) != len(cfg.moe_layers) or any(len(r) != cfg.num_experts for r in rows):
         raise CheckpointError(f"expert profile {path} has shape {len(rows)}×{len(rows[0]) if rows else 0}; the model "
                               f"has {len(cfg.moe_layers)} MoE layers × {cfg.num_experts} experts")
+    for i, r in enumerate(rows):
+        for e, c in enumerate(r):
+            if not _count(c):
+                raise CheckpointError(f"expert profile {path}: counts[{i}][{e}] is {json.dumps(c)[:40]}; each count must be "
+                                      "an integer >= 0")
     return [[int(c) for c in r] for r in rows]
+
+
+def _count(c) -> bool:
+    """A routed-assignment count: a non-negative integer (3.0 as a writer may print it counts too)."""
+    if isinstance(c, bool):
+        return False
+    if isinstance(c, int):
+        return c >= 0
+    return isinstance(c, float) and math.isfinite(c) and c.is_integer() and c >= 0
 
 
 def profile_fingerprint(path: Path) -> str | None:
     try:
         raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return None
     return raw.get("fingerprint") if isinstance(raw, dict) else None
 

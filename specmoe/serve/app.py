@@ -1,8 +1,12 @@
 """The OpenAI-compatible ASGI application: `build_app(llm, config)`.
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics. Errors of every kind (bad JSON, bad fields, unknown model or route, a full queue,
-a timeout, a failed step) are answered in OpenAI's error body shape, and the server keeps serving.
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET (and HEAD) /v1/models, /health,
+/metrics. Errors of every kind (bad JSON, bad fields, unknown model or route, a wrong method (405 with
+`Allow`), a body too large or too slow (`specmoe.serve.http.BodyGuard`), a full queue, a timeout, a
+failed step) are answered in OpenAI's error body shape, and the server keeps serving. Parsing and
+tokenizing a request run on a worker thread, so a large prompt does not hold up the event loop (the
+other clients, /health); a prompt certainly too long for the context is refused on its character count
+before it is tokenized.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from specmoe.engine.core import Request
 from specmoe.serve.chat import ChatTemplate
 from specmoe.serve.config import ServeConfig, served_name
 from specmoe.serve.engine import AsyncEngine, EngineUnavailable, QueueFull
+from specmoe.serve.http import BodyGuard
 from specmoe.serve.metrics import ServerMetrics
 from specmoe.serve.protocol import OpenAIError, chat_request, completion_request, parse_json
 from specmoe.serve.responses import DONE, ChoiceText, Responder, sse, usage
@@ -50,6 +55,8 @@ def build_app(llm, config: ServeConfig | None = None):
 
     app = FastAPI(title="specmoe", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.llm, app.state.config = engine, metrics, llm, config
+    app.add_middleware(BodyGuard, max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s,
+                       on_reject=metrics.rejected)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request, e: OpenAIError):
@@ -57,9 +64,14 @@ def build_app(llm, config: ServeConfig | None = None):
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, e: StarletteHTTPException):
-        code = "not_found" if e.status_code == 404 else None
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
         return JSONResponse(OpenAIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}",
-                                        code=code).body(), status_code=e.status_code)
+                                        code=code).body(), status_code=e.status_code, headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request, e: Exception):  # a bug: the body is still OpenAI's (uvicorn logs the trace)
+        return JSONResponse(OpenAIError(500, f"internal error: {type(e).__name__}", type="server_error").body(),
+                            status_code=500)
 
     def check_auth(request: HTTPRequest) -> None:
         if config.api_key is None:
@@ -69,18 +81,18 @@ def build_app(llm, config: ServeConfig | None = None):
             raise OpenAIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                               type="authentication_error", code="invalid_api_key")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         await run_in_threadpool(engine.start)  # no-op once started
         if not engine.alive:
             raise OpenAIError(503, engine.error or "the engine is not running", type="server_error")
         return {"status": "ok", "running": engine.running, "waiting": engine.waiting}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
         return Response(await run_in_threadpool(metrics.render), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models(request: HTTPRequest):
         check_auth(request)
         return {"object": "list", "data": [{"id": served, "object": "model", "created": 0, "owned_by": "specmoe",
@@ -89,14 +101,17 @@ def build_app(llm, config: ServeConfig | None = None):
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest):
         check_auth(request)
-        gen = completion_request(parse_json(await request.body()), llm=llm, served=served, config=config)
+        raw = await request.body()
+        gen = await run_in_threadpool(lambda: completion_request(parse_json(raw), llm=llm, served=served,
+                                                                 config=config))
         return await respond(request, gen)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: HTTPRequest):
         check_auth(request)
-        gen = chat_request(parse_json(await request.body()), llm=llm, served=served, config=config,
-                           template=template)
+        raw = await request.body()
+        gen = await run_in_threadpool(lambda: chat_request(parse_json(raw), llm=llm, served=served, config=config,
+                                                           template=template))
         return await respond(request, gen)
 
     async def respond(request: HTTPRequest, gen):

@@ -31,7 +31,8 @@ class ServerMetrics:
         self.finished_total = Counter("specmoe_requests_finished", "requests ended, by reason: stop, length, "
                                       "aborted (client gone), timeout, shutdown, error", ["reason"], registry=r)
         self.rejected_total = Counter("specmoe_requests_rejected", "requests refused before queueing: 429 (queue "
-                                      "full) or 503 (engine down), by status", ["status"], registry=r)
+                                      "full), 503 (engine down), 413 (body too large) or 408 (body too slow), "
+                                      "by status", ["status"], registry=r)
         self.ttft = Histogram("specmoe_time_to_first_token_seconds", "arrival to the first generated token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("specmoe_inter_token_latency_seconds", "gap between consecutive outputs of a request",

@@ -173,26 +173,56 @@ def _check_ids(ids: list[int], param: str, llm) -> None:
     V, M = llm.config.vocab_size, llm.max_model_len
     if not ids:
         raise bad(param, f"'{param}' is empty")
+    if len(ids) >= M:  # before the vocabulary scan: a huge list is refused on its length
+        raise bad(param, f"'{param}' has {len(ids)} tokens; this model's context length is {M} (the prompt and at "
+                         "least one generated token must fit)", code="context_length_exceeded")
     bad_ids = [t for t in ids if not 0 <= t < V]
     if bad_ids:
         raise bad(param, f"'{param}' has token ids outside the vocabulary [0, {V}): {bad_ids[:5]}")
-    if len(ids) >= M:
-        raise bad(param, f"'{param}' has {len(ids)} tokens; this model's context length is {M} (the prompt and at "
-                         "least one generated token must fit)", code="context_length_exceeded")
+
+
+CHARS_PER_TOKEN_MARGIN = 4  # normalizers may shrink text before it is tokenized (NFC composes up to 3 characters)
+
+
+def max_prompt_chars(llm) -> int | None:
+    """The most characters a prompt can have and still fit the context: the context length × the longest
+    vocabulary entry × a margin. Longer text is certainly too long and is refused without tokenizing it
+    (tokenizing 10 MB of text takes seconds and a gigabyte). None: the model has no tokenizer."""
+    if llm.tokenizer is None:
+        return None
+    return llm.max_model_len * llm.tokenizer.max_token_chars * CHARS_PER_TOKEN_MARGIN
 
 
 def _encode(llm, text: str, param: str, *, special: bool = True) -> list[int]:
+    """Token ids of `text` (called on a worker thread: the tokenizer releases the GIL while it works)."""
     if llm.tokenizer is None:
         raise bad(param, "this model has no tokenizer.json: pass the prompt as token ids")
+    limit = max_prompt_chars(llm)
+    if len(text) > limit:
+        raise bad(param, f"'{param}' has {len(text)} characters; this model's context length is "
+                         f"{llm.max_model_len} tokens and no token spans more than "
+                         f"{llm.tokenizer.max_token_chars} characters, so at most {limit} characters can fit",
+                  code="context_length_exceeded")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise bad(param, f"'{param}' is not valid Unicode text (a lone surrogate)") from None
-    return llm.tokenizer.encode(text, special=special)
+    return llm.tokenizer.encode_in_thread(text, special=special)
 
 
-def completion_prompts(body: dict, llm) -> list[tuple[str | None, list[int]]]:
-    """`prompt`: a string, a list of strings, a list of token ids, or a list of token-id lists."""
+def check_request_count(count: int, n: int, config) -> None:
+    """A request asking for more completions (prompts × n) than the waiting queue holds could never be
+    queued, even on an idle server: a 400 naming the limit (not a 429 that retrying cannot cure)."""
+    if count * n > config.max_waiting:
+        param = "n" if count == 1 else "prompt"
+        raise bad(param, f"this request asks for {count * n} completions ({count} prompt(s) × n={n}); this server "
+                         f"queues at most {config.max_waiting} (max_waiting, `specmoe serve --max-waiting`)",
+                  code="too_many_completions")
+
+
+def completion_prompts(body: dict, llm, n: int = 1, config=None) -> list[tuple[str | None, list[int]]]:
+    """`prompt`: a string, a list of strings, a list of token ids, or a list of token-id lists. With `config`,
+    more prompts × `n` than its queue holds are refused before any is tokenized."""
     p = body.get("prompt")
     if isinstance(p, str):
         items = [p]
@@ -205,6 +235,8 @@ def completion_prompts(body: dict, llm) -> list[tuple[str | None, list[int]]]:
         got = "missing" if p is None else f"{type(p).__name__} {p!r}"[:80]
         raise bad("prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of "
                             f"token-id lists; got {got}")
+    if config is not None:
+        check_request_count(len(items), n, config)
     out = []
     for x in items:
         ids = _encode(llm, x, "prompt") if isinstance(x, str) else list(x)
@@ -226,7 +258,7 @@ def completion_request(body: dict, *, llm, served: str, config) -> GenerationReq
     c = _common(body, config)
     lp = body.get("logprobs")
     logprobs = None if lp is None else _int(body, "logprobs", None, lo=0, hi=config.max_logprobs)
-    prompts = completion_prompts(body, llm)
+    prompts = completion_prompts(body, llm, c["n"], config)
     params = [_sampling(c, _max_tokens(body, "max_tokens", len(ids), llm.max_model_len,
                                        COMPLETION_DEFAULT_MAX_TOKENS)) for _, ids in prompts]
     return GenerationRequest("completion", model, prompts, params, c["n"], c["stream"], c["include_usage"], logprobs)
@@ -264,6 +296,7 @@ def chat_request(body: dict, *, llm, served: str, config, template) -> Generatio
     model = check_model(body, served)
     c = _common(body, config)
     msgs = chat_messages(body)
+    check_request_count(1, c["n"], config)
     if template is None:
         raise bad("messages", "this model has no chat template (tokenizer_config.json 'chat_template'); use "
                               "/v1/completions")

@@ -90,3 +90,33 @@ def test_padding_is_not_routed(llm):
     counts = llm.stats["expert_counts"]
     assert len(counts) == len(llm.config.moe_layers)
     assert all(sum(row) == 6 * llm.config.top_k for row in counts)
+
+
+def test_logits_scores_a_prompt_of_exactly_the_context_length(tiny_ckpt):
+    """Scoring generates nothing: a prompt filling the whole context is scored (generation still refuses it)."""
+    llm = LLM(tiny_ckpt("qwen3_moe"), dtype="float32", max_model_len=16)
+    ids = [(7 * i) % 90 + 1 for i in range(16)]
+    full = llm.logits([ids])[0]
+    assert full.shape == (16, llm.config.vocab_size)
+    assert torch.allclose(full[:15], llm.logits([ids[:15]])[0], atol=1e-5)  # causal: the prefix is unchanged
+    with pytest.raises(InputError, match="context length is 16"):
+        llm.logits([ids + [1]])
+    with pytest.raises(InputError, match="at least one generated token"):
+        llm.generate([ids])
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_tiny_positive_temperature_is_the_greedy_limit(llm, seed):
+    """logits / 1e-45 overflows; sampling takes the limit instead (the top token), with top-k and top-p too."""
+    greedy = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=8, ignore_eos=True))
+    for t in (1e-45, 1e-38):
+        tiny = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=8, temperature=t, top_k=5, top_p=0.9,
+                                                                seed=seed, ignore_eos=True))
+        assert [o.token_ids for o in tiny] == [o.token_ids for o in greedy]
+
+
+def test_probs_from_logits_is_finite_at_tiny_temperature():
+    from specmoe.decoding.sampling import probs_from_logits
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0], [1e30, -1e30, 0.0, 5.0]])
+    p = probs_from_logits(logits, SamplingParams(temperature=1e-45))
+    assert torch.equal(p, torch.tensor([[0.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0]]))  # ties share the mass

@@ -187,3 +187,24 @@ def test_disk_reads_in_flight_at_once(tiny_ckpt, monkeypatch, io_depth):
 def test_io_depth_is_checked():
     with pytest.raises(InputError, match="io_depth"):
         LLM(None, offload="disk", io_depth=0)
+
+
+@pytest.mark.parametrize("bad", [1.5, "7", None, -1, True, [2], float("nan")])
+def test_static_policy_profile_with_a_non_integer_count_is_one_clear_error(tmp_path, bad):
+    path = make_tiny_checkpoint("qwen3_moe", tmp_path / "ck")
+    cfg = LLM(path).config
+    rows = [[3] * cfg.num_experts for _ in cfg.moe_layers]
+    rows[1][2] = bad
+    (path / "expert_profile.json").write_text(json.dumps({"counts": rows}))
+    with pytest.raises(CheckpointError, match=r"expert_profile.json: counts\[1\]\[2\] is .*integer >= 0"):
+        LLM(path, offload="host", cache_experts=2, cache_policy="static")
+    if bad == 1.5:  # the CLI: one line, exit status 2, no traceback
+        r = subprocess.run([sys.executable, "-m", "specmoe", "generate", "--model", str(path), "--offload", "host",
+                            "--cache-experts", "2", "--cache-policy", "static", "--prompt", "x"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("specmoe: error: expert profile ")  # after progress bars
+        assert "counts[1][2] is 1.5" in r.stderr
+    rows[1][2] = 4.0  # an integral float, as a writer may print a count
+    (path / "expert_profile.json").write_text(json.dumps({"counts": rows}))
+    assert LLM(path, offload="host", cache_experts=2, cache_policy="static").provider is not None

@@ -63,3 +63,16 @@ def test_sliding_window_mixtral(tmp_path, hf_model):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     assert (llm.logits([ids])[0] - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "olmoe"])
+def test_attention_bias_checkpoint_matches_transformers(family, tiny_ckpt, hf_model):
+    """attention_bias=true: transformers gives q, k, v and o projections a bias; the checkpoint loads and its
+    logits match."""
+    path = tiny_ckpt(family, attention_bias=True)
+    hf, llm = hf_model(path), LLM(path, dtype="float32")
+    assert llm.config.qkv_bias and llm.config.o_proj_bias
+    ids = PROMPTS[0]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert (llm.logits([ids])[0] - ref).abs().max().item() <= 1e-4

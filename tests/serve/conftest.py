@@ -1,8 +1,13 @@
+<<<<<<< HEAD
 """A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module.
 
 Nothing optional is imported here: a module that starts a server calls `need_server()` first, so it skips when
 the [serve] extra or the dev clients are missing, while the tests that need neither (test_text, the install
 hint) still run on a machine without them."""
+=======
+"""A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module, with the
+uvicorn settings `specmoe serve` uses (specmoe.serve.http.uvicorn_config)."""
+>>>>>>> serve
 from __future__ import annotations
 
 import threading
@@ -61,9 +66,11 @@ def start_server(llm_kwargs: dict | None = None, **config) -> Server:
     threads = torch.get_num_threads()
     from specmoe.serve.app import build_app
     from specmoe.serve.config import ServeConfig
+    from specmoe.serve.http import uvicorn_config
     llm = LLM(**{"dtype": "float32", "threads": 1, **(llm_kwargs or {})})
-    app = build_app(llm, ServeConfig(port=0, **config))
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    cfg = ServeConfig(port=0, **config)
+    app = build_app(llm, cfg)
+    srv = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning", lifespan="on"))  # as `specmoe serve`
     th = threading.Thread(target=srv.run, name="uvicorn", daemon=True)
     th.start()
     t0 = time.monotonic()

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.serve.conftest import need_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,13 +52,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_serve_help_documents_every_server_flag(capsys):
+    from specmoe.cli import build_parser
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--host", "--port", "--api-key", "--served-model-name", "--max-waiting", "--request-timeout",
+                 "--max-body-size", "--header-timeout", "--body-timeout", "--keep-alive-timeout"):
+        assert f"{flag} " in text.split("options:")[1], flag
+    assert "SPECMOE_API_KEY" in text and "413" in text and "408" in text
+
+
 def test_specmoe_serve_command_serves_until_interrupted():
+    """The real command, its key from SPECMOE_API_KEY (as vLLM's VLLM_API_KEY)."""
     need_server()
     import httpx
     port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "specmoe", "serve", "--port", str(port), "--threads", "1",
-                          "--max-model-len", "128", "--served-model-name", "demo", "--log-level", "warning"],
-                         env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--max-model-len", "128", "--served-model-name", "demo", "--log-level", "warning",
+                          "--max-body-size", "1KiB"],
+                         env={**ENV, "SPECMOE_API_KEY": "env-key"}, cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
         t0 = time.monotonic()
@@ -69,11 +85,16 @@ def test_specmoe_serve_command_serves_until_interrupted():
                 pass
             assert time.monotonic() - t0 < 90, "specmoe serve did not come up"
             time.sleep(0.2)
-        r = httpx.post(url + "/v1/completions", json={"model": "demo", "prompt": "And God said,", "max_tokens": 4,
-                                                      "temperature": 0}, timeout=30)
+        body = {"model": "demo", "prompt": "And God said,", "max_tokens": 4, "temperature": 0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        key = {"Authorization": "Bearer env-key"}
+        r = httpx.post(url + "/v1/completions", json=body, headers=key, timeout=30)
         assert r.status_code == 200, r.text
         assert r.json()["model"] == "demo" and r.json()["usage"]["completion_tokens"] >= 1
-        assert json.loads(httpx.get(url + "/v1/models").text)["data"][0]["max_model_len"] == 128
+        assert json.loads(httpx.get(url + "/v1/models", headers=key).text)["data"][0]["max_model_len"] == 128
+        r = httpx.post(url + "/v1/completions", json={**body, "prompt": "x" * 2000}, headers=key, timeout=30)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"  # --max-body-size
     finally:
         p.send_signal(signal.SIGINT)
         try:
