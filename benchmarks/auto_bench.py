@@ -4,7 +4,9 @@
         [--max-tokens 32] [--dtype float32] [--fixed self,eagle,ngram] [--out benchmarks/results/auto_bench.json]
     .venv/bin/python benchmarks/auto_bench.py --readme-only   # rewrite README.md's auto table from the JSON
 
-Disk tier (direct reads), expert cache 25% of the experts per layer, greedy, EOS ignored, held-out prompts
+Decode tokens/s (the tokens after each sequence's first, over the decode steps' time; end-to-end tok/s with
+the prefill is recorded beside it). Disk tier (direct reads), expert cache 25% of the experts per layer,
+greedy, EOS ignored, held-out prompts
 (benchmarks/prompts: code and prose domains taken in turn). Systems: the non-speculative baselines (LRU,
 LFU, on-demand), `auto`, and the fixed speculative configurations drafter × γ {2, 4} × {chain, tree}. Every
 run of every system is checked token for token against plain decoding (LRU) in fp32. Rounds are
@@ -81,7 +83,7 @@ def readme_block(results: list[dict]) -> str:
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
                   f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds, commit "
                   f"`{res['commit'][:10]}` (`{res['out']}`):", "",
-                  "| batch | best baseline | tok/s | best fixed speculative | tok/s | auto tok/s | auto ÷ baseline "
+                  "| batch | best baseline | decode tok/s | best fixed speculative | tok/s | auto tok/s | auto ÷ baseline "
                   "| auto ÷ best fixed | auto plain steps | auto rows by drafter |",
                   "|---:|---|---:|---|---:|---:|---:|---:|---:|---|"]
         for p in res["points"]:
@@ -108,6 +110,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fixed", default="self,eagle,ngram", help="drafters of the fixed configurations")
     ap.add_argument("--baselines", default="lru,lfu,ondemand")
+    ap.add_argument("--only", default=None, help="keep only these fixed configurations (e.g. self-g4,eagle-g4)")
     ap.add_argument("--cache-dir", default="/tmp/specmoe-auto-bench")
     ap.add_argument("--out", default=None)
     ap.add_argument("--readme-only", action="store_true")
@@ -129,7 +132,8 @@ def main() -> int:
     tier = {"offload": "disk", "cache_experts": ce, "prefetch": "none", "repack_dir": str(cache / "repack")}
     systems = {n: BASELINES[n] for n in args.baselines.split(",")}
     systems["auto"] = {"decoding": "auto", "cache_policy": "lru"}
-    systems |= fixed_systems(args.fixed.split(","))
+    fixed_all = fixed_systems(args.fixed.split(","))
+    systems |= {n: o for n, o in fixed_all.items() if args.only is None or n in args.only.split(",")}
     ref = args.baselines.split(",")[0]
     points, t_start = [], time.perf_counter()
     for B in [int(b) for b in args.batches.split(",")]:
@@ -138,7 +142,8 @@ def main() -> int:
         groups = [[p] for p in prompts[:args.seqs_at_batch_1]] if B == 1 else [prompts[:B]]
         for llm in llms.values():  # warm-up: calibration, affinity tables, first reads
             measure(llm, groups[0][:1], 4, instrument=False)
-        tps = {n: [] for n in systems}
+        tps = {n: [] for n in systems}  # decode tokens/s (the first token of each sequence is the prefill's)
+        e2e = {n: [] for n in systems}  # generated tokens / generate wall, prefill included
         equal, last = {}, {}
         for rnd in range(args.rounds):
             outs = {}
@@ -147,9 +152,13 @@ def main() -> int:
                 runs = [measure(llm, g, args.max_tokens, instrument=False) for g in groups]
                 outs[n] = [t for r in runs for t in r.pop("_token_ids")]
                 gen, wall = sum(r["generated_tokens"] for r in runs), sum(r["wall_s"] for r in runs)
-                tps[n].append(gen / wall)
+                dec = sum(r["generated_tokens"] - r["batch"] for r in runs)
+                dec_s = sum(r["stats"]["decode_time_s"] for r in runs)
+                tps[n].append(dec / dec_s)
+                e2e[n].append(gen / wall)
                 last[n] = llm.stats
-                print(f"{args.model} B={B} round={rnd} {n:14s} {gen / wall:8.2f} tok/s", flush=True)
+                print(f"{args.model} B={B} round={rnd} {n:14s} decode {dec / dec_s:8.2f} tok/s "
+                      f"(end to end {gen / wall:8.2f})", flush=True)
             for n in systems:
                 equal[n] = equal.get(n, True) and outs[n] == outs[ref]
         med = {n: statistics.median(v) for n, v in tps.items()}
@@ -157,7 +166,10 @@ def main() -> int:
         fixed = [n for n in systems if n not in BASELINES and n != "auto"]
         best_fixed = max(fixed, key=lambda n: med[n]) if fixed else "auto"
         st = last["auto"]
-        points.append({"batch": B, "tok_s_per_round": tps, "median_tok_s": med, "best_baseline": base,
+        points.append({"batch": B, "tok_s_per_round": tps, "median_tok_s": med,
+                       "end_to_end_tok_s_per_round": e2e,
+                       "end_to_end_median_tok_s": {n: statistics.median(v) for n, v in e2e.items()},
+                       "best_baseline": base,
                        "best_fixed": best_fixed, "auto_vs_baseline": med["auto"] / med[base],
                        "auto_vs_fixed": med["auto"] / med[best_fixed], "equal_to_plain": equal,
                        "tokens_per_step": {n: last[n].get("tokens_per_step") for n in systems},

@@ -141,6 +141,7 @@ class Controller:
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
         self.decoder = None
         self.spec_resident = None  # [L, E] the last plan's resident experts with the self draft's set
+        self.catchup: dict[str, np.ndarray] = {}  # the last plan's catch-up entries per drafter and row
         self.controller_s = 0.0
         self.conf: dict[int, list[float]] = {}
         # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
@@ -186,22 +187,31 @@ class Controller:
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
         return np.where(np.arange(self.g)[None, :] < np.asarray(avail)[:, None], P, 0.0)
 
+    def draft_rows(self, mine: np.ndarray, Gm: np.ndarray, catchup: np.ndarray | None) -> np.ndarray:
+        """[C, G] rows each draft forward of a drafter computes, per candidate: the rows `mine` [C, B] still drafting
+        at depth j; the first forward, padded to its longest catch-up (catchup [B] entries per row), runs
+        rows · max entries."""
+        G = max(int(Gm.max()), 1)
+        rows = ((Gm[:, :, None] > np.arange(G)[None, None, :]) & mine[:, :, None]).sum(1)
+        if catchup is not None:
+            longest = np.where(mine, catchup[None, :], 0).max(1)
+            rows[:, 0] *= np.maximum(longest, 1)
+        return rows
+
     def _costs(self, W: np.ndarray, Gm: np.ndarray, names: list[str], resident, spec_resident,
-               setup: dict[str, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               setup: dict[str, float], catchup: dict[str, np.ndarray]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per candidate c (W [C, B]: index into names of each row's drafter, Gm [C, B] its draft length):
         raw draft s, raw verify s, refined total s and expected misses, each [C]."""
         cm = self.cost
         C, B = Gm.shape
-        G = max(int(Gm.max()), 1)
         d_raw, d_ref, s_setup = np.zeros(C), np.zeros(C), np.zeros(C)
         uses_self = np.zeros(C, bool)
-        ar = np.arange(G)[None, None, :]
         for i, n in enumerate(names):
             mine = (W == i) & (Gm > 0)  # [C, B]
             if not mine.any():
                 continue
-            rows = ((Gm[:, :, None] > ar) & mine[:, :, None]).sum(1)  # [C, G] rows drafting at depth j
-            t = cm.drafter_time(n, rows).sum(1)
+            t = cm.drafter_time(n, self.draft_rows(mine, Gm, catchup.get(n))).sum(1)
             d_raw += t
             d_ref += t * cm.ratio(f"draft:{n}", B)
             used = mine.any(1)
@@ -217,11 +227,14 @@ class Controller:
         return d_raw, v, d_ref + v * fwd + s_setup, miss.sum(1)
 
     def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,
-               spec_resident: np.ndarray, setup: dict[str, float] | None = None) -> Plan:
+               spec_resident: np.ndarray, setup: dict[str, float] | None = None,
+               catchup: dict[str, list[int]] | None = None) -> Plan:
         """`avail[d][b]`: the most drafter d may draft for sequence b (its limit; a lookup drafter: its
         proposal's length); `resident` / `spec_resident` [L, E]: resident experts for a step without / with the
-        self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set)."""
+        self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set);
+        `catchup[d][b]`: entries drafter d's first forward would run for sequence b (`Drafter.catchup`)."""
         setup = setup or {}
+        catchup = {n: np.asarray(v) for n, v in (catchup or {}).items()}
         names = [n for n in self.names if n in avail]
         B = len(seq_ids)
         cm = self.cost
@@ -272,7 +285,7 @@ class Controller:
             W = np.stack([r[0] for r in rows])
             Gm = np.stack([r[1] for r in rows])
             gains = np.array([r[2] for r in rows])
-            d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup)
+            d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
             rates = (B + gains) / t
             for c in np.argsort(-rates, kind="stable"):
                 who, gam, _, th, tag = rows[c]
@@ -363,7 +376,8 @@ class Controller:
                     setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * L
             self.spec_resident = spec_res
             avail = {n: d.available(seqs, limits) for n, d in dec.drafters.items()}
-            plan = self.choose([s.seq_id for s in seqs], avail, res, spec_res, setup)
+            self.catchup = {n: np.asarray(d.catchup(seqs)) for n, d in dec.drafters.items()}
+            plan = self.choose([s.seq_id for s in seqs], avail, res, spec_res, setup, self.catchup)
             if plan.kind == "plain":
                 return StepPlan([None] * B, [0] * B, plan)
             self.conf = {}
@@ -423,8 +437,7 @@ class Controller:
         for i, n in enumerate(names):
             mine = (who == i) & (gam > 0)
             if mine.any() and f"draft:{n}" in clock.spans:
-                G = int(gam[mine].max())
-                rows = (gam[mine][:, None] > np.arange(G)[None, :]).sum(0)
+                rows = self.draft_rows(mine[None], gam[None], self.catchup.get(n))
                 cm.refine(f"draft:{n}", B, clock.wall(f"draft:{n}"), float(cm.drafter_time(n, rows).sum()))
         n_tok = B + int(gam.sum())
         union, miss = cm.expected_union(np.array([n_tok]), res, "spec")

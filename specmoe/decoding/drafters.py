@@ -61,6 +61,12 @@ class Drafter(ABC):
         always draft up to the limit, a lookup only as far as its match goes."""
         return list(limits)
 
+    def catchup(self, seqs: list[Sequence]) -> list[int]:
+        """Entries per sequence the drafter's first forward would run now (1: the pending token alone; a head
+        with its own KV cache, more where it missed committed positions). The controller prices the first
+        draft forward by them."""
+        return [1] * len(seqs)
+
     def prepare(self) -> None:
         """Before this drafter's draft phase (untimed as drafting: one-time setup)."""
 

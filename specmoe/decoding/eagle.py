@@ -149,6 +149,19 @@ class EagleDrafter(Drafter):
         self.head_forwards += 1
         return out[torch.arange(B, device=dev), n - 1] if ragged else out[:, -1]  # [B, D]
 
+    def prepare(self) -> None:
+        self._reserve()  # the head's KV cache follows the target's (allocated on first use: setup, not drafting)
+
+    def catchup(self, seqs: list[Sequence]) -> list[int]:
+        """Head entries the next proposal's first forward runs per sequence: the positions committed since the
+        head last drafted for it (1 when it drafted every step)."""
+        out = []
+        for s in seqs:
+            tr = self.tracks.get(s.seq_id)
+            L = self.runner.cache.lengths[s.slot]
+            out.append(max(1, L - tr.head_len) if tr is not None and tr.seq is s else L)
+        return out
+
     def retire(self, live: set[int]) -> None:
         for sid in [k for k in self.tracks if k not in live]:
             del self.tracks[sid]
