@@ -116,10 +116,13 @@ class Plan:
 
 
 class Controller:
-    """Chooses each step (module docstring). `force` ("plain" / "spec", None = choose) and `schedule` (a
+    """Chooses each step (module docstring). A drafter is first tried on `MIN_TRIALS` rows (its acceptance is
+    only a prior before). `force` ("plain" / "spec", None = choose) and `schedule` (a
     callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
     drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
     floor (0 turns it off)."""
+
+    MIN_TRIALS = 4
 
     def __init__(self, cost: CostModel, gamma_max: int, drafters: tuple[str, ...] = ("self",), *,
                  p_min: float = 0.05, explore_every: int = 64):
@@ -297,7 +300,10 @@ class Controller:
         spec_rate = best[0] if best is not None else 0.0
         if want is None:
             want = "spec" if best is not None and spec_rate > self.spec_margin * plain_rate else "plain"
-            if best is not None and self.steps and self.steps % self.explore_every == 0:
+            untried = [tag for tag in by_drafter if "+" not in tag and self.accs[tag].drafted[0] < self.MIN_TRIALS]
+            if untried:  # a drafter's acceptance is its prior until it drafts: try each a few times first
+                best, want, reason = by_drafter[untried[0]], "spec", "explore"
+            elif best is not None and self.steps and self.steps % self.explore_every == 0:
                 # a drafter not used for a while: try its best plan when it is predicted close to the best
                 stale = [tag for tag in by_drafter if "+" not in tag
                          and self.steps - self.last_used.get(tag, 0) >= self.explore_every

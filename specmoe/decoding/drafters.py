@@ -61,6 +61,10 @@ class Drafter(ABC):
         always draft up to the limit, a lookup only as far as its match goes."""
         return list(limits)
 
+    def admit(self, seqs: list[Sequence]) -> None:
+        """Sequences new to this decoder (prefilled since the last step): per-sequence setup (an EAGLE head reads
+        the prompt here, once, whether or not it drafts this step)."""
+
     def catchup(self, seqs: list[Sequence]) -> list[int]:
         """Entries per sequence the drafter's first forward would run now (1: the pending token alone; a head
         with its own KV cache, more where it missed committed positions). The controller prices the first

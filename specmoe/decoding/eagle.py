@@ -166,22 +166,16 @@ class EagleDrafter(Drafter):
         for sid in [k for k in self.tracks if k not in live]:
             del self.tracks[sid]
 
-    @torch.inference_mode()
-    def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int, noise: dict[int, torch.Tensor],
-                     hook: DraftHook | None = None) -> list[DraftTree]:
-        """A chain per sequence (width 1), or the chain plus up to width − 1 siblings per depth from the head's
-        logits at that depth (`drafters.siblings`; leaves, no extra head forward)."""
+    def _catch_up(self, seqs: list[Sequence], upto: list[int]) -> torch.Tensor:
+        """Run head entries head_len .. upto[b] - 1 of every sequence (their features came from the target's
+        forwards; all rows in one ragged forward) → the head's output at each row's last entry [B, D]."""
         r, dev = self.runner, self.runner.device
-        self._reserve()
-        B, G = len(seqs), max(gammas, default=0)
-        # 1. the entries committed since the last proposal (their features came from the target's forwards)
         toks, fts, starts, lens = [], [], [], []
-        for s in seqs:
+        for s, L in zip(seqs, upto):
             tr = self.tracks.get(s.seq_id)
             if tr is None or tr.seq is not s or tr.buf is None:
                 raise RuntimeError(f"eagle drafter: no target features for sequence {s.seq_id} (its prefill did "
                                    "not run through this drafter's runner)")
-            L = r.cache.lengths[s.slot]
             h = tr.head_len
             ids = (s.prompt_ids + s.output_ids)[h + 1: L + 1]  # x_{t+1} for entries t = h .. L-1
             toks.append(ids)
@@ -195,12 +189,35 @@ class EagleDrafter(Drafter):
         self.catchup_entries += sum(lens)
         tokens = torch.tensor([t + [0] * (N - len(t)) for t in toks], dtype=torch.long, device=dev)
         feats = torch.stack([F.pad(f, (0, 0, 0, N - f.shape[0])) for f in fts])
-        slots = [s.slot for s in seqs]
-        x = self._forward(slots, tokens, feats, starts, lens)  # [B, D]
-        for s, L in zip(seqs, (r.cache.lengths[s.slot] for s in seqs)):
+        x = self._forward([s.slot for s in seqs], tokens, feats, starts, lens)  # [B, D]
+        for s, L in zip(seqs, upto):
             tr = self.tracks[s.seq_id]
             tr.drop_before(L)
             tr.head_len = L
+        return x
+
+    @torch.inference_mode()
+    def admit(self, seqs: list[Sequence]) -> None:
+        """New sequences: the head reads their prompts now (all but the last committed position, which the first
+        proposal reads and drafts from), so a later draft phase costs what a steady one costs."""
+        self._reserve()
+        L = [self.runner.cache.lengths[s.slot] for s in seqs]
+        todo = [(s, n - 1) for s, n in zip(seqs, L)
+                if s.seq_id in self.tracks and self.tracks[s.seq_id].seq is s and n - 1 > self.tracks[s.seq_id].head_len]
+        if todo:
+            self._catch_up([s for s, _ in todo], [n for _, n in todo])
+
+    @torch.inference_mode()
+    def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int, noise: dict[int, torch.Tensor],
+                     hook: DraftHook | None = None) -> list[DraftTree]:
+        """A chain per sequence (width 1), or the chain plus up to width − 1 siblings per depth from the head's
+        logits at that depth (`drafters.siblings`; leaves, no extra head forward)."""
+        r, dev = self.runner, self.runner.device
+        self._reserve()
+        B, G = len(seqs), max(gammas, default=0)
+        # 1. the entries committed since the last proposal
+        slots = [s.slot for s in seqs]
+        x = self._catch_up(seqs, [r.cache.lengths[s.slot] for s in seqs])  # [B, D]
         # 2. the drafts: one entry per row per step (the previous draft, the head's own feature)
         out = torch.zeros(B, G, dtype=torch.long, device=dev)
         q = None

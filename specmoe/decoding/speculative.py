@@ -114,6 +114,7 @@ class SpeculativeDecoder:
         self.step_bytes = self.draft_phase_bytes = 0
         self.nodes = self.proposed_nodes = self.branched = self.moved = 0
         self.refresh0 = {n: d.refresh_s for n, d in drafters.items()}
+        self.seen: dict[int, Sequence] = {}  # the sequences of the last step (new ones are admitted)
 
     # ------------------------------------------------------------ the step
     def limit(self, s: Sequence) -> int:
@@ -129,9 +130,15 @@ class SpeculativeDecoder:
 
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
         live = {s.seq_id for s in seqs}
+        new = [s for s in seqs if self.seen.get(s.seq_id) is not s]
+        self.seen = {s.seq_id: s for s in seqs}
         for d in self.drafters.values():
             d.retire(live)
         clock = PhaseClock(self.runner)
+        if new:
+            with clock.phase("setup"):
+                for d in self.drafters.values():
+                    d.admit(new)
         with clock.phase("plan"):
             plan = self.plan(seqs)
         b0 = self.runner.provider.bytes_moved
