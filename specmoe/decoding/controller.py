@@ -47,10 +47,15 @@ class Acceptance:
         self.conf_n = np.zeros(CONF_BINS)
         self.seq: dict[int, list[float]] = {}  # seq_id -> [accepted, drafted]
 
-    def position(self) -> np.ndarray:
-        """P_j: probability that draft j is accepted, j = 0..γ_max-1 (non-increasing)."""
+    def position(self, optimism: float = 0.0) -> np.ndarray:
+        """P_j: probability that draft j is accepted, j = 0..γ_max-1 (non-increasing); with `optimism` c, the
+        upper confidence estimate p + c·sqrt(p(1−p)/(n + w)) (n: drafts seen at j), so a drafter seen on few rows
+        is tried until its estimate is measured rather than left at a pessimistic prior."""
         prior = self.prior ** np.arange(1, self.g + 1)
-        p = (self.acc + self.w * prior) / (self.drafted + self.w)
+        n = self.drafted + self.w
+        p = (self.acc + self.w * prior) / n
+        if optimism:
+            p = np.minimum(p + optimism * np.sqrt(p * (1 - p) / n), 1.0)
         return np.minimum.accumulate(p)
 
     def rate(self) -> float:
@@ -116,13 +121,15 @@ class Plan:
 
 
 class Controller:
-    """Chooses each step (module docstring). A drafter is first tried on `MIN_TRIALS` rows (its acceptance is
-    only a prior before). `force` ("plain" / "spec", None = choose) and `schedule` (a
+    """Chooses each step (module docstring). A drafter predicted within 0.8× of the best choice is first tried on
+    `MIN_TRIALS` rows (its acceptance is only a prior before; the estimates are upper-confidence ones while
+    few rows are seen). `force` ("plain" / "spec", None = choose) and `schedule` (a
     callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
     drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
     floor (0 turns it off)."""
 
     MIN_TRIALS = 4
+    OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
 
     def __init__(self, cost: CostModel, gamma_max: int, drafters: tuple[str, ...] = ("self",), *,
                  p_min: float = 0.05, explore_every: int = 64):
@@ -130,6 +137,7 @@ class Controller:
         self.names = list(drafters)
         self.accs = {n: Acceptance(gamma_max, prior=PRIOR.get(n, 0.6)) for n in self.names}
         self.p_min, self.explore_every = p_min, explore_every
+        self.optimism = self.OPTIMISM
         self.force: str | None = None
         self.schedule = None
         self.steps = self.stops = 0
@@ -186,7 +194,7 @@ class Controller:
     # ------------------------------------------------------------ the choice, over arrays
     def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray) -> np.ndarray:
         acc = self.accs[name]
-        P = acc.position()[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
+        P = acc.position(self.optimism)[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
         return np.where(np.arange(self.g)[None, :] < np.asarray(avail)[:, None], P, 0.0)
 
@@ -290,18 +298,20 @@ class Controller:
             gains = np.array([r[2] for r in rows])
             d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
             rates = (B + gains) / t
-            for c in np.argsort(-rates, kind="stable"):
-                who, gam, _, th, tag = rows[c]
-                row = (float(rates[c]), who, gam, th, tag, float(d_raw[c]), float(v_raw[c]), float(t[c]),
-                       float(miss[c]))
-                if best is None:
-                    best = row
-                by_drafter.setdefault(tag, row)
+            tag_arr = np.array([r[4] for r in rows])
+            for tag in dict.fromkeys(tag_arr.tolist()):  # the best candidate of each drafter (mix)
+                c = int(np.flatnonzero(tag_arr == tag)[np.argmax(rates[tag_arr == tag])])
+                who, gam, _, th, _ = rows[c]
+                by_drafter[tag] = (float(rates[c]), who, gam, th, tag, float(d_raw[c]), float(v_raw[c]), float(t[c]),
+                                   float(miss[c]))
+            best = max(by_drafter.values(), key=lambda row: row[0])
         spec_rate = best[0] if best is not None else 0.0
         if want is None:
             want = "spec" if best is not None and spec_rate > self.spec_margin * plain_rate else "plain"
-            untried = [tag for tag in by_drafter if "+" not in tag and self.accs[tag].drafted[0] < self.MIN_TRIALS]
-            if untried:  # a drafter's acceptance is its prior until it drafts: try each a few times first
+            top = max(spec_rate, plain_rate)
+            untried = [tag for tag in by_drafter if "+" not in tag and self.accs[tag].drafted[0] < self.MIN_TRIALS
+                       and by_drafter[tag][0] >= 0.8 * top]
+            if untried:  # a drafter's acceptance is its prior until it drafts: try it on a few rows first
                 best, want, reason = by_drafter[untried[0]], "spec", "explore"
             elif best is not None and self.steps and self.steps % self.explore_every == 0:
                 # a drafter not used for a while: try its best plan when it is predicted close to the best

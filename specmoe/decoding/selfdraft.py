@@ -96,7 +96,7 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
 
 class SelfDrafter(Drafter):
     name = "self"
-    IDLE_AFTER = 8  # steps without the self draft after which its draft set's slots are given back
+    IDLE_AFTER = 4  # steps without the self draft after which its draft set's slots are given back
 
     def __init__(self, runner: ModelRunner, experts: DraftExperts):
         self.runner, self.experts = runner, experts
