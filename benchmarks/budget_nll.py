@@ -23,9 +23,9 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from specmoe import LLM, SamplingParams  # noqa: E402
-from specmoe.decoding.budget import ExpertBudget  # noqa: E402
-from specmoe.decoding.runner import ModelRunner  # noqa: E402
-from specmoe.decoding.sequence import Sequence  # noqa: E402
+from specmoe.decoding.strategies.budget import ExpertBudget  # noqa: E402
+from specmoe.decoding.runtime.runner import ModelRunner  # noqa: E402
+from specmoe.decoding.runtime.sequence import Sequence  # noqa: E402
 
 
 def heldout(tokenizer, n: int, length: int) -> list[list[int]]:

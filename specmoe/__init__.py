@@ -1,5 +1,5 @@
 """specmoe: offloaded Mixture-of-Experts inference with expert-aware speculative decoding."""
-from specmoe.decoding.sampling import SamplingParams
+from specmoe.decoding.runtime.sampling import SamplingParams
 from specmoe.engine.llm import LLM
 from specmoe.engine.outputs import RequestOutput
 from specmoe.errors import SpecMoEError

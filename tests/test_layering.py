@@ -104,7 +104,7 @@ def test_the_check_finds_an_upward_import(tmp_path):
 
 
 @pytest.mark.parametrize("module,layer", [("specmoe.weights.checkpoint", 0), ("specmoe.models.moe", 1),
-                                          ("specmoe.experts.cache", 2), ("specmoe.decoding.speculative", 3),
+                                          ("specmoe.experts.cache", 2), ("specmoe.decoding.strategies.speculative", 3),
                                           ("specmoe.engine.llm", 4), ("specmoe.serve.app", 5)])
 def test_layer_table(module, layer):
     assert layer_of(module) == layer

@@ -11,8 +11,8 @@ from __future__ import annotations
 import gc
 import time
 
-from specmoe.decoding.autoregressive import MAX_PREFILL_TOKENS
-from specmoe.decoding.sampling import SamplingParams
+from specmoe.decoding.strategies.autoregressive import MAX_PREFILL_TOKENS
+from specmoe.decoding.runtime.sampling import SamplingParams
 from specmoe.experts.store import DelegatingStore, ExpertStore
 
 

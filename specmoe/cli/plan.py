@@ -29,7 +29,7 @@ def _floats(s: str) -> tuple[float, ...]:
 
 
 def register(sub) -> None:
-    from specmoe.decoding.profiles import PROFILES
+    from specmoe.decoding.control.profiles import PROFILES
     p = sub.add_parser("plan", help="predicted tokens/s of plain, LRU and SpecMoE by batch size, here and on "
                        "named hardware", description=__doc__)
     p.add_argument("model", nargs="?", default=None, help="checkpoint directory (default: the bundled demo model)")
@@ -55,7 +55,7 @@ def plan_rows(model: str | None, *, profiles: list[str], batches, draft_experts:
               cache_fraction: float, acceptance=None, offload: str = "disk", dtype: str = "auto") -> dict:
     import torch
 
-    from specmoe.decoding.profiles import PROFILES, coefficients, predict, routing_from_profile
+    from specmoe.decoding.control.profiles import PROFILES, coefficients, predict, routing_from_profile
     from specmoe.experts.profiling import load_profile
     from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
     from specmoe.bundled import demo_model_dir

@@ -3,7 +3,7 @@ refining its cost model and acceptance estimates across generate calls. Tests an
 `schedule`."""
 from __future__ import annotations
 
-from specmoe.decoding.factory import build_controller
+from specmoe.decoding.strategies.factory import build_controller
 
 
 def controller_of(llm):

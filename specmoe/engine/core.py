@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specmoe.decoding.autoregressive import prefill
-from specmoe.decoding.breakdown import merge
-from specmoe.decoding.factory import make_strategy
+from specmoe.decoding.strategies.autoregressive import prefill
+from specmoe.decoding.runtime.breakdown import merge
+from specmoe.decoding.strategies.factory import make_strategy
 from specmoe.engine.auto import controller_of
-from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import SamplingParams, make_generator
-from specmoe.decoding.sequence import Sequence
+from specmoe.decoding.runtime.runner import ModelRunner
+from specmoe.decoding.runtime.sampling import SamplingParams, make_generator
+from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.models.kv_cache import KVCache, round_positions
 
 ABORT = "abort"  # finish_reason of a request ended by `abort` (client gone, timeout, shutdown)

@@ -14,14 +14,14 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
-from specmoe.decoding.factory import lookahead
-from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import SamplingParams, check_finite, finite_rows
-from specmoe.decoding.sequence import Sequence
+from specmoe.decoding.strategies.factory import lookahead
+from specmoe.decoding.runtime.runner import ModelRunner
+from specmoe.decoding.runtime.sampling import SamplingParams, check_finite, finite_rows
+from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.engine.core import EngineCore, Request, visible_text
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.stats import derived, memory_stats, new_stats
-from specmoe.decoding.breakdown import finish, merge
+from specmoe.decoding.runtime.breakdown import finish, merge
 from specmoe.tokenizer import Tokenizer
 from specmoe.bundled import demo_model_dir
 from specmoe.options import check_llm_args, resolve_device, split_options

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numbers
 
-from specmoe.decoding.sampling import SamplingParams
+from specmoe.decoding.runtime.sampling import SamplingParams
 from specmoe.errors import InputError
 
 EXPECTED = "a string, a list of token ids, or a list of those"

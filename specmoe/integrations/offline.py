@@ -32,7 +32,7 @@ def run_batch(input: str | Path, output: str | Path, *, llm: dict | None = None,
     """Complete every row of `input` into `output` (see batch_io for formats and resuming). `llm`: LLM
     keywords for each worker's engine; `defaults`: SamplingParams fields for rows that do not set them.
     Returns the summary (rows, throughput, expert traffic in total and per worker)."""
-    from specmoe.decoding.sampling import SamplingParams
+    from specmoe.decoding.runtime.sampling import SamplingParams
     llm, defaults = dict(llm or {}), dict(defaults or {})
     check_int("num_workers", num_workers, 0)
     check_int("cpus_per_worker", cpus_per_worker, 1)

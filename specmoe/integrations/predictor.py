@@ -63,7 +63,7 @@ class SpecMoEPredictor:
     `specmoe.integrations.ray.prepare`)."""
 
     def __init__(self, llm: dict | None = None, defaults: dict | None = None):
-        from specmoe.decoding.sampling import SamplingParams
+        from specmoe.decoding.runtime.sampling import SamplingParams
         from specmoe.engine.llm import LLM
         self.defaults = dict(defaults or {})
         SamplingParams(**self.defaults)  # a bad default is the caller's error, raised here, not per row
@@ -80,7 +80,7 @@ class SpecMoEPredictor:
     # ---------------------------------------------------------------- rows
     def parse(self, row: dict):
         """(token ids, SamplingParams) of one row; InputError (→ an error row) if it is not usable."""
-        from specmoe.decoding.sampling import SamplingParams
+        from specmoe.decoding.runtime.sampling import SamplingParams
         from specmoe.engine.prompts import normalize_prompts
         if row.get("bad"):
             raise InputError(row["bad"])

@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from specmoe.decoding.sampling import SamplingParams
+from specmoe.decoding.runtime.sampling import SamplingParams
 from specmoe.engine.options import SEED_RANGE
 from specmoe.errors import InputError
 

@@ -137,7 +137,7 @@ def test_cached_copy_without_a_head_gets_one(wide_demo):
 def _eagle_run(path, prompts, sp, **kw):
     """(outputs, every proposal's drafts per sequence) of drafter='eagle' on `path` (fp32, greedy)."""
     from specmoe import LLM
-    from specmoe.decoding.eagle import EagleDrafter
+    from specmoe.decoding.drafters.eagle import EagleDrafter
     seen = []
     orig = EagleDrafter.propose_tree
 

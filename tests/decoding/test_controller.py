@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from specmoe import LLM
-from specmoe.decoding import costmodel as cmod
-from specmoe.decoding.controller import Controller
-from specmoe.decoding.costmodel import Coefficients, CostModel, RoutingStats
+from specmoe.decoding.control import costmodel as cmod
+from specmoe.decoding.control.controller import Controller
+from specmoe.decoding.control.costmodel import Coefficients, CostModel, RoutingStats
 from specmoe.engine.auto import controller_of
 
 from tests.decoding.test_specmoe import BATCHES, reference

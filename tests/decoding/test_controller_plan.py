@@ -7,7 +7,7 @@ import pytest
 
 from specmoe.cli import main
 from specmoe.cli.plan import plan_rows
-from specmoe.decoding.profiles import PROFILES, coefficients
+from specmoe.decoding.control.profiles import PROFILES, coefficients
 from specmoe.weights.checkpoint import Checkpoint
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specmoe.decoding import affinity as aff
-from specmoe.decoding.draft import DraftExperts, load_profile, top_n
+from specmoe.decoding.drafters import affinity as aff
+from specmoe.decoding.drafters.draft_experts import DraftExperts, load_profile, top_n
 from specmoe.experts.resident import ResidentExperts
 from specmoe.models.moe import ForwardContext, MoEBlock, Routing, routed_experts
 from specmoe.weights.checkpoint import Checkpoint
@@ -180,9 +180,9 @@ def test_profile_formats_and_top_n(tmp_path, mixtral):
 
 def test_counts_ignore_padding_rows(mixtral):
     """A ragged target forward pads short sequences; the draft-set counts see real tokens only."""
-    from specmoe.decoding.runner import ModelRunner
-    from specmoe.decoding.sampling import SamplingParams
-    from specmoe.decoding.sequence import Sequence
+    from specmoe.decoding.runtime.runner import ModelRunner
+    from specmoe.decoding.runtime.sampling import SamplingParams
+    from specmoe.decoding.runtime.sequence import Sequence
     from specmoe.models.kv_cache import KVCache
     from specmoe.models.loader import load_model
     cfg = mixtral.config
@@ -202,7 +202,7 @@ def test_counts_ignore_padding_rows(mixtral):
 def test_affinity_is_computed_once_per_engine(tiny_ckpt, monkeypatch):
     """A second generate call reuses the engine's affinity table."""
     from specmoe import LLM, SamplingParams
-    import specmoe.decoding.affinity as affinity_mod
+    import specmoe.decoding.drafters.affinity as affinity_mod
     calls = {"affinity": 0}
     load = affinity_mod.load_or_compute_affinity
 

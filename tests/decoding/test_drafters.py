@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from specmoe import LLM, SamplingParams
-from specmoe.decoding.drafters import NgramDrafter
-from specmoe.decoding.ngram import propose as ngram_propose
-from specmoe.decoding.sequence import Sequence
+from specmoe.decoding.drafters.ngram import NgramDrafter
+from specmoe.decoding.drafters.ngram import propose as ngram_propose
+from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.errors import InputError
 
 PROMPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
@@ -139,8 +139,8 @@ def test_ngram_options_are_checked():
 
 def test_selector_cuts_costly_unlikely_chain_drafts_and_keeps_cheap_likely_ones():
     """Chains are trees of width 1: the one cost-aware selector picks their prefixes."""
-    from specmoe.decoding.tree import chain
-    from specmoe.decoding.treeselect import TreeSelector
+    from specmoe.decoding.trees.tree import chain
+    from specmoe.decoding.trees.treeselect import TreeSelector
 
     def lens(sel, gammas):
         return [len(t) for t in sel.choose_trees([chain(list(range(10, 10 + g))) for g in gammas])]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specmoe import LLM, SamplingParams
-from specmoe.decoding.budget import ExpertBudget, budget_set, reroute
+from specmoe.decoding.strategies.budget import ExpertBudget, budget_set, reroute
 from specmoe.errors import InputError
 from specmoe.models.routers import softmax_topk
 from tests.decoding.test_drafters import BATCHES

@@ -10,7 +10,7 @@ import torch
 
 from specmoe import LLM, SamplingParams
 from specmoe.bundled import demo_eagle_dir
-from specmoe.decoding.eagle import EagleDrafter
+from specmoe.decoding.drafters.eagle import EagleDrafter
 from specmoe.errors import CheckpointError, InputError, UnsupportedModelError
 from specmoe.models.eagle import DRAFT_VOCAB, load_eagle_head, read_draft_vocab, recommended_draft_vocab
 from tests.decoding.eagle_cases import BATCHES, prompts

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from specmoe import LLM, SamplingParams
-from specmoe.decoding.eagle import EagleDrafter
+from specmoe.decoding.drafters.eagle import EagleDrafter
 from specmoe.errors import CheckpointError, InputError
 from specmoe.models.decoder import BatchView
 from specmoe.models.kv_cache import KVCache

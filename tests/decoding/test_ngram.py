@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from specmoe.decoding.ngram import NgramIndex, propose
+from specmoe.decoding.drafters.ngram import NgramIndex, propose
 
 
 def brute(tokens, k, n_min, n_max):

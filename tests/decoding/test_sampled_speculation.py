@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from specmoe import LLM, SamplingParams
-from specmoe.decoding.sampling import coupled_noise, coupled_pick
-from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.tree import accept as tree_accept, chain
+from specmoe.decoding.runtime.sampling import coupled_noise, coupled_pick
+from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.decoding.trees.tree import accept as tree_accept, chain
 
 V, G = 8, 3
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from specmoe.decoding.selection import (DraftNode, VerifyCost, chain_nodes, is_ancestor_closed, objective, select,
+from specmoe.decoding.trees.selection import (DraftNode, VerifyCost, chain_nodes, is_ancestor_closed, objective, select,
                                         uniform_chains)
 
 

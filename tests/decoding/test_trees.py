@@ -180,7 +180,7 @@ def ref_mask(parents_per_row, starts, depths, S, window):
 
 @pytest.mark.parametrize("window", [None, 2, 3])
 def test_tree_attention_mask_matches_a_brute_force_reference(window):
-    from specmoe.decoding.tree import DraftTree, ancestor_mask
+    from specmoe.decoding.trees.tree import DraftTree, ancestor_mask
     trees = [DraftTree([1, 2, 3, 4, 5], [-1, 0, -1, 2, 0]), DraftTree([6, 7], [-1, 0]), DraftTree([], [])]
     starts, T = [4, 2, 6], 6
     depths = torch.tensor([[0] + t.depths() + [0] * (T - 1 - len(t)) for t in trees])

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from specmoe import LLM, SamplingParams
-from specmoe.decoding.selection import DraftNode, VerifyCost, chain_nodes, is_ancestor_closed, objective, select
-from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.tree import DraftTree, accept, chain, trie
-from specmoe.decoding.treeselect import TreeSelector, ranks
+from specmoe.decoding.trees.selection import DraftNode, VerifyCost, chain_nodes, is_ancestor_closed, objective, select
+from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.decoding.trees.tree import DraftTree, accept, chain, trie
+from specmoe.decoding.trees.treeselect import TreeSelector, ranks
 from tests.decoding.test_drafters import code_prompts
 
 V = 8
@@ -159,7 +159,7 @@ def test_tree_selector_cuts_unlikely_branches_once_fitted():
 
 
 def test_chains_are_trees_of_width_one():
-    from specmoe.decoding.tree import chain, trie
+    from specmoe.decoding.trees.tree import chain, trie
     c = chain([4, 5, 6])
     assert c.is_chain and c.parents == [-1, 0, 1] and c.q is None
     assert trie([[4, 5, 6]]).parents == c.parents and not trie([[4, 5], [4, 7]]).is_chain
@@ -182,7 +182,7 @@ def test_padded_tree_selection_beats_every_capped_chain(seed):
     sets = TreeSelector.select_sets(nodes, B, fit)
     assert all(nodes[i].seq == b for b, S in enumerate(sets) for i in S)
     assert is_ancestor_closed(nodes, [i for S in sets for i in S])
-    from specmoe.decoding.selection import path_probs
+    from specmoe.decoding.trees.selection import path_probs
     P = path_probs(nodes)
     ch = chain_nodes(nodes)
     got = TreeSelector.padded_objective(nodes, P, sets, fit)

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from specmoe import LLM
-from specmoe.decoding.selection import DraftNode, is_ancestor_closed, missing, path_probs, uniform_chains, union_added
-from specmoe.decoding.treeselect import TreeSelector
+from specmoe.decoding.trees.selection import DraftNode, is_ancestor_closed, missing, path_probs, uniform_chains, union_added
+from specmoe.decoding.trees.treeselect import TreeSelector
 from tests.decoding.test_drafters import BATCHES
 
 
@@ -100,7 +100,7 @@ def test_expert_term_moves_no_more_bytes_and_drops_nodes(tmp_path, monkeypatch, 
 def test_self_draft_records_router_picks_per_chain_node(tmp_path, monkeypatch):
     """The self draft's trees carry the target routers' picks (before substitution) for the pending token and
     every chain node it forwarded; the chain's last node and the sibling leaves were never forwarded."""
-    from specmoe.decoding.selfdraft import SelfDrafter
+    from specmoe.decoding.drafters.selfdraft import SelfDrafter
     seen = []
     orig = SelfDrafter.propose_tree
 

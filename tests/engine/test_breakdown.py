@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specmoe import LLM, SamplingParams
-from specmoe.decoding.breakdown import PARTS
+from specmoe.decoding.runtime.breakdown import PARTS
 
 PROMPTS = [[1, 2, 3, 4], [5, 6], [7, 8, 9, 10, 11, 12]]
 

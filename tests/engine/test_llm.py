@@ -116,7 +116,7 @@ def test_tiny_positive_temperature_is_the_greedy_limit(llm, seed):
 
 
 def test_probs_from_logits_is_finite_at_tiny_temperature():
-    from specmoe.decoding.sampling import probs_from_logits
+    from specmoe.decoding.runtime.sampling import probs_from_logits
     logits = torch.tensor([[1.0, 3.0, 3.0, -2.0], [1e30, -1e30, 0.0, 5.0]])
     p = probs_from_logits(logits, SamplingParams(temperature=1e-45))
     assert torch.equal(p, torch.tensor([[0.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0]]))  # ties share the mass

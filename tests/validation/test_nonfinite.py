@@ -85,7 +85,7 @@ def test_healthy_logits_are_accepted(tiny_ckpt):
                          ids=["nan", "pos_inf", "neg_inf", "huge_finite", "huge_negative_finite", "zero"])
 def test_finite_rows_is_exact(value, finite):
     """The cheap row check (amax/amin) flags exactly the rows holding an inf or NaN anywhere."""
-    from specmoe.decoding.sampling import finite_rows
+    from specmoe.decoding.runtime.sampling import finite_rows
     x = torch.randn(3, 4, 1000)
     x[1, 2, 517] = value
     expected = torch.ones(3, 4, dtype=torch.bool)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from specmoe import LLM, SamplingParams
-from specmoe.decoding import affinity as A
+from specmoe.decoding.drafters import affinity as A
 from specmoe.weights.checkpoint import Checkpoint
 from tests.validation.conftest import snapshot
 

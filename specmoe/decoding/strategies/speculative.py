@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specmoe.decoding.breakdown import SpecTally, StepBreakdown, now
-from specmoe.decoding.budget import ExpertBudget
-from specmoe.decoding.drafters import Drafter
-from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import coupled_noise, sample
-from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.tree import DraftTree, accept, compaction, pack
+from specmoe.decoding.runtime.breakdown import SpecTally, StepBreakdown, now
+from specmoe.decoding.strategies.budget import ExpertBudget
+from specmoe.decoding.drafters.base import Drafter
+from specmoe.decoding.runtime.runner import ModelRunner
+from specmoe.decoding.runtime.sampling import coupled_noise, sample
+from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.decoding.trees.tree import DraftTree, accept, compaction, pack
 
 # B=sequences, T=verified rows per sequence (pending token + nodes, padded), V=vocab
 

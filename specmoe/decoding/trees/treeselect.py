@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import time
 
-from specmoe.decoding.selection import (DraftNode, VerifyCost, missing, path_probs, select, uniform_chains,
+from specmoe.decoding.trees.selection import (DraftNode, VerifyCost, missing, path_probs, select, uniform_chains,
                                         union_added)
-from specmoe.decoding.tree import DraftTree
+from specmoe.decoding.trees.tree import DraftTree
 
 
 def ranks(tree: DraftTree) -> list[int]:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specmoe.decoding.controller import Acceptance, Controller
-from specmoe.decoding.costmodel import Coefficients, CostModel, RoutingStats
+from specmoe.decoding.control.controller import Acceptance, Controller
+from specmoe.decoding.control.costmodel import Coefficients, CostModel, RoutingStats
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specmoe.decoding.sampling import check_finite, coupled_pick, finite_rows, probs_from_logits
-from specmoe.decoding.sequence import Sequence
+from specmoe.decoding.runtime.sampling import check_finite, coupled_pick, finite_rows, probs_from_logits
+from specmoe.decoding.runtime.sequence import Sequence
 
 # B=sequences, T=verified rows per sequence (root + nodes, padded), V=vocab
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import time
 
-from specmoe.decoding.breakdown import StepBreakdown
-from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import sample
-from specmoe.decoding.sequence import Sequence
+from specmoe.decoding.runtime.breakdown import StepBreakdown
+from specmoe.decoding.runtime.runner import ModelRunner
+from specmoe.decoding.runtime.sampling import sample
+from specmoe.decoding.runtime.sequence import Sequence
 
 MAX_PREFILL_TOKENS = 4096  # tokens per prefill forward; bounds activation memory for large batches
 

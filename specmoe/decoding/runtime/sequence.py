@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specmoe.decoding.sampling import SamplingParams
+from specmoe.decoding.runtime.sampling import SamplingParams
 
 
 @dataclass

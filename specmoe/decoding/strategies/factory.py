@@ -1,8 +1,8 @@
 """Build the decoding strategy a SpecConfig asks for."""
 from __future__ import annotations
 
-from specmoe.decoding.autoregressive import AutoregressiveDecoder
-from specmoe.decoding.runner import ModelRunner
+from specmoe.decoding.strategies.autoregressive import AutoregressiveDecoder
+from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.options import OffloadConfig, SpecConfig
 
 
@@ -17,9 +17,9 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, ckpt=None, max_model_
         raise ValueError(f"decoding={cfg.decoding!r} needs the checkpoint and the context length")
     if cfg.decoding == "auto" and controller is None:
         raise ValueError('decoding="auto" needs its controller (build_controller)')
-    from specmoe.decoding.budget import ExpertBudget
-    from specmoe.decoding.speculative import SpeculativeDecoder
-    from specmoe.decoding.treeselect import TreeSelector
+    from specmoe.decoding.strategies.budget import ExpertBudget
+    from specmoe.decoding.strategies.speculative import SpeculativeDecoder
+    from specmoe.decoding.trees.treeselect import TreeSelector
     memo = {} if memo is None else memo
     drafters = {name: make_drafter(name, runner, cfg, ckpt=ckpt, memo=memo)
                 for name in drafter_names(cfg, ckpt)}
@@ -49,9 +49,9 @@ def drafter_names(cfg: SpecConfig, ckpt) -> list[str]:
 
 
 def make_drafter(name: str, runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
-    from specmoe.decoding.drafters import NgramDrafter
+    from specmoe.decoding.drafters.ngram import NgramDrafter
     if name == "self":
-        from specmoe.decoding.selfdraft import SelfDrafter
+        from specmoe.decoding.drafters.selfdraft import SelfDrafter
         return SelfDrafter(runner, draft_experts(runner, cfg, ckpt=ckpt, memo=memo))
     if name == "eagle":
         return make_eagle(runner, cfg, ckpt=ckpt, memo=memo)
@@ -62,8 +62,8 @@ def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: Offloa
     """`decoding="auto"`'s controller: its cost model's coefficients are measured once per machine + model + tier
     (cached as JSON, see `costmodel.load_or_calibrate`) and it keeps refining them, and its acceptance
     estimates, as long as the caller keeps it."""
-    from specmoe.decoding.controller import Controller
-    from specmoe.decoding.costmodel import CostModel, RoutingStats, calibration_key, load_or_calibrate
+    from specmoe.decoding.control.controller import Controller
+    from specmoe.decoding.control.costmodel import CostModel, RoutingStats, calibration_key, load_or_calibrate
     mcfg = ckpt.config
     tier = offload.offload if offload.offload != "host" else f"host|{offload.link_gbps}|{offload.link_latency_us}"
     nd = min(spec.draft_experts, mcfg.num_experts)
@@ -77,8 +77,8 @@ def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: Offloa
 def draft_experts(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict | None = None):
     """The self draft's draft-expert set (`draft.DraftExperts`); `memo` outlives one generate call (the engine
     keeps it): the affinity table is computed once per engine, not once per call."""
-    from specmoe.decoding.affinity import load_or_compute_affinity
-    from specmoe.decoding.draft import DraftExperts, load_profile
+    from specmoe.decoding.drafters.affinity import load_or_compute_affinity
+    from specmoe.decoding.drafters.draft_experts import DraftExperts, load_profile
     mcfg = ckpt.config
     memo = {} if memo is None else memo
     if cfg.substitution == "affinity" and "affinity" not in memo:
@@ -103,7 +103,7 @@ def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
     `bundled.default_eagle_head`), its weights read once per engine (`memo`)."""
     from pathlib import Path
 
-    from specmoe.decoding.eagle import EagleDrafter
+    from specmoe.decoding.drafters.eagle import EagleDrafter
     from specmoe.errors import InputError
     from specmoe.models.eagle import load_eagle_head, read_draft_vocab, recommended_draft_vocab
     path = eagle_head_path(cfg, ckpt)

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from specmoe.decoding.draft import DraftExperts
-from specmoe.decoding.drafters import Drafter, DraftHook, siblings
-from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import coupled_pick, probs_from_logits
-from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.tree import DraftTree
+from specmoe.decoding.drafters.draft_experts import DraftExperts
+from specmoe.decoding.drafters.base import Drafter, DraftHook, siblings
+from specmoe.decoding.runtime.runner import ModelRunner
+from specmoe.decoding.runtime.sampling import coupled_pick, probs_from_logits
+from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.decoding.trees.tree import DraftTree
 
 # B=sequences, G=max drafted tokens, V=vocab
 

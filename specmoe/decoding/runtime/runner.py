@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from specmoe.decoding.sequence import Sequence
+from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.models.decoder import BatchView, Transformer
 from specmoe.models.kv_cache import KVCache
 from specmoe.models.moe import ForwardContext

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specmoe.decoding.breakdown import now
+from specmoe.decoding.runtime.breakdown import now
 
 CALIBRATION_VERSION = 3
 LOOKUP_DRAFTERS = ("ngram",)
@@ -140,7 +140,7 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_ex
     routers, shared experts, lm_head, per-forward overhead), and as a draft forward computes (every token
     routed onto N draft slots read in place → "draft"). {"rows", "nonexpert", "full", "draft", "unions"}:
     seconds and mean union sizes per row count."""
-    from specmoe.decoding.runner import ModelRunner
+    from specmoe.decoding.runtime.runner import ModelRunner
     from specmoe.models.kv_cache import KVCache
     from specmoe.models.moe import ForwardContext
     cfg = model.cfg

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from specmoe.config import ModelConfig
-from specmoe.decoding.affinity import nearest_draft
+from specmoe.decoding.drafters.affinity import nearest_draft
 from specmoe.errors import InputError
 from specmoe.experts.store import ExpertStore
 from specmoe.models.moe import ForwardContext, Routing, SlotGroup

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specmoe.decoding.drafters import Drafter, DraftHook, siblings
-from specmoe.decoding.runner import ModelRunner
-from specmoe.decoding.sampling import coupled_pick, probs_from_logits
-from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.tree import DraftTree
+from specmoe.decoding.drafters.base import Drafter, DraftHook, siblings
+from specmoe.decoding.runtime.runner import ModelRunner
+from specmoe.decoding.runtime.sampling import coupled_pick, probs_from_logits
+from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.decoding.trees.tree import DraftTree
 from specmoe.models.decoder import BatchView
 from specmoe.models.eagle import EagleHead
 from specmoe.models.kv_cache import KVCache

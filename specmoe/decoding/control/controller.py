@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specmoe.decoding.costmodel import CostModel
+from specmoe.decoding.control.costmodel import CostModel
 
 THETAS = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.12, 0.06])
 CONF_BINS = 10
@@ -364,7 +364,7 @@ class Controller:
 
     def plan_step(self, seqs, limits: list[int]):
         """The StepPlan of this step (the decoder's `plan`)."""
-        from specmoe.decoding.speculative import StepPlan
+        from specmoe.decoding.strategies.speculative import StepPlan
         t0 = time.perf_counter()
         B = len(seqs)
         try:

@@ -30,10 +30,9 @@ from collections.abc import Callable
 
 import torch
 
-from specmoe.decoding.ngram import NgramIndex
-from specmoe.decoding.sampling import probs_from_logits
-from specmoe.decoding.sequence import Sequence
-from specmoe.decoding.tree import DraftTree, trie
+from specmoe.decoding.runtime.sampling import probs_from_logits
+from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.decoding.trees.tree import DraftTree
 
 # B=sequences, G=max drafted tokens this step, V=vocab
 
@@ -126,55 +125,3 @@ def siblings(s: Sequence, logits: torch.Tensor, chosen: int, n: int, noise: torc
     score = logits.float() if noise is None else torch.log(probs_from_logits(logits, s.params)) + noise
     top = torch.topk(score, min(n + 1, score.numel()))
     return [t for v, t in zip(top.values.tolist(), top.indices.tolist()) if t != chosen and v != float("-inf")][:n]
-
-
-class NgramDrafter(Drafter):
-    """Prompt and output lookup: one incremental `NgramIndex` per live sequence, fed the sequence's new
-    tokens at each proposal (indexes of sequences no longer in the batch are dropped)."""
-    name = "ngram"
-
-    def __init__(self, vocab_size: int, device: torch.device, *, n_min: int = 2, n_max: int = 4):
-        self.vocab, self.device = vocab_size, device
-        self.n_min, self.n_max = n_min, n_max
-        self.index: dict[int, NgramIndex] = {}
-        self.owner: dict[int, Sequence] = {}  # the sequence each index was built from
-        self.asked = self.proposed = self.empty = 0  # tokens asked for, tokens proposed, rows with none
-
-    def _sync(self, s: Sequence) -> NgramIndex:
-        idx = self.index.get(s.seq_id)
-        if idx is None or self.owner[s.seq_id] is not s:  # a new sequence (ids may be reused across runs)
-            idx = self.index[s.seq_id] = NgramIndex(self.n_min, self.n_max)
-            self.owner[s.seq_id] = s
-        n = len(idx.tokens)
-        P = len(s.prompt_ids)
-        if n < P:
-            idx.extend(s.prompt_ids[n:])
-            n = P
-        idx.extend(s.output_ids[n - P:])
-        return idx
-
-    def available(self, seqs: list[Sequence], limits: list[int]) -> list[int]:
-        """The length of the chain each sequence's lookup would propose now (at most limits[b]): the controller
-        plans with it before the step drafts."""
-        return [len(self._sync(s).propose(g)) for s, g in zip(seqs, limits)]
-
-    def retire(self, live: set[int]) -> None:
-        for sid in [k for k in self.index if k not in live]:
-            del self.index[sid], self.owner[sid]
-
-    @torch.inference_mode()
-    def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int, noise: dict[int, torch.Tensor],
-                     hook: DraftHook | None = None) -> list[DraftTree]:
-        """The trie of up to `width` distinct continuations of the history's matches (`propose_many`; the
-        first is the latest occurrence's, the chain). Deterministic drafts: q is one-hot (None) for every row."""
-        trees = [trie(self._sync(s).propose_many(g, width)) for s, g in zip(seqs, gammas)]
-        got = [len(t) for t in trees]
-        self.asked += sum(gammas)
-        self.proposed += sum(got)
-        self.empty += sum(1 for g, n in zip(gammas, got) if g > 0 and n == 0)
-        return trees
-
-    def stats(self) -> dict:
-        return {"drafter": self.name, "ngram_min": self.n_min, "ngram_max": self.n_max,
-                "draft_tokens_asked": self.asked, "draft_tokens_proposed": self.proposed,
-                "empty_proposals": self.empty}
