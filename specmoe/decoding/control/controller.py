@@ -235,7 +235,7 @@ class Controller:
         union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
         v = cm.forward_time(n_tok, union, miss)
         fwd = np.array([cm.ratio("fwd", int(k)) for k in n_tok])
-        return d_raw, v, d_ref + v * fwd + s_setup, miss.sum(1)
+        return d_raw, v, d_ref + v * fwd + s_setup + cm.overhead("spec", B), miss.sum(1)
 
     def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,
                spec_resident: np.ndarray, setup: dict[str, float] | None = None,
@@ -250,6 +250,7 @@ class Controller:
         B = len(seq_ids)
         cm = self.cost
         t_plain_raw, t_plain = cm.plain_parts(B, resident)
+        t_plain += cm.overhead("plain", B)
         plain_rate = B / t_plain
         P = {n: self._probs(n, seq_ids, avail[n]) for n in names}
         ar = np.arange(self.g)
@@ -435,10 +436,11 @@ class Controller:
             return
         cm = self.cost
         B = len(seqs)
-        measured = sum(w for w, _, _ in clock.spans.values()) - clock.wall("plan")
+        measured = sum(clock.wall(p) for p in ("draft", "select", "verify", "accept", "commit"))
         if plan.kind == "plain":
             cm.refine_misses("plain", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
             cm.refine("fwd", B, clock.wall("verify"), plan.raw_s)
+            cm.refine_overhead("plain", B, measured - clock.wall("verify"))
             self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
             return
         names = self.names
@@ -459,7 +461,9 @@ class Controller:
         union, miss = cm.expected_union(np.array([n_tok]), res, "spec")
         cm.refine("fwd", n_tok, clock.wall("verify"), float(cm.forward_time(np.array([n_tok]), union, miss)[0]))
         cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
-        self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
+        drafted = sum(clock.wall(f"draft:{n}") for n in names)
+        cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"))
+        self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))
 
     def _log(self, plan: Plan, B: int, predicted: float, raw: float, measured: float) -> None:
         if len(self.predictions) < 20000:

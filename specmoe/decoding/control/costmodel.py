@@ -312,6 +312,7 @@ class Refinement:
     alpha: float = 0.25
     time: dict = field(default_factory=dict)
     misses: dict = field(default_factory=dict)
+    overhead: dict = field(default_factory=dict)  # (kind, bucket) → seconds a step spends outside its forwards
 
     def ema(self, table: dict, key, ratio: float) -> None:
         ratio = min(max(ratio, 0.05), 20.0)
@@ -412,6 +413,21 @@ class CostModel:
         if raw_predicted_s > 0 and measured_s > 0:
             self.ref.ema(self.ref.time, (part, bucket(n)), measured_s / raw_predicted_s)
 
+    def overhead(self, kind: str, n: int) -> float:
+        """Seconds a step of this kind spends outside its modelled forwards (sampling, acceptance, selection, KV
+        compaction, host bookkeeping), measured online per batch bucket (nearest bucket until measured)."""
+        t = self.ref.overhead
+        b = bucket(n)
+        if (kind, b) in t:
+            return t[(kind, b)]
+        near = [k for k in t if k[0] == kind]
+        return t[min(near, key=lambda k: abs(math.log2(k[1]) - math.log2(b)))] if near else 0.0
+
+    def refine_overhead(self, kind: str, n: int, seconds: float) -> None:
+        key, a = (kind, bucket(n)), self.ref.alpha
+        old = self.ref.overhead.get(key)
+        self.ref.overhead[key] = max(seconds, 0.0) if old is None else (1 - a) * old + a * max(seconds, 0.0)
+
     def refine_misses(self, kind: str, measured: float, predicted: float) -> None:
         if predicted > 0.5:
             self.ref.ema(self.ref.misses, kind, measured / predicted * self.ref.misses.get(kind, 1.0))
@@ -419,4 +435,5 @@ class CostModel:
     def stats(self) -> dict:
         return {"coefficients": {**asdict(self.c), "read_gbps": self.c.read_gbps},
                 "time_refinement": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.time.items())},
-                "miss_refinement": dict(self.ref.misses)}
+                "miss_refinement": dict(self.ref.misses),
+                "step_overhead_s": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.overhead.items())}}

@@ -301,6 +301,7 @@ class SpeculativeDecoder:
     def stats(self) -> dict:
         emitted = self.tally.emitted
         st = {"decoding": self.name, **self.tally.stats(), "ar_steps": self.plain_steps, "ar_time_s": self.plain_s,
+              "plain_step_share": self.plain_steps / max(1, self.plain_steps + self.tally.steps),
               "num_draft_tokens": self.gamma, "draft_phase_bytes": self.draft_phase_bytes,
               "expert_bytes_per_token": self.step_bytes / emitted if emitted else 0.0,
               "step_breakdown": dict(self.breakdown.s),
