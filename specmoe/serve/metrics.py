@@ -110,3 +110,16 @@ class _StatsCollector:
         tps = s.get("tokens_per_step", 1.0 if s["decode_steps"] else 0.0)
         yield gauge("specmoe_tokens_per_step", "tokens emitted per sequence per decode step (SpecMoE: accepted "
                     "drafts + 1; AR: 1)", tps)
+        if "plain_step_share" in s:
+            yield gauge("specmoe_plain_step_share", "share of decode steps in which no sequence drafted (auto's plain "
+                        "steps)", s["plain_step_share"])
+        drafters = s.get("drafters") or {}
+        if drafters:
+            rows = CounterMetricFamily("specmoe_drafter_rows", "sequence-steps drafted, by drafter", labels=["drafter"])
+            tau = GaugeMetricFamily("specmoe_drafter_tokens_per_step", "tokens emitted per drafted sequence-step "
+                                    "(accepted drafts + 1), by drafter", labels=["drafter"])
+            for name, d in drafters.items():
+                rows.add_metric([name], float(d["rows"]))
+                tau.add_metric([name], float(d["tokens_per_step"]))
+            yield rows
+            yield tau

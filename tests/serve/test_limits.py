@@ -3,6 +3,8 @@ its timeout is aborted (504) and frees its slot, a failed engine step answers 50
 served by a fresh engine core."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.serve.conftest import metric, need_server, scrape, start_server, wait_for
@@ -26,6 +28,9 @@ def test_full_queue_answers_429_with_retry_after(one_slot):
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as first:
             next(first.iter_lines())  # running: it holds the only slot
+            core = s.engine.core
+            step = core.strategy.step
+            core.strategy.step = lambda seqs: (time.sleep(0.05), step(seqs))[1]  # it keeps it while we ask
             with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as second:
                 assert second.status_code == 200  # queued: it waits for the slot
                 r = http.post(s.url + "/v1/completions", json=LONG)
@@ -33,6 +38,7 @@ def test_full_queue_answers_429_with_retry_after(one_slot):
                 assert r.headers["Retry-After"] == "1"
                 assert r.json()["error"]["code"] == "queue_full"
     wait_for(lambda: s.engine.running == 0 and s.engine.waiting == 0, what="both streams aborted")
+    core.strategy.step = step
     assert metric(scrape(s.url), "specmoe_requests_rejected_total", status="429") == 1
     ok = s.client().completions.create(model=MODEL, prompt="x", max_tokens=3, temperature=0)
     assert ok.choices[0].finish_reason in ("stop", "length")

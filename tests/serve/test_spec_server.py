@@ -41,5 +41,7 @@ def test_concurrent_specmoe_streams_equal_plain_greedy(spec_server):
     assert asyncio.run(run()) == want
     after = scrape(spec_server.url)
     assert metric(after, "specmoe_tokens_per_step") > 1.0  # drafts were accepted
+    assert metric(after, "specmoe_drafter_rows_total", drafter="self") > 0  # which drafter drafted, by label
+    assert metric(after, "specmoe_drafter_tokens_per_step", drafter="self") > 1.0
     assert metric(after, "specmoe_expert_bytes_moved_total") > metric(before, "specmoe_expert_bytes_moved_total")
     assert 0 < metric(after, "specmoe_expert_cache_hit_rate") < 1
