@@ -39,7 +39,39 @@ BASELINES = {"lru": {"cache_policy": "lru", "decoding": "ar"}, "lfu": {"cache_po
              "ondemand": {"cache_policy": "ondemand", "decoding": "ar"}}
 DOMAINS = ("code", "bible", "docs", "fortunes")
 AUTO_KEEP = ("controller_steps", "controller_reasons", "controller_rows_by_drafter", "drafters", "tokens_per_step",
-             "ar_steps", "steps", "expert_bytes_per_token", "acceptance_calibrated_by_drafter", "controller_s")
+             "ar_steps", "steps", "plain_step_share", "expert_bytes_per_token", "acceptance_calibrated_by_drafter",
+             "controller_s", "time_refinement", "step_overhead_s")
+
+
+def prediction_error(st: dict) -> dict:
+    """Median absolute relative error of the controller's step-time predictions, per step kind, over the
+    measured rounds' steps (`step_predictions`: kind, B, predicted s, raw s, measured s, ...)."""
+    out = {}
+    for kind in ("plain", "spec"):
+        rows = [p for p in st.get("step_predictions", []) if p[0] == kind and p[4] > 0]
+        out[kind] = {"steps": len(rows), "median_abs_error": statistics.median(abs(p[2] - p[4]) / p[4] for p in rows)
+                     if rows else None}
+    return out
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    pts = res["points"]
+    names = list(pts[0]["median_tok_s"])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for n in names:
+        style = dict(lw=2.5, color="black") if n == "auto" else dict(lw=1, alpha=0.7)
+        ax.plot([p["batch"] for p in pts], [p["median_tok_s"][n] for p in pts], "o-", label=n, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("decode tokens/s (median of rounds)")
+    ax.set_title(f"auto vs baselines and fixed speculation: {res['model']} model, disk tier, {res['dtype']}")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def fixed_systems(drafters: list[str]) -> dict[str, dict]:
@@ -84,17 +116,21 @@ def readme_block(results: list[dict]) -> str:
                   f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds, commit "
                   f"`{res['commit'][:10]}` (`{res['out']}`):", "",
                   "| batch | best baseline | decode tok/s | best fixed speculative | tok/s | auto tok/s | auto ÷ baseline "
-                  "| auto ÷ best fixed | auto plain steps | auto rows by drafter |",
-                  "|---:|---|---:|---|---:|---:|---:|---:|---:|---|"]
+                  "| auto ÷ best fixed | auto plain steps | auto rows by drafter | step-time error plain / spec |",
+                  "|---:|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
         for p in res["points"]:
             a = p["auto_choice"]
             steps = a.get("controller_steps", {})
             plain = steps.get("plain", 0) / max(1, sum(steps.values()))
-            rows = ", ".join(f"{k} {v}" for k, v in (a.get("controller_rows_by_drafter") or {}).items())
+            rows = ", ".join(f"{k} {v['rows']} (τ {v['tokens_per_step']:.2f})" for k, v in (a.get("drafters") or {}).items()
+                             if v["rows"])
+            err = p.get("prediction_error", {})
+            e = " / ".join("–" if (err.get(k) or {}).get("median_abs_error") is None
+                           else f"{err[k]['median_abs_error']:.0%}" for k in ("plain", "spec"))
             lines.append(f"| {p['batch']} | {p['best_baseline']} | {p['median_tok_s'][p['best_baseline']]:.1f} | "
                          f"{p['best_fixed']} | {p['median_tok_s'][p['best_fixed']]:.1f} | "
                          f"{p['median_tok_s']['auto']:.1f} | {p['auto_vs_baseline']:.2f}× | {p['auto_vs_fixed']:.2f}× | "
-                         f"{plain:.0%} | {rows} |")
+                         f"{a.get('plain_step_share', plain):.0%} | {rows} | {e} |")
         lines.append("")
     return "\n".join(lines + [END])
 
@@ -166,7 +202,8 @@ def main() -> int:
         fixed = [n for n in systems if n not in BASELINES and n != "auto"]
         best_fixed = max(fixed, key=lambda n: med[n]) if fixed else "auto"
         st = last["auto"]
-        points.append({"batch": B, "tok_s_per_round": tps, "median_tok_s": med,
+        points.append({"batch": B, "prediction_error": prediction_error(st), "tok_s_per_round": tps,
+                       "median_tok_s": med,
                        "end_to_end_tok_s_per_round": e2e,
                        "end_to_end_median_tok_s": {n: statistics.median(v) for n, v in e2e.items()},
                        "best_baseline": base,
@@ -184,7 +221,8 @@ def main() -> int:
            else str(out), "points": points}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str) + "\n")
-    print(f"wrote {out}")
+    plot(res, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 
