@@ -332,8 +332,9 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         "bytes_per_token = all expert bytes moved (prefill included) / generated tokens; decode_bytes_per_token "
         "= bytes moved after the prefill / decode tokens (sampled at the first decode forward)",
         "breakdown: fetch wait and expert compute are timed around the expert provider during decode (prefill "
-        "excluded); draft phase = the strategy's draft_time_s (drafting computes on its own copies of the draft "
-        "experts); attention / other = the rest of the decode time",
+        "excluded); draft phase = the strategy's draft_time_s (the draft reads its draft experts in place, where they "
+        "are pinned in the cache's slots or resident, and fetches nothing); attention / other = the rest of the "
+        "decode time",
     ]
     tok = Tokenizer.load(path)
     fixed_sweep = cfg.sweep_batch if isinstance(cfg.sweep_batch, int) else 0
