@@ -236,14 +236,17 @@ class Bench:
         setting = next((s for s in self.settings(minfo) if s.tier == cfg.sweep_tier), self.settings(minfo)[0])
         spec = S.system(S.HEADLINE)
         out = {}
-        if (tag, cfg.sweep_batch, cfg.max_tokens) not in self.refs and S.system("resident").name in (cfg.systems or ("resident",)):
-            out["reference"] = {"rows": self.run_system(tag, path, minfo, setting, S.system("resident"),
-                                                        [cfg.sweep_batch], prompts, sweep="reference")}
         plan = {"gamma": ("num_draft_tokens", cfg.gammas), "draft_experts": ("draft_experts", cfg.draft_experts)}
         if cfg.policies:
             plan["draft_policy"] = ("draft_policy", S.choices("draft_policy") or ())
         if cfg.substitutions:
             plan["substitution"] = ("substitution", S.choices("substitution") or ())
+        plan = {k: v for k, v in plan.items() if v[1]}  # a preset may run none of them (`headline`)
+        if not plan:
+            return out
+        if (tag, cfg.sweep_batch, cfg.max_tokens) not in self.refs and S.system("resident").name in (cfg.systems or ("resident",)):
+            out["reference"] = {"rows": self.run_system(tag, path, minfo, setting, S.system("resident"),
+                                                        [cfg.sweep_batch], prompts, sweep="reference")}
         for key, (opt, values) in plan.items():
             rows = []
             if not S.has_option(opt):
