@@ -31,8 +31,12 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# the README's Results block: measured into benchmarks/results/ (results.json, plots, the results page), then
+# regenerated from it. About 10-15 min on a 2-core CPU machine (estimated from a measured reduced run); the
+# preset starts no new measurement after 24 min
 bench: setup
-	$(BIN)/specmoe bench --quick --out bench-results
+	$(BIN)/specmoe bench --headline --out benchmarks/results
+	$(BIN)/python -m specmoe.bench.report
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from specmoe import LLM, SamplingParams  # noqa: E402
+from specmoe.bench.machine import provenance  # noqa: E402
 from specmoe.decoding.strategies.budget import ExpertBudget  # noqa: E402
 from specmoe.decoding.runtime.runner import ModelRunner  # noqa: E402
 from specmoe.decoding.runtime.sequence import Sequence  # noqa: E402
@@ -94,7 +95,7 @@ def main() -> int:
         for r in group:
             r["perplexity_ratio_vs_exact"] = r["perplexity"] / group[0]["perplexity"]
         rows += group
-    res = {"command": "python " + " ".join(sys.argv), "model": str(llm.path),
+    res = {"command": "python " + " ".join(sys.argv), "provenance": provenance(), "model": str(llm.path),
            "chunk": args.chunk, "prefix": args.prefix, "length": args.length,
            "num_experts": llm.config.num_experts, "top_k": llm.config.top_k, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

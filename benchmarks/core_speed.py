@@ -94,7 +94,11 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     new, old = Path(a.new).resolve(), Path(a.old).resolve()
     spec = {"dtype": a.dtype, "offload": "disk", "decoding": "specmoe"}
-    res = {"options": spec, "max_tokens": a.max_tokens, "threads": a.threads, "batches": {}}
+    sys.path.insert(0, str(new))
+    from specmoe.bench.machine import provenance
+    old_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=old, capture_output=True, text=True).stdout.strip()
+    res = {"command": "python " + " ".join(sys.argv), "provenance": provenance(), "old_commit": old_commit or None,
+           "options": spec, "max_tokens": a.max_tokens, "threads": a.threads, "batches": {}}
     for B in a.batches:
         olds, news = [], []
         for _ in range(a.rounds):  # alternating, so both trees see the same machine load

@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 from specmoe import LLM  # noqa: E402
 from specmoe.bench import systems as S  # noqa: E402
+from specmoe.bench.machine import provenance  # noqa: E402
 from specmoe.bench.measure import measure  # noqa: E402
 from specmoe.engine.llm import default_model_path  # noqa: E402
 
@@ -142,7 +143,7 @@ def main() -> int:
         if "specmoe" in best and "ngram" in best:
             best["ngram"]["speedup_vs_specmoe"] = best["ngram"]["tokens_per_s"] / best["specmoe"]["tokens_per_s"]
     res_extra = tree_summary(rows)
-    res = {"command": "python " + " ".join(sys.argv), "model": str(path), "widened": widen_info,
+    res = {"command": "python " + " ".join(sys.argv), "provenance": provenance(), "model": str(path), "widened": widen_info,
            "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": args.threads},
            "tier": "disk", "cache_experts": cache, "gamma": args.gamma, "max_tokens": args.max_tokens,
            "prompt_tokens_max": args.prompt_tokens, "prompts": "benchmarks/prompts/code.jsonl",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 
@@ -66,7 +67,9 @@ def main():
         print(f"{r['batch']:>5} {r['specmoe_tok_s']:>14.1f} {r['specmoe_decode_tok_s']:>14.1f} "
               f"{r['hf_tok_s']:>10.1f} {r['speedup']:>6.2f}x {r['identical_sequences']:>10}")
     if args.out:
-        json.dump({"model": str(path), "dtype": args.dtype, "rows": rows}, open(args.out, "w"), indent=2)
+        from specmoe.bench.machine import provenance
+        json.dump({"command": "python benchmarks/engine_vs_hf.py " + " ".join(sys.argv[1:]), "provenance": provenance(),
+                   "model": str(path), "dtype": args.dtype, "rows": rows}, open(args.out, "w"), indent=2)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
+from specmoe.bench.machine import provenance  # noqa: E402
 from specmoe.config import ModelConfig  # noqa: E402
 from specmoe.experts.formats import ExpertShape, Native, Plain  # noqa: E402
 from specmoe.weights.autodtype import cpu_model  # noqa: E402
@@ -172,7 +173,7 @@ def main() -> None:
         print(f"{p['model']}: {p['stored_bytes_per_expert']:,} vs {p['bf16_bytes_per_expert']:,} B/expert "
               f"({p['ratio_vs_bf16']:.3f}x), decode {p['decode_to_fp32_s'] * 1e3:.1f} ms vs upcast "
               f"{p['bf16_upcast_to_fp32_s'] * 1e3:.1f} ms", flush=True)
-    res = {"command": "python benchmarks/native_formats.py " + " ".join(sys.argv[1:]),
+    res = {"command": "python benchmarks/native_formats.py " + " ".join(sys.argv[1:]), "provenance": provenance(),
            "settings": {"tier": "host", "cache_policy": "lru", "cache_slots_per_layer": args.slots, "batch": 1,
                         "tokens_per_prompt": args.tokens, "prompts": len(PROMPTS), "compute_dtype": "float32",
                         "threads": 1},

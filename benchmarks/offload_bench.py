@@ -233,7 +233,9 @@ def main() -> int:
         meta["static_profile"] = prof["source"] if prof else "auto (built-in prompts)"
         meta["skewness_per_layer"] = prof["skewness"] if prof else None
         meta["repeats"] = args.repeats
-        Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "reads": reads}, indent=1))
+        from specmoe.bench.machine import provenance
+        Path(args.out).write_text(json.dumps({"command": "python " + " ".join(sys.argv), "provenance": provenance(),
+                                              "meta": meta, "rows": rows, "reads": reads}, indent=1))
         print(f"wrote {args.out}")
     return 0
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 from pathlib import Path
 
 import torch
 
 import specmoe.engine.core as core_mod
 from specmoe import LLM, SamplingParams
+from specmoe.bench.machine import provenance
 from specmoe.bench.opcount import OpCounter
 from specmoe.engine.llm import default_model_path
 
@@ -80,7 +82,9 @@ def main(argv=None) -> dict:
     path = a.model or default_model_path()
     ar = measure(path, "ar", batch=a.batch, gamma=a.gamma, steps=a.steps)
     spec = measure(path, "specmoe", batch=a.batch, gamma=a.gamma, steps=a.steps)
-    res = {"model": str(path), "machine": platform.machine(), "torch": torch.__version__, "ar": ar, "specmoe": spec,
+    res = {"command": "python benchmarks/ops_count.py " + " ".join(sys.argv[1:]), "provenance": provenance(),
+           "model": str(path),
+           "machine": platform.machine(), "torch": torch.__version__, "ar": ar, "specmoe": spec,
            "specmoe_over_ar_ops_per_layer": spec["ops_per_layer"] / ar["ops_per_layer"]}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

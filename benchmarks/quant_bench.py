@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
+from specmoe.bench.machine import provenance  # noqa: E402
 from specmoe.bench.widen import widened_copy  # noqa: E402
 from specmoe.engine.llm import default_model_path  # noqa: E402
 from specmoe.eval.perplexity import load_texts  # noqa: E402
@@ -73,7 +74,7 @@ def workload(args) -> tuple[Path, list[str], str]:
 def write(args, model: Path, prompts: list[str], runs: list[dict], summary: dict) -> None:
     result = {"model": str(model), "system": "lru", "offload": "disk", "batch": 1, "slots": args.slots,
               "tokens_per_request": args.tokens, "requests": len(prompts), "rounds": args.rounds,
-              "command": "python " + " ".join(sys.argv), "runs": runs, "summary": summary}
+              "command": "python " + " ".join(sys.argv), "provenance": provenance(), "runs": runs, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(summary, indent=1))

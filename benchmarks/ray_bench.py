@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
+from specmoe.bench.machine import provenance  # noqa: E402
 from specmoe.engine.llm import default_model_path  # noqa: E402
 from specmoe.engine.tokenizer import Tokenizer  # noqa: E402
 from specmoe.integrations import ray as rx  # noqa: E402
@@ -95,7 +96,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]
     rows = rows_of(args.rows, args.prompt_tokens)
-    res = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+    res = {"command": "python " + " ".join(sys.argv), "provenance": provenance(),
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                        "load_avg_start": os.getloadavg()},
            "settings": {**vars(args), "engine": ENGINE}, "runs": {}}
     with tempfile.TemporaryDirectory() as d:

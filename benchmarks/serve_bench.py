@@ -226,7 +226,10 @@ def main(argv=None) -> int:
     prompts = load_prompts(256, a.prompt_chars)
     loads = [("concurrency", a.concurrency)] if a.concurrency else [("rate", float(r)) for r in a.rates.split(",")]
     targets = [(a.label, None)] if a.url else [(d, d) for d in a.launch.split(",")]
-    result = {"command": " ".join(shlex.quote(x) for x in sys.argv), "machine": platform.platform(),
+    sys.path.insert(0, str(REPO))
+    from specmoe.bench.machine import provenance
+    result = {"command": " ".join(shlex.quote(x) for x in sys.argv), "provenance": provenance(),
+              "machine": platform.platform(),
               "cpus": os.cpu_count(), "max_tokens": a.max_tokens, "duration_s": a.duration, "runs": []}
     for label, decoding in targets:
         srv = Launched(decoding, shlex.split(a.server_args)) if decoding else None

@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
+from specmoe.bench.machine import provenance  # noqa: E402
 from specmoe.engine.options import SpecConfig  # noqa: E402
 
 
@@ -120,7 +121,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     sections = set(args.sections.split(","))
-    results = {"machine": {"python": platform.python_version(), "torch": torch.__version__,
+    results = {"command": "python " + " ".join(sys.argv), "provenance": provenance(),
+               "machine": {"python": platform.python_version(), "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine()},
                "args": vars(args)}
 

@@ -98,7 +98,7 @@ class OffloadConfig:
     offload: str = opt("none", "backing tier of expert weights: none (all resident), host RAM, or disk (SSD, "
                        "direct reads of a one-time aligned repack)", ("none", "host", "disk"))
     cache_experts: int | None = opt(None, "device cache slots per MoE layer (default: a quarter of the experts, "
-                                    "at least top-k)", type=int)
+                                    "at least top-k; with speculation at least draft_experts + top-k)", type=int)
     cache_bytes: int | None = opt(None, "upper bound on the device expert working set over all MoE layers, e.g. "
                                   "2GiB: cache slots (SpecMoE's draft experts are pinned in them) + scratch rows + "
                                   "staging (sets the "
@@ -152,20 +152,23 @@ class SpecConfig:
                         "drafter (specmoe), or auto (each step a controller over a calibrated cost model picks a "
                         "plain step or speculation, and per sequence a drafter and its draft length)",
                         ("ar", "specmoe", "auto"))
-    draft_experts: int = opt(4, "SpecMoE: resident draft experts N per MoE layer (the draft uses only these)")
-    num_draft_tokens: int = opt(4, "SpecMoE: tokens drafted per step (gamma)")
-    substitution: str = opt("affinity", "SpecMoE: how the draft replaces a routed non-draft expert: nearest draft "
+    draft_experts: int = opt(4, "self drafter (SpecMoE): draft experts N per MoE layer, pinned in the expert cache's "
+                             "slots and read in place (the draft uses only these)")
+    num_draft_tokens: int = opt(4, "speculation: most tokens drafted per sequence per step (gamma; decoding=auto "
+                                "chooses a length up to it per sequence)")
+    substitution: str = opt("affinity", "self drafter: how the draft replaces a routed non-draft expert: nearest draft "
                             "expert by weight distance (affinity), top-k among draft experts by router score "
                             "(mask), or a random draft expert (random, ablation)", ("affinity", "mask", "random"))
-    draft_policy: str = opt("hot-temporal", "SpecMoE: draft-set policy: top-N experts of the last verification "
+    draft_policy: str = opt("hot-temporal", "self drafter: draft-set policy: top-N experts of the last verification "
                             "(hot-temporal), static from a profile (hot-global), or random (ablation)",
                             ("hot-temporal", "hot-global", "random"))
-    seed: int = opt(0, "SpecMoE: seed of the random substitution / random draft-set modes")
+    seed: int = opt(0, "self drafter: seed of the random substitution / random draft-set modes")
     drafter: str | None = opt(None, "speculation's draft source: the model's own draft experts (self), "
                               "prompt/output lookup of the sequence's last n tokens (ngram: no compute, no expert "
                               "bytes), or an EAGLE head over the target's last hidden state (eagle: a small dense "
                               "layer, no expert bytes); default: self for decoding=specmoe, every drafter available "
-                              "for decoding=auto (self, eagle where a head is found, ngram)",
+                              "for decoding=auto (self, eagle where a head is found, ngram); with decoding=auto, "
+                              "the one drafter auto may use",
                               ("self", "ngram", "eagle"), type=str)
     eagle_head: str | None = opt(None, "eagle drafter: an EAGLE / EAGLE-3 head directory (config.json + "
                                  "model.safetensors, published layout); default: the checkpoint's own eagle/ "
@@ -177,21 +180,24 @@ class SpecConfig:
                                         "default: the size that ranking file recommends, else full", type=int)
     ngram_min: int = opt(2, "ngram drafter: shortest suffix length n matched against the history")
     ngram_max: int = opt(4, "ngram drafter: longest suffix length n matched (the longest match wins)")
-    draft_selection: str = opt("all", "ngram drafter: verify every proposed token (all), or per step the prefix "
-                               "of each proposal that maximises expected tokens per second of verification, from "
-                               "measured acceptance per depth and verification time per position (cost; with "
-                               "draft_tree also the experts each node adds to the verification, EcoSpec), or cost "
-                               "without that expert term (cost-compute, SpecFit alone)",
+    draft_selection: str = opt("all", "speculation, any drafter: verify every proposed token (all), or per step "
+                               "the prefix of each proposal (of a tree: an ancestor-closed subtree) that maximises "
+                               "expected tokens per second of verification, from measured acceptance per depth and "
+                               "verification time per row, plus the experts each node adds to the verification "
+                               "when experts are offloaded (cost: SpecFit + EcoSpec), or without that expert term "
+                               "(cost-compute, SpecFit alone)",
                                ("all", "cost", "cost-compute"))
-    verify_expert_budget: int | None = opt(None, "ngram drafter, LOSSY: per MoE layer, a verification forward uses "
+    verify_expert_budget: int | None = opt(None, "speculation, LOSSY: per MoE layer, a verification forward uses "
                                            "only the K experts of most routing mass plus each token's top-1; "
-                                           "tokens re-route among them (MoE-Spec)", type=int)
-    draft_tree: bool = opt(False, "decoding=specmoe: propose and verify a token tree per sequence (ngram: up to "
-                           "draft_tree_width distinct continuations from the history merged into a trie; self: the "
-                           "draft's chain plus its next most likely tokens at every depth as leaves), one forward "
+                                           "tokens re-route among them (MoE-Spec; softmax top-k routers: Mixtral, "
+                                           "Qwen2-MoE, Qwen3-MoE, OLMoE)", type=int)
+    draft_tree: bool = opt(False, "speculation (specmoe or auto): propose and verify a token tree per sequence "
+                           "(ngram: up to draft_tree_width distinct continuations from the history merged into a "
+                           "trie; self, eagle: the draft's chain plus its next most likely tokens at every depth as "
+                           "leaves), one forward "
                            "with a tree attention mask; the accepted path's K/V is compacted in place")
     draft_tree_width: int = opt(3, "draft_tree: most branches per tree (continuations; at most width x gamma nodes)")
-    draft_prefetch: bool = opt(False, "SpecMoE, offloaded: while drafting, load the experts the target's routers "
+    draft_prefetch: bool = opt(False, "self drafter, offloaded: while drafting, load the experts the target's routers "
                                "pick for the drafted tokens into free cache slots, so the backing tier works "
                                "while the draft computes (draft-guided prefetch)")
 

@@ -60,6 +60,16 @@ PRESETS = {
                   gammas=(2, 4), draft_experts=(2, 8), peers=("hf",), peer_batches=(1, 16), peer_max_tokens=8,
                   systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe"), time_budget_s=170,
                   peer_reserve_s=25),
+    # what the README's Results block is generated from (`make bench`): the demo model on the disk tier, every
+    # headline baseline at batch 1-256, the peers, the widened copy at batch 1-64; no sweeps. ≤25 min on a
+    # 2-core machine (its time budget marks later points skipped rather than run over)
+    "headline": dict(tiers=("disk",), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=16, prompt_tokens=32,
+                     systems=("resident", "ondemand", "static", "lru", "overlap", "specmoe", "auto"),
+                     sweep_batch=16, gammas=(), draft_experts=(), policies=False, substitutions=False,
+                     peers=("hf", "hf-offload", "llama.cpp"), peer_batches=(1, 16), peer_max_tokens=16,
+                     widened=True, widened_batches=(1, 4, 16, 64), widened_tiers=("disk",),
+                     widened_systems=("resident", "ondemand", "lru", "specmoe"),
+                     repeats=2, time_budget_s=24 * 60, peer_reserve_s=150),
     # ≤30 min
     "full": dict(tiers=("disk", "host"), batch_sizes=(1, 4, 16, 64, 128, 256), max_tokens=16, prompt_tokens=32,
                  tier_systems={"host": ("resident", "ondemand", "lru", "overlap", "specmoe")},

@@ -375,7 +375,10 @@ def _f(x, fmt="{:.2f}"):
 def report(res: dict) -> str:
     """control.md: every figure read from control.json."""
     lines = ["# When to speculate: `decoding=\"auto\"` against the baselines", "",
-             f"Command: `{res.get('command')}`; {res['machine'].get('cpu_model')}, load average at start "
+             f"Command: `{res.get('command')}`, at commit "
+             f"`{(res['machine'].get('git_commit') or 'not recorded')[:10]}`"
+             f"{' with uncommitted changes to specmoe/' if res['machine'].get('git_dirty') else ''} (the figures "
+             f"describe the code there); {res['machine'].get('cpu_model')}, load average at start "
              f"{res['machine'].get('loadavg_at_start')}, at end {res.get('loadavg_at_end')} (a shared machine: "
              f"ratios of back-to-back runs); {res.get('elapsed_s', 0):.0f} s.", ""]
     for sec, cmd in (res.get("section_commands") or {}).items():

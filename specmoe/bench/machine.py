@@ -78,13 +78,35 @@ def machine_info(model_path: str | Path | None = None) -> dict:
             info[mod] = None
     if model_path is not None:
         info["model_disk"] = _disk_of(Path(model_path))
-    try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                            cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        info["git_commit"] = None
+    info.update(git_state())
     return info
+
+
+def git_state() -> dict:
+    """The commit the code was measured at and whether `specmoe/` differed from it (uncommitted changes):
+    {"git_commit": hash or None, "git_dirty": bool or None}. None where git or the repository is missing
+    (an installed wheel)."""
+    here = Path(__file__).resolve().parents[1]  # specmoe/
+
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=here, timeout=5)
+    try:
+        commit = git("rev-parse", "HEAD").stdout.strip() or None
+        dirty = bool(git("status", "--porcelain", "--", str(here)).stdout.strip()) if commit else None
+    except (OSError, subprocess.SubprocessError):
+        commit = dirty = None
+    return {"git_commit": commit, "git_dirty": dirty}
 
 
 def nice_level() -> int:
     return os.nice(0)
+
+
+def provenance() -> dict:
+    """What a results file records about where and at which code it was measured (every benchmark writes this
+    under "provenance"): commit, uncommitted changes to specmoe/, CPU, cores, platform, torch."""
+    import torch
+    cpu = _cpuinfo()
+    return {**git_state(), "cpu_model": cpu.get("cpu_model") or platform.processor() or None,
+            "logical_cores": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+            "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None}

@@ -21,7 +21,8 @@ def merge(base: dict, rerun: dict, *, model: str = "main", tier: str = "disk", s
                          for k, v in rerun.get("sweeps", {}).items()}
     out["merged_from"] = [{"run": i + 1, "command": r.get("command"), "created_utc": r.get("created_utc"),
                            "elapsed_s": r.get("elapsed_s"), "loadavg_at_start": r["machine"].get("loadavg_at_start"),
-                           "loadavg_at_end": r.get("loadavg_at_end"), "git_commit": r["machine"].get("git_commit")}
+                           "loadavg_at_end": r.get("loadavg_at_end"), "git_commit": r["machine"].get("git_commit"),
+                           "git_dirty": r["machine"].get("git_dirty")}
                           for i, r in enumerate((base, rerun))]
     out["notes"] = list(out.get("notes", [])) + [
         f"merged: rows of model '{model}' at tier '{tier}'" + (" and the SpecMoE sweeps" if sweeps else "") +

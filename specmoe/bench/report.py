@@ -155,7 +155,8 @@ def report_text(res: dict, *, preamble: str = "") -> str:
     if summary:
         lines += ["## What the numbers say", ""] + summary + [""]
     cmds = [m["command"] for m in res.get("merged_from", [])] or [res.get("command")]
-    runs = "".join(f" Run {m.get('run')}: {m.get('elapsed_s', 0):.0f} s." for m in res.get("merged_from", []))
+    runs = "".join(f" Run {m.get('run')}: {m.get('elapsed_s', 0):.0f} s, {_at_commit(m)}."
+                   for m in res.get("merged_from", []))
     lines += ["## Command", "", "```"] + [c or "(library call: specmoe.bench.run_bench)" for c in cmds] + ["```", "",
               f"Preset `{res['config']['preset']}`, {res['created_utc']}, {res.get('elapsed_s', 0):.0f} s.{runs} "
               f"Greedy, EOS ignored ({res['config']['max_tokens']} tokens per sequence), prompts truncated to "
@@ -168,7 +169,8 @@ def report_text(res: dict, *, preamble: str = "") -> str:
               f"{res.get('loadavg_at_end')} (the machine is shared)",
               f"- disk holding the model: {m.get('model_disk')}",
               f"- torch {m.get('torch')}, transformers {m.get('transformers')}, accelerate {m.get('accelerate')}, "
-              f"llama-cpp-python {m.get('llama_cpp')}; git {m.get('git_commit')}",
+              f"llama-cpp-python {m.get('llama_cpp')}; git {m.get('git_commit')}"
+              + (" with uncommitted changes to specmoe/" if m.get("git_dirty") else ""),
               f"- emulated link used: {'yes — host-tier rows are EMULATED' if res.get('link_emulated') else 'no'}", ""]
     for tag, mi in res.get("models", {}).items():
         if mi.get("status") == "error":
@@ -182,7 +184,11 @@ def report_text(res: dict, *, preamble: str = "") -> str:
                 lines.append(f"  - widened from {w['source']}: hidden {w['hidden']}, expert width {w['expert_intermediate']},"
                              f" eps {w['rms_norm_eps']}; greedy check: {w.get('greedy_check')}")
     if res.get("notes"):
-        lines += ["", "## How the numbers are measured", ""] + [f"- {n}" for n in res["notes"]]
+        lines += ["", "## How the numbers are measured", "",
+                  "Notes recorded with the run; they describe the code at its commit (under Machine)."
+                  if len(provenance(res)) == 1 else
+                  "Notes recorded with the runs; they describe the code at the runs' commits (under Command).", ""]
+        lines += [f"- {n}" for n in res["notes"]]
     lines += ["", "## Headline: SpecMoE vs each baseline", ""] + headline_tables(res)
     lines += ["## SpecMoE sweeps", ""] + sweep_tables(res)
     lines += ["## Peers (same model, prompts and token counts)", ""] + peer_table(res)
@@ -323,18 +329,58 @@ def summary_lines(res: dict) -> list[str]:
     return out
 
 
+def provenance(res: dict) -> list[dict]:
+    """The runs `res` holds (one, or each run of a merge): command, commit, whether specmoe/ had uncommitted
+    changes, date."""
+    m = res.get("machine", {})
+    return res.get("merged_from") or [{"command": res.get("command"), "git_commit": m.get("git_commit"),
+                                       "git_dirty": m.get("git_dirty"), "created_utc": res.get("created_utc")}]
+
+
+def _at_commit(run: dict) -> str:
+    c = run.get("git_commit")
+    if not c:
+        return "at an unrecorded commit"
+    return f"at commit `{c[:10]}`" + (" with uncommitted changes to specmoe/" if run.get("git_dirty") else "")
+
+
+def commit_sentence(res: dict) -> str:
+    """What the figures describe: the code at the recorded commit(s)."""
+    commits = {r.get("git_commit") for r in provenance(res) if r.get("git_commit")}
+    if not commits:
+        return "The commit of the code they measure was not recorded."
+    return f"They describe the code at {'that commit' if len(commits) == 1 else 'those commits'}, not necessarily yours."
+
+
+def stale_code(res: dict, repo: Path = README.parent) -> list[str]:
+    """The recorded commits whose specmoe/ tree differs from HEAD's (empty when git cannot tell)."""
+    import subprocess
+
+    def tree(rev):
+        try:
+            out = subprocess.run(["git", "rev-parse", f"{rev}:specmoe"], cwd=repo, capture_output=True, text=True,
+                                 timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+    head = tree("HEAD")
+    commits = {r.get("git_commit") for r in provenance(res) if r.get("git_commit")}
+    return sorted(c for c in commits if head and tree(c) != head)
+
+
 def readme_block(res: dict) -> str:
     """The README's Results block, markers included."""
     m, cfg, models = res["machine"], res.get("config", {}), res.get("models", {})
-    cmds = [r["command"] for r in res.get("merged_from", [])] or [res.get("command")]
+    measured = " and ".join(f"`{r['command']}` {_at_commit(r)}" for r in provenance(res) if r.get("command"))
     lines = [BEGIN,
-             f"Measured with {' and '.join(f'`{c}`' for c in cmds if c)} ({res.get('created_utc', '')[:10]}) on "
+             f"Measured with {measured} ({res.get('created_utc', '')[:10]}) on "
              f"{m.get('cpu_model')} ({m.get('logical_cores')} logical cores, {', '.join(m.get('cpu_flags') or [])}, "
              f"{m.get('ram_gib')} GiB RAM), torch {m.get('torch')}, {cfg.get('threads')} torch thread"
              f"{'' if cfg.get('threads') == 1 else 's'}, dtype "
              f"{models.get('main', {}).get('dtype')}; the demo model ({_bytes(models.get('main', {}).get('expert_bytes'))}"
              " per expert)" + (f" and its widened copy ({_bytes(models['widened'].get('expert_bytes'))} per expert)"
-                               if models.get("widened", {}).get("expert_bytes") else "") + ".", ""]
+                               if models.get("widened", {}).get("expert_bytes") else "") + ". " + commit_sentence(res),
+             ""]
     tier = _headline_tier(res)
     if tier:
         rows = {b: (sp, {}) for b, sp, _ in _pairs(res, "main", tier, "ondemand")}
@@ -385,8 +431,8 @@ def replace_block(text: str, block: str, where: str = "README.md") -> str:
 
 def main(argv=None) -> int:
     """`python -m specmoe.bench.report [--results F] [--readme F] [--check] [--readme-only]`: rewrite the
-    README's Results block and the results page next to results.json from results.json (--check: exit 1
-    if either differs, writing nothing)."""
+    README's Results block and the results page next to results.json from results.json, and the list of
+    results files in docs/benchmarks.md (--check: exit 1 if any differs, writing nothing)."""
     import argparse
     import json
     import sys
@@ -405,7 +451,13 @@ def main(argv=None) -> int:
         rdir = Path(a.results).parent
         pre = rdir / "preamble.md"
         new[rdir / "README.md"] = report_text(res, preamble=pre.read_text() if pre.is_file() else "")
+        if rdir.resolve() == RESULTS.parent.resolve() and INDEX_DOC.is_file():  # docs/benchmarks.md's file list
+            new[INDEX_DOC] = replace_index(INDEX_DOC.read_text(), results_index(rdir), str(INDEX_DOC))
     stale = [f for f, t in new.items() if not f.is_file() or f.read_text() != t]
+    old = stale_code(res)
+    if old:
+        print(f"note: {a.results} was measured at {', '.join(c[:10] for c in old)}, whose specmoe/ differs from "
+              "HEAD's; `make bench` measures this checkout", file=sys.stderr)
     if a.check:
         for f in stale:
             print(f"{f} differs from what {a.results} generates; run python -m specmoe.bench.report", file=sys.stderr)
@@ -413,6 +465,64 @@ def main(argv=None) -> int:
     for f in stale:
         f.write_text(new[f])
     return 0
+
+
+
+# ---------------------------------------------------------------- docs/benchmarks.md: which code and machine each file measured
+INDEX_DOC = README.parent / "docs" / "benchmarks.md"
+INDEX_BEGIN = "<!-- results-index:begin (generated by `python -m specmoe.bench.report` from benchmarks/results/*.json) -->"
+INDEX_END = "<!-- results-index:end -->"
+
+
+def file_provenance(d) -> tuple[str, str, str]:
+    """(command, commit, machine) a results file records, each 'not recorded' where it does not."""
+    if not isinstance(d, dict):
+        return "not recorded", "not recorded", "not recorded"
+    prov = d.get("provenance") if isinstance(d.get("provenance"), dict) else {}
+    m = d.get("machine")
+    m = m if isinstance(m, dict) else {"platform": m} if isinstance(m, str) else {}
+    runs = d.get("merged_from") or [{"git_commit": prov.get("git_commit") or m.get("git_commit") or d.get("commit"),
+                                     "git_dirty": prov.get("git_dirty", m.get("git_dirty", d.get("dirty")))}]
+    commits = [f"`{r['git_commit'][:10]}`" + (" + uncommitted changes" if r.get("git_dirty") else "")
+               for r in runs if r.get("git_commit")]
+    where = {**m, **prov}
+    cpu = where.get("cpu_model") or where.get("cpu")
+    plat = where.get("platform")
+    if plat and not cpu:  # 'Linux-6.1-x86_64-with-glibc2.36' -> 'Linux x86_64'
+        parts = str(plat).split("-")
+        plat = " ".join([parts[0]] + [p for p in parts[1:] if p in ("x86_64", "aarch64", "arm64")])
+    machine = ", ".join(str(x) for x in (cpu, where.get("cuda_device"),
+                                         f"{where['logical_cores']} cores" if where.get("logical_cores") else None,
+                                         None if cpu else plat) if x)
+    cmd = d.get("command") or (d.get("merged_from") or [{}])[0].get("command")
+    if isinstance(cmd, str):
+        words = cmd.split()
+        script = next((w.rpartition("/")[2] for w in words if w.endswith(".py")), None)
+        cmd = f"`{script}`" if script else f"`{' '.join(words[:3])}`"
+    return cmd or "not recorded", " and ".join(commits) or "not recorded", machine or "not recorded"
+
+
+def results_index(rdir: Path) -> str:
+    """The block of docs/benchmarks.md that lists every results file with the command, commit and machine it
+    records (markers included)."""
+    import json
+    lines = [INDEX_BEGIN, "", "| results file | command | commit | machine |", "|---|---|---|---|"]
+    for f in sorted(Path(rdir).glob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            d = None
+        cmd, commit, machine = file_provenance(d)
+        lines.append(f"| [`{f.name}`](../benchmarks/results/{f.name}) | {cmd} | {commit} | {machine} |")
+    return "\n".join(lines + ["", INDEX_END])
+
+
+def replace_index(text: str, block: str, where: str) -> str:
+    from specmoe.errors import InputError
+    i, j = text.find(INDEX_BEGIN), text.find(INDEX_END)
+    if i < 0 or j < i:
+        raise InputError(f"{where} has no results index (a line '{INDEX_BEGIN}' followed by '{INDEX_END}')")
+    return text[:i] + block + text[j + len(INDEX_END):]
 
 
 if __name__ == "__main__":

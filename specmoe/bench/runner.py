@@ -236,14 +236,17 @@ class Bench:
         setting = next((s for s in self.settings(minfo) if s.tier == cfg.sweep_tier), self.settings(minfo)[0])
         spec = S.system(S.HEADLINE)
         out = {}
-        if (tag, cfg.sweep_batch, cfg.max_tokens) not in self.refs and S.system("resident").name in (cfg.systems or ("resident",)):
-            out["reference"] = {"rows": self.run_system(tag, path, minfo, setting, S.system("resident"),
-                                                        [cfg.sweep_batch], prompts, sweep="reference")}
         plan = {"gamma": ("num_draft_tokens", cfg.gammas), "draft_experts": ("draft_experts", cfg.draft_experts)}
         if cfg.policies:
             plan["draft_policy"] = ("draft_policy", S.choices("draft_policy") or ())
         if cfg.substitutions:
             plan["substitution"] = ("substitution", S.choices("substitution") or ())
+        plan = {k: v for k, v in plan.items() if v[1]}  # a preset may run none of them (`headline`)
+        if not plan:
+            return out
+        if (tag, cfg.sweep_batch, cfg.max_tokens) not in self.refs and S.system("resident").name in (cfg.systems or ("resident",)):
+            out["reference"] = {"rows": self.run_system(tag, path, minfo, setting, S.system("resident"),
+                                                        [cfg.sweep_batch], prompts, sweep="reference")}
         for key, (opt, values) in plan.items():
             rows = []
             if not S.has_option(opt):
@@ -332,8 +335,9 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         "bytes_per_token = all expert bytes moved (prefill included) / generated tokens; decode_bytes_per_token "
         "= bytes moved after the prefill / decode tokens (sampled at the first decode forward)",
         "breakdown: fetch wait and expert compute are timed around the expert provider during decode (prefill "
-        "excluded); draft phase = the strategy's draft_time_s (drafting computes on its own copies of the draft "
-        "experts); attention / other = the rest of the decode time",
+        "excluded); draft phase = the strategy's draft_time_s (the draft reads its draft experts in place, where they "
+        "are pinned in the cache's slots or resident, and fetches nothing); attention / other = the rest of the "
+        "decode time",
     ]
     tok = Tokenizer.load(path)
     fixed_sweep = cfg.sweep_batch if isinstance(cfg.sweep_batch, int) else 0

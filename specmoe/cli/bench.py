@@ -22,6 +22,9 @@ def register(sub) -> None:
                    help="≈3 min on a 2-core machine: batch 1 and 16, a few systems, short sweeps (default)")
     g.add_argument("--full", dest="preset", action="store_const", const="full",
                    help="≈30 min: batch 1–256, every system, both tiers, full sweeps, peers, widened model")
+    g.add_argument("--headline", dest="preset", action="store_const", const="headline",
+                   help="≤25 min: what the README's Results block is generated from (`make bench`): disk tier, "
+                        "the headline baselines at batch 1–256, peers, widened model; no sweeps")
     p.add_argument("--model", default=None, help="checkpoint directory (default: the bundled demo model)")
     p.add_argument("--out", default="benchmarks/results", help="output directory for results.json and PNGs")
     p.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),

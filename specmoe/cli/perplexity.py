@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--per-domain", type=int, default=None, help="use the first N texts of each file")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens scored per text, at most (default 256)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="compute dtype (auto: see README)")
+                   help="compute dtype (auto: see docs/models.md)")
     p.add_argument("--repack-dir", default=None, help="where quantized experts are (or go)")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=run)

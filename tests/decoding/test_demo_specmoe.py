@@ -52,7 +52,7 @@ def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_demo_model_bf16_specmoe_diverges_only_at_near_ties():
-    """What holds in bf16 (the README's statement): greedy SpecMoE equals greedy AR token for token up to
+    """What holds in bf16 (docs/speculation.md's statement): greedy SpecMoE equals greedy AR token for token up to
     the first position where AR's two best logits lie within 4 bf16 ulps. Exact equality is not claimed
     there: attention over a different number of key positions (a verification forward vs a decode step)
     rounds differently in bf16, as it does between batch sizes of plain decoding."""
