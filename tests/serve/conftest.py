@@ -1,13 +1,9 @@
-<<<<<<< HEAD
-"""A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module.
+"""A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module, with the
+uvicorn settings `specmoe serve` uses (specmoe.serve.http.uvicorn_config).
 
 Nothing optional is imported here: a module that starts a server calls `need_server()` first, so it skips when
 the [serve] extra or the dev clients are missing, while the tests that need neither (test_text, the install
 hint) still run on a machine without them."""
-=======
-"""A real server for the serve tests: uvicorn in a thread on a free loopback port, one per module, with the
-uvicorn settings `specmoe serve` uses (specmoe.serve.http.uvicorn_config)."""
->>>>>>> serve
 from __future__ import annotations
 
 import threading
