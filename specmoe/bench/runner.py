@@ -405,8 +405,8 @@ def repack_dir(cfg: BenchConfig, path: Path) -> Path:
 
 
 def minfo_vocab(path: Path) -> int:
-    from specmoe.config import ModelConfig
-    return ModelConfig.from_dir(path).vocab_size
+    from specmoe.families import load_config
+    return load_config(path).vocab_size
 
 
 def write(res: dict, out: Path) -> Path:
