@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
-from specmoe.experts.memory import aligned_empty  # noqa: E402
+from specmoe.memory import aligned_empty  # noqa: E402
 
 CONFIGS = {  # name -> OffloadConfig fields (all on the disk tier)
     "ondemand": {"cache_policy": "ondemand"},

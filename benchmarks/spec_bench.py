@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
-from specmoe.engine.options import SpecConfig  # noqa: E402
+from specmoe.options import SpecConfig  # noqa: E402
 
 
 def load_prompts(llm: LLM, n: int, seed: int = 0) -> list:

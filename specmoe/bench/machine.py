@@ -84,7 +84,3 @@ def machine_info(model_path: str | Path | None = None) -> dict:
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = None
     return info
-
-
-def nice_level() -> int:
-    return os.nice(0)

@@ -75,7 +75,7 @@ def model_info(path: Path) -> dict:
 
 
 def build_options() -> dict:
-    from specmoe.engine.options import OffloadConfig, SpecConfig
+    from specmoe.options import OffloadConfig, SpecConfig
     return {f.name: {"owner": cls.__name__, "default": jsonable(S.default(f.name)),
                      "choices": jsonable(f.metadata.get("choices")), "help": f.metadata.get("help")}
             for cls in (OffloadConfig, SpecConfig) for f in fields(cls)}
@@ -304,7 +304,7 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
     """Run the configured benchmark; write results.json (+ PNGs) into cfg.out; return the results."""
     import torch
     from specmoe.engine.llm import default_model_path
-    from specmoe.engine.tokenizer import Tokenizer
+    from specmoe.tokenizer import Tokenizer
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
