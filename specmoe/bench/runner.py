@@ -150,7 +150,7 @@ class Bench:
             return rows
         base["effective_options"] = jsonable({**asdict(llm.offload_cfg), **asdict(llm.spec_cfg)})
         oracle = opts.get("prefetch") == "oracle"
-        if oracle and not isinstance(llm.provider, ExpertCache):
+        if oracle and not isinstance(llm.store, ExpertCache):
             mark("unavailable", "prefetch='oracle' needs an offloading expert cache", batches)
             return rows
         if oracle:
@@ -176,7 +176,7 @@ class Bench:
                     n_rep = max(1, cfg.repeats) if b * cfg.max_tokens <= cfg.repeat_below_tokens else 1
                     for _ in range(n_rep):
                         if oracle:
-                            llm.provider.start_oracle_replay()
+                            llm.store.start_oracle_replay()
                         cold(llm)
                         reps.append(measure(llm, prompts[:b], cfg.max_tokens, reference=ref,
                                             instrument=cfg.instrument))
@@ -261,7 +261,7 @@ class Bench:
 
 def cold(llm) -> None:
     """Every measured run starts from the same cache state: unpinned, non-static experts evicted."""
-    llm.provider.evict_all()
+    llm.store.evict_all()
 
 
 def best_batch(runs: list[dict], model: str = "main") -> int | None:
@@ -331,7 +331,7 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         "host-tier rows run behind an EMULATED link (link_gbps / link_latency_us); disk-tier rows are real reads",
         "bytes_per_token = all expert bytes moved (prefill included) / generated tokens; decode_bytes_per_token "
         "= bytes moved after the prefill / decode tokens (sampled at the first decode forward)",
-        "breakdown: fetch wait and expert compute are timed around the expert provider during decode (prefill "
+        "breakdown: fetch wait and expert compute are timed around the expert store during decode (prefill "
         "excluded); draft phase = the strategy's draft_time_s (drafting computes on its own copies of the draft "
         "experts); attention / other = the rest of the decode time",
     ]

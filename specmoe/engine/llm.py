@@ -25,7 +25,7 @@ from specmoe.engine.core import EngineCore, Request, wired_runner
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.prompts import normalize_params, normalize_prompts
 from specmoe.engine.stats import EngineStats, MemoryStats
-from specmoe.experts.factory import build_provider
+from specmoe.experts.factory import build_store
 from specmoe.memory import check_fits, device_memory
 from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
@@ -63,7 +63,7 @@ class LLM:
         self.dtype = resolve_dtype(dtype, default=self.config.dtype, device=self.device)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
-        self.provider, self.expert_memory = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype,
+        self.store, self.expert_memory = build_store(self.ckpt, self.offload_cfg, dtype=self.dtype,
                                                            device=self.device, draft_experts=draft_experts,
                                                            progress=progress, model=self.model)
         self.tokenizer = Tokenizer.load(self.path)
@@ -115,7 +115,7 @@ class LLM:
         """A ModelRunner over an empty KV cache of at least `slots` × `positions`, its forwards observed by the
         expert store: for forwards of one's own (scoring, research scripts). Not for use while `generate` runs
         in another thread (they share the KV cache)."""
-        return wired_runner(self.model, self.provider, self._cache_for(slots, positions, positions), self.device)
+        return wired_runner(self.model, self.store, self._cache_for(slots, positions, positions), self.device)
 
     def _tokenize(self, prompts, scoring: bool = False) -> tuple[list[str | None], list[list[int]]]:
         return normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self.config.vocab_size,
@@ -152,7 +152,7 @@ class LLM:
                 what = f"one sequence at the full context ({self.max_model_len} positions"
                 slots = self._kv_slots(self.max_model_len, self.max_batch, look, what)
                 cache = self._cache_for(min(slots, SERVE_INITIAL_SLOTS), look + 1, cap)
-            runner = wired_runner(self.model, self.provider, cache, self.device)
+            runner = wired_runner(self.model, self.store, cache, self.device)
             controller = controller_of(self) if self.spec_cfg.decoding == "auto" else None
             strategy = make_strategy(runner, self.spec_cfg, ckpt=self.ckpt, max_model_len=self.max_model_len,
                                      memo=self.draft_memo, controller=controller)
@@ -206,7 +206,7 @@ class LLM:
         """One flat dict: the engine's counters and rates, the decoding strategy's section (the running
         session's, else the last one's), the expert store's, bytes per token and the memory parts."""
         s = self._stats.to_dict(self._live.strategy_stats() if self._live is not None else None)
-        s.update(self.provider.stats())
+        s.update(self.store.stats())
         if s["generated_tokens"] and "bytes_moved" in s:
             s["bytes_per_token"] = s["bytes_moved"] / s["generated_tokens"]
         s["memory"] = MemoryStats.measure(self.model, self.expert_memory, self._cache).to_dict()
@@ -214,20 +214,20 @@ class LLM:
 
     def reset_stats(self) -> None:
         self._stats = EngineStats()
-        self.provider.reset_stats()
+        self.store.reset_stats()
 
     def close(self) -> None:
         """Release the offloaded experts now: the disk tier's file, the I/O thread, the (pinned) host and
         staging buffers, and the KV cache. Idempotent; using the engine afterwards raises InputError. Waits
         for a generate/logits running in another thread (they hold the engine's lock)."""
-        from specmoe.experts.store import ClosedProvider
-        provider = self.__dict__.get("provider")
-        if provider is None or isinstance(provider, ClosedProvider):
+        from specmoe.experts.store import ClosedStore
+        store = self.__dict__.get("store")
+        if store is None or isinstance(store, ClosedStore):
             return
         lock = self.__dict__.get("_lock")
         with lock if lock is not None else contextlib.nullcontext():
-            provider.close()
-            self.provider = ClosedProvider(f"this LLM ({self.path})")
+            store.close()
+            self.store = ClosedStore(f"this LLM ({self.path})")
             self._cache = None
 
     def __enter__(self) -> "LLM":
