@@ -188,8 +188,9 @@ class AsyncEngine:
                     for i, r in enumerate(arg.requests):
                         core.add(r)
                         self._groups[r.request_id] = (arg, i)
-                    with self._cv:
+                    with self._cv:  # counted as waiting from now on, not only after the next step
                         self._queued -= len(arg.requests)
+                        self.waiting = len(core.waiting)
                 else:
                     g, reason = arg
                     for r in g.requests:

@@ -3,6 +3,8 @@ its timeout is aborted (504) and frees its slot, a failed engine step answers 50
 served by a fresh engine core."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.serve.conftest import metric, need_server, scrape, start_server, wait_for
@@ -25,7 +27,8 @@ def test_full_queue_answers_429_with_retry_after(one_slot):
     s = one_slot
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as first:
-            next(first.iter_lines())  # running: it holds the only slot
+            lines = first.iter_lines()  # held: a dropped iterator closes the connection, which aborts the request
+            next(lines)  # running: it holds the only slot
             with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as second:
                 assert second.status_code == 200  # queued: it waits for the slot
                 r = http.post(s.url + "/v1/completions", json=LONG)
@@ -36,6 +39,28 @@ def test_full_queue_answers_429_with_retry_after(one_slot):
     assert metric(scrape(s.url), "specmoe_requests_rejected_total", status="429") == 1
     ok = s.client().completions.create(model=MODEL, prompt="x", max_tokens=3, temperature=0)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_request_in_the_core_counts_as_waiting_while_a_step_runs(one_slot):
+    """The bound holds during a step: a request the loop has moved from its inbox into the core counts as waiting
+    at once, not only once the step after it ends (a request arriving in between used to get in)."""
+    s = one_slot
+    core = s.engine.core
+    step = core.strategy.step
+    core.strategy.step = lambda seqs: (time.sleep(0.3), step(seqs))[1]  # steps long enough to arrive in
+    try:
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as first:
+                lines = first.iter_lines()  # held (see above)
+                next(lines)  # running: it holds the only slot
+                with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as second:
+                    assert second.status_code == 200
+                    wait_for(lambda: len(core.waiting) == 1, what="the second request in the core")
+                    r = http.post(s.url + "/v1/completions", json=LONG, timeout=5)
+                    assert r.status_code == 429, r.text
+    finally:
+        core.strategy.step = step
+    wait_for(lambda: s.engine.running == 0 and s.engine.waiting == 0, what="both streams aborted")
 
 
 def test_failed_step_answers_500_and_a_fresh_core_serves_the_next(one_slot):
