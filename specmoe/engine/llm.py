@@ -64,8 +64,8 @@ class LLM:
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
         self.store, self.expert_memory = build_store(self.ckpt, self.offload_cfg, dtype=self.dtype,
-                                                           device=self.device, draft_experts=draft_experts,
-                                                           progress=progress, model=self.model)
+                                                     device=self.device, draft_experts=draft_experts,
+                                                     progress=progress, model=self.model)
         self.tokenizer = Tokenizer.load(self.path)
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
                                  self.config.max_position_embeddings)

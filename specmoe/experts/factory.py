@@ -15,7 +15,7 @@ from specmoe.weights.checkpoint import Checkpoint
 
 
 def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, device: torch.device,
-                   draft_experts: int = 0, progress: bool = False, model=None):
+                draft_experts: int = 0, progress: bool = False, model=None):
     """Returns (store, ExpertMemory plan). `dtype` is the compute dtype slots hold; experts stay in their
     storage format (`cfg.expert_format`: the checkpoint's dtype, or int8 / int4) in the tier and are decoded
     on arrival. `draft_experts` is SpecMoE's N (0 without speculation): its N experts per MoE layer stay pinned
