@@ -44,9 +44,7 @@ def heldout(tokenizer, n: int, length: int) -> list[list[int]]:
 @torch.inference_mode()
 def chunked_nll(llm: LLM, ids: list[list[int]], *, prefix: int, chunk: int, hook) -> tuple[float, int]:
     B, L = len(ids), len(ids[0])
-    cache = llm._cache_for(B, L, L)
-    runner = llm._wire(ModelRunner(llm.model, llm.provider, cache, llm.device))
-    cache.lengths = [0] * cache.max_batch
+    runner = llm.runner(B, L)
     seqs = [Sequence(seq_id=i, prompt_ids=t, params=SamplingParams(), slot=i, generator=torch.Generator())
             for i, t in enumerate(ids)]
     runner.forward(seqs, [t[:prefix] for t in ids])

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from specmoe import LLM, SamplingParams  # noqa: E402
 from specmoe.engine.llm import DEMO_MODEL  # noqa: E402
-from specmoe.experts.memory import aligned_empty  # noqa: E402
+from specmoe.memory import aligned_empty  # noqa: E402
 from specmoe.experts.repack import open_repack  # noqa: E402
 from specmoe.experts.tiers import DiskTier  # noqa: E402
 from specmoe.weights.checkpoint import Checkpoint, resolve_dtype  # noqa: E402

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
 from specmoe.bench.machine import provenance  # noqa: E402
-from specmoe.config import ModelConfig  # noqa: E402
+from specmoe.families import read_config  # noqa: E402
 from specmoe.experts.formats import ExpertShape, Native, Plain  # noqa: E402
 from specmoe.weights.autodtype import cpu_model  # noqa: E402
 from specmoe.weights.checkpoint import Checkpoint  # noqa: E402
@@ -113,7 +113,7 @@ def best_of(fn, n: int = 5) -> float:
 
 
 def published(name: str, raw: dict) -> dict:
-    cfg = ModelConfig.from_hf(raw)
+    cfg = read_config(raw)
     shape = ExpertShape.of(cfg)
     native, bf16 = Native(shape), Plain(shape, torch.bfloat16)
     per_token = cfg.top_k * len(cfg.moe_layers)

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
-from specmoe.experts.memory import aligned_empty  # noqa: E402
+from specmoe.memory import aligned_empty  # noqa: E402
 
 CONFIGS = {  # name -> OffloadConfig fields (all on the disk tier)
     "ondemand": {"cache_policy": "ondemand"},
@@ -100,17 +100,17 @@ def run_batch(b: int, systems: dict, args, prompts_all, ref_tokens: dict) -> lis
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     for name, llm in systems.items():
         llm.generate(prompts[: min(b, 4)], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-        if getattr(llm.provider, "prefetch", None) == "oracle":  # record this exact run, replay it below
-            llm.provider.evict_all()
-            llm.provider.start_oracle_recording()
+        if getattr(llm.store, "prefetch", None) == "oracle":  # record this exact run, replay it below
+            llm.store.evict_all()
+            llm.store.start_oracle_recording()
             llm.generate(prompts, params)
     reps = {name: [] for name in systems}
     for _ in range(args.repeats):
         for name, llm in systems.items():
-            if hasattr(llm.provider, "evict_all"):
-                if llm.provider.prefetch == "oracle":
-                    llm.provider.start_oracle_replay()
-                llm.provider.evict_all()
+            if hasattr(llm.store, "evict_all"):
+                if llm.store.prefetch == "oracle":
+                    llm.store.start_oracle_replay()
+                llm.store.evict_all()
             reps[name].append(measure(llm, prompts, params))
     rows = []
     for name, runs in reps.items():
@@ -119,7 +119,7 @@ def run_batch(b: int, systems: dict, args, prompts_all, ref_tokens: dict) -> lis
         toks = r.pop("token_ids")
         if name == "resident":
             ref_tokens[b] = toks
-        r.update(system=name, batch=b, cache_experts=systems[name].provider.stats().get("cache_slots_per_layer"),
+        r.update(system=name, batch=b, cache_experts=systems[name].store.stats().get("cache_slots_per_layer"),
                  lossless=toks == ref_tokens[b])
         rows.append(r)
         print(f"  {name:>18} B={b:<3} {r['tokens_per_s']:8.1f} tok/s  {r['bytes_per_token'] / 1e3:9.1f} KB/tok  "
@@ -209,7 +209,7 @@ def main() -> int:
         rows += run_batch(b, systems, args, prompts, ref_tokens)
 
     probe = LLM(args.model, offload="disk", cache_experts=slots, repack_dir=repack_dir)
-    tier = probe.provider.tier
+    tier = probe.store.tier
     reads = read_comparison(tier.rp.file, tier.stride, n=64)
 
     hdr = f"{'system':>30} {'B':>3} {'tok/s':>8} {'bytes/token':>12} {'hit rate':>8} {'wait s':>7} {'pf use/waste':>12} lossless"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-import specmoe.engine.core as core_mod
+import specmoe.engine.llm as llm_mod
 from specmoe import LLM, SamplingParams
 from specmoe.bench.machine import provenance
 from specmoe.bench.opcount import OpCounter
@@ -28,7 +28,7 @@ OUT = Path(__file__).parent / "results" / "ops_count.json"
 
 def measure(path, decoding: str, *, batch: int, gamma: int, steps: int, warmup: int = 2) -> dict:
     records = []
-    make = core_mod.make_strategy
+    make = llm_mod.make_strategy
 
     def counted_strategy(*a, **kw):
         strategy = make(*a, **kw)
@@ -44,13 +44,13 @@ def measure(path, decoding: str, *, batch: int, gamma: int, steps: int, warmup: 
             return out
         strategy.step = counted
         return strategy
-    core_mod.make_strategy = counted_strategy
+    llm_mod.make_strategy = counted_strategy
     try:
         llm = LLM(path, dtype="float32", decoding=decoding, num_draft_tokens=gamma)
         prompts = [[(7 * i + j) % 500 + 1 for j in range(12)] for i in range(batch)]
         llm.generate(prompts, SamplingParams(max_tokens=2 * (warmup + steps) * (gamma + 1), ignore_eos=True))
     finally:
-        core_mod.make_strategy = make
+        llm_mod.make_strategy = make
     got = records[warmup:warmup + steps]
     assert len(got) == steps, f"only {len(records)} steps ran"
     L = llm.config.num_layers

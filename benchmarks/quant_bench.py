@@ -36,7 +36,7 @@ def run_one(model: Path, fmt: str, prompts: list[str], warm: str, args, depth: i
               repack_dir=args.repack_dir, io_depth=depth, progress=True)
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     llm.generate([warm], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    llm.provider.evict_all()
+    llm.store.evict_all()
     llm.reset_stats()
     t0 = time.perf_counter()
     tokens = [llm.generate([p], params)[0].token_ids for p in prompts]  # batch 1

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from specmoe import LLM, SamplingParams  # noqa: E402
 from specmoe.bench.machine import provenance  # noqa: E402
 from specmoe.engine.llm import default_model_path  # noqa: E402
-from specmoe.engine.tokenizer import Tokenizer  # noqa: E402
+from specmoe.tokenizer import Tokenizer  # noqa: E402
 from specmoe.integrations import ray as rx  # noqa: E402
 from specmoe.integrations.offline import run_batch  # noqa: E402
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from specmoe import LLM, SamplingParams  # noqa: E402
 from specmoe.bench.machine import provenance  # noqa: E402
-from specmoe.engine.options import SpecConfig  # noqa: E402
+from specmoe.options import SpecConfig  # noqa: E402
 
 
 def load_prompts(llm: LLM, n: int, seed: int = 0) -> list:
@@ -56,11 +56,11 @@ def load_prompts(llm: LLM, n: int, seed: int = 0) -> list:
 def run(llm: LLM, prompts: list, max_tokens: int, spec: SpecConfig, temperature: float = 0.0) -> dict:
     """One generation (greedy unless temperature > 0) with the given strategy, swapped into the LLM in place."""
     llm.spec_cfg = spec
-    pin = getattr(llm.provider, "pin", None)
+    pin = getattr(llm.store, "pin", None)
     if pin is not None:  # every run starts from a cold cache without an earlier run's pinned draft set
         for layer in llm.config.moe_layers:
             pin(layer, [])
-        getattr(llm.provider, "evict_all", lambda: None)()
+        getattr(llm.store, "evict_all", lambda: None)()
     llm.reset_stats()
     t0 = time.perf_counter()
     params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=i)

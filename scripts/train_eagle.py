@@ -91,7 +91,7 @@ def target_features(llm: LLM, rows: torch.Tensor, batch: int) -> torch.Tensor:
         B = x.shape[0]
         bv = BatchView(slots=torch.arange(B), positions=torch.arange(T)[None].expand(B, -1).contiguous(),
                        contiguous=slice(0, B), key_len=T)
-        ctx = ForwardContext(provider=llm.provider, capture_hidden=(L,))
+        ctx = ForwardContext(provider=llm.store, capture_hidden=(L,))
         model(x, cache, bv, ctx, logits_at=torch.zeros(B, 1, dtype=torch.long))
         out[a:a + B] = ctx.hidden[L].to(torch.bfloat16)
     return out

@@ -60,5 +60,19 @@ class Tokenizer:
             self._max_token_chars = max((len(t) for t in self.tok.get_vocab(with_added_tokens=True)), default=1)
         return self._max_token_chars
 
+    @property
+    def run_tokens(self) -> frozenset[int]:
+        """Tokens whose text is known only once a token outside their run follows: with byte fallback
+        (SentencePiece's <0xNN> tokens) the decoder turns a whole run of byte tokens into text at once, all
+        U+FFFD when any byte in it is invalid, and the special tokens it skips join the runs on either side.
+        Empty for every other tokenizer (byte-level BPE decodes each invalid byte on its own)."""
+        if not hasattr(self, "_run_tokens"):
+            ids: set[int] = set()
+            if getattr(self.tok.model, "byte_fallback", False):
+                ids = {self.tok.token_to_id(f"<0x{b:02X}>") for b in range(256)} - {None}
+                ids |= {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+            self._run_tokens = frozenset(ids)
+        return self._run_tokens
+
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

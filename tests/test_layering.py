@@ -1,6 +1,11 @@
-"""Imports only go downward: base (errors, config, options, weights, ...) ← models ← experts ← decoding ← engine
-← cli / serve / bench / integrations / eval. Every module's imports (module level and inside functions) are
-read with `ast`; a module importing from a higher layer fails, and so does a module no layer claims."""
+"""Imports only go downward, never sideways, and never in a circle.
+
+Every module's imports (module level and inside functions) are read with `ast`. LAYERS lists the layers, lowest
+first; a layer holds one or more units (packages or modules) that may import from the layers below and from
+inside their own unit, never from another unit of their own layer (serve, bench and eval do not know each other)
+nor from a layer above. A module no unit claims fails, and so does any import cycle between modules (a cycle
+inside one unit, or inside one layer, is not an upward import, so it is looked for on its own).
+"""
 from __future__ import annotations
 
 import ast
@@ -9,38 +14,51 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "specmoe"
+PACKAGE = "specmoe"  # specmoe/__init__.py, the public API (LLM, SamplingParams, ...): it claims only itself
 
-# lowest first; a module belongs to the longest prefix that names it
+# lowest first; a module belongs to the longest unit name that names it (itself or a package above it)
 LAYERS: list[tuple[str, ...]] = [
-    ("specmoe.errors", "specmoe.config", "specmoe.families", "specmoe.options", "specmoe.memory",
-     "specmoe.tokenizer", "specmoe.bundled", "specmoe.weights"),
+    ("specmoe.errors",),
+    ("specmoe.config", "specmoe.memory", "specmoe.bundled"),
+    ("specmoe.families", "specmoe.options", "specmoe.tokenizer"),
+    ("specmoe.weights",),
     ("specmoe.models",),
     ("specmoe.experts",),
     ("specmoe.decoding",),
     ("specmoe.engine",),
-    ("specmoe.cli", "specmoe.serve", "specmoe.bench", "specmoe.integrations", "specmoe.eval", "specmoe.__main__",
-     "specmoe"),
+    (PACKAGE,),
+    ("specmoe.serve", "specmoe.bench", "specmoe.eval"),
+    ("specmoe.integrations",),  # Ray Data / Ray Serve over the serve app; `specmoe batch`'s run
+    ("specmoe.cli",),
+    ("specmoe.__main__",),
 ]
 
 
-def layer_of(module: str) -> int | None:
+def unit_of(module: str) -> tuple[int, str] | None:
+    """(layer, unit) of a module, or None when no unit claims it."""
     best, found = -1, None
     for i, names in enumerate(LAYERS):
         for name in names:
-            if (module == name or module.startswith(name + ".")) and len(name) > best:
-                best, found = len(name), i
+            claims = module == name or (name != PACKAGE and module.startswith(name + "."))
+            if claims and len(name) > best:
+                best, found = len(name), (i, name)
     return found
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+def layer_of(module: str) -> int | None:
+    u = unit_of(module)
+    return u[0] if u else None
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> list[tuple[int, str]]:
+def imports_of(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     """(line, imported specmoe module) for every import in the file."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    me = module_name(path)
+    me = module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out = []
     for node in ast.walk(tree):
@@ -58,53 +76,175 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
             # `from specmoe.x import y` may name a submodule y: judge by the submodule when it is one
             for a in node.names:
                 sub = f"{target}.{a.name}"
-                is_mod = (ROOT.parent / Path(*sub.split("."))).with_suffix(".py").is_file() \
-                    or (ROOT.parent / Path(*sub.split("."))).is_dir()
+                is_mod = (root.parent / Path(*sub.split("."))).with_suffix(".py").is_file() \
+                    or (root.parent / Path(*sub.split("."))).is_dir()
                 out.append((node.lineno, sub if is_mod else target))
     return out
 
 
-def upward_imports(root: Path = ROOT) -> list[str]:
+def bad_imports(root: Path = ROOT) -> list[str]:
+    """Upward and sideways imports, and modules no unit claims."""
     bad = []
     for path in sorted(root.rglob("*.py")):
-        me = module_name(path)
-        mine = layer_of(me)
+        me = module_name(path, root)
+        mine = unit_of(me)
         if mine is None:
             bad.append(f"{me}: no layer claims this module (add it to LAYERS in tests/test_layering.py)")
             continue
-        for line, target in imports_of(path):
-            theirs = layer_of(target)
-            if theirs is not None and theirs > mine:
-                bad.append(f"{path.relative_to(root.parent)}:{line}: {me} (layer {mine}) imports {target} (layer {theirs})")
+        for line, target in imports_of(path, root):
+            theirs = unit_of(target)
+            if theirs is None:
+                continue
+            where = f"{path.relative_to(root.parent)}:{line}: {me} (layer {mine[0]})"
+            if theirs[0] > mine[0]:
+                bad.append(f"{where} imports {target} (layer {theirs[0]}): upward")
+            elif theirs[0] == mine[0] and theirs[1] != mine[1]:
+                bad.append(f"{where} imports {target} (layer {theirs[0]}, unit {theirs[1]}): sideways")
     return bad
 
 
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """Each set of modules that import one another in a circle (strongly connected components of the module
+    graph with more than one module), as one cycle through them."""
+    paths = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, list[str]] = {}
+    for me, path in paths.items():
+        targets = []
+        for _, t in imports_of(path, root):
+            while t not in paths and "." in t:  # `from specmoe.x import name`: the module specmoe.x
+                t = t.rpartition(".")[0]
+            if t in paths and t != me and t not in targets:
+                targets.append(t)
+        graph[me] = targets
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    comps: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(comp)
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return [_cycle_through(sorted(c), graph) for c in comps]
+
+
+def _cycle_through(comp: list[str], graph: dict[str, list[str]]) -> list[str]:
+    """One cycle inside a strongly connected component, from its first module back to it."""
+    inside, start = set(comp), comp[0]
+    path, seen, v = [start], {start}, start
+    while True:
+        nxt = next(w for w in graph[v] if w in inside and (w == start or w not in seen))
+        path.append(nxt)
+        if nxt == start:
+            return path
+        seen.add(nxt)
+        v = nxt
+
+
 def test_imports_only_go_downward():
-    bad = upward_imports()
-    assert not bad, "upward imports:\n" + "\n".join(bad)
+    bad = bad_imports()
+    assert not bad, "upward or sideways imports:\n" + "\n".join(bad)
 
 
-def test_the_check_finds_an_upward_import(tmp_path):
-    """A planted upward import (models → engine, inside a function) is reported."""
+def test_no_import_cycle():
+    cycles = import_cycles()
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def plant(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A specmoe tree of `files` (path -> source) under tmp_path, every package with its __init__.py."""
     pkg = tmp_path / "specmoe"
-    (pkg / "models").mkdir(parents=True)
-    (pkg / "engine").mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "models" / "__init__.py").write_text("")
-    (pkg / "engine" / "__init__.py").write_text("")
-    (pkg / "engine" / "llm.py").write_text("from specmoe.models import decoder\n")
-    (pkg / "models" / "decoder.py").write_text("def f():\n    from specmoe.engine.llm import LLM\n    return LLM\n")
-    global ROOT
-    saved, ROOT = ROOT, pkg
-    try:
-        bad = upward_imports(pkg)
-    finally:
-        ROOT = saved
-    assert len(bad) == 1 and "specmoe.models.decoder (layer 1) imports specmoe.engine.llm (layer 4)" in bad[0], bad
+    for rel, src in {"__init__.py": "", **files}.items():
+        p = pkg / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        for d in [p.parent, *p.parent.parents]:
+            if d == pkg.parent:
+                break
+            (d / "__init__.py").touch()
+        p.write_text(src)
+    return pkg
 
 
-@pytest.mark.parametrize("module,layer", [("specmoe.weights.checkpoint", 0), ("specmoe.models.moe", 1),
-                                          ("specmoe.experts.cache", 2), ("specmoe.decoding.strategies.speculative", 3),
-                                          ("specmoe.engine.llm", 4), ("specmoe.serve.app", 5)])
+@pytest.fixture
+def planted(tmp_path):
+    """Plant a tree; return its (bad imports, import cycles)."""
+    def check(files: dict[str, str]) -> tuple[list[str], list[list[str]]]:
+        pkg = plant(tmp_path, files)
+        return bad_imports(pkg), import_cycles(pkg)
+    return check
+
+
+def test_the_check_finds_an_upward_import(planted):
+    """A planted upward import (models → engine, inside a function) is reported."""
+    bad, _ = planted({"engine/llm.py": "from specmoe.models import decoder\n",
+                      "models/decoder.py": "def f():\n    from specmoe.engine.llm import LLM\n    return LLM\n"})
+    assert len(bad) == 1 and "specmoe.models.decoder (layer 4) imports specmoe.engine.llm (layer 7): upward" in bad[0]
+
+
+@pytest.mark.parametrize("src,dst,kind", [
+    ("serve/app.py", "specmoe.cli.serve", "upward"),
+    ("integrations/offline.py", "specmoe.cli.batch", "upward"),
+    ("serve/app.py", "specmoe.integrations.ray_serve", "upward"),
+    ("bench/runner.py", "specmoe.serve.app", "sideways"),
+    ("serve/app.py", "specmoe.eval.perplexity", "sideways"),
+    ("engine/llm.py", "specmoe", "upward"),
+])
+def test_the_check_finds_imports_between_the_top_units(planted, src, dst, kind):
+    """cli, serve, bench, eval and integrations are units of their own: importing a higher one, or a sibling of the
+    same layer, is reported."""
+    mod = dst.rpartition(".")[2] if dst != PACKAGE else ""
+    files = {src: f"from {dst.rpartition('.')[0]} import {mod}\n" if mod else "import specmoe\n"}
+    if mod:
+        files[dst.removeprefix("specmoe.").replace(".", "/") + ".py"] = ""
+    bad, _ = planted(files)
+    assert len(bad) == 1 and bad[0].endswith(kind), bad
+
+
+def test_the_allowed_order_passes(planted):
+    """The imports the real tree has between the top units: cli → integrations → serve; bench → the package."""
+    bad, cycles = planted({"cli/batch.py": "def f():\n    from specmoe.integrations.offline import run\n",
+                           "integrations/offline.py": "from specmoe.serve import app\n", "serve/app.py": "",
+                           "bench/runner.py": "from specmoe import LLM\n"})
+    assert bad == [] and cycles == []
+
+
+def test_the_check_finds_an_import_cycle(planted):
+    """Two modules of one unit importing each other (one of them inside a function, where the old
+    config ↔ families cycle hid) and a three-module cycle are reported; neither is an upward import."""
+    bad, cycles = planted({"experts/cache.py": "def f():\n    from specmoe.experts import loader\n",
+                           "experts/loader.py": "from specmoe.experts.cache import ExpertCache\n",
+                           "decoding/a.py": "from specmoe.decoding import b\n",
+                           "decoding/b.py": "from specmoe.decoding.c import x\n",
+                           "decoding/c.py": "import specmoe.decoding.a\n"})
+    assert bad == [], bad
+    assert sorted(" -> ".join(c) for c in cycles) == [
+        "specmoe.decoding.a -> specmoe.decoding.b -> specmoe.decoding.c -> specmoe.decoding.a",
+        "specmoe.experts.cache -> specmoe.experts.loader -> specmoe.experts.cache"], cycles
+
+
+@pytest.mark.parametrize("module,layer", [("specmoe.weights.checkpoint", 3), ("specmoe.families.gpt_oss", 2),
+                                          ("specmoe.models.moe", 4), ("specmoe.experts.cache", 5),
+                                          ("specmoe.decoding.strategies.speculative", 6), ("specmoe.engine.llm", 7),
+                                          ("specmoe", 8), ("specmoe.serve.app", 9), ("specmoe.bench.peers", 9),
+                                          ("specmoe.integrations.offline", 10), ("specmoe.cli.batch", 11),
+                                          ("specmoe.unclaimed", None)])
 def test_layer_table(module, layer):
     assert layer_of(module) == layer

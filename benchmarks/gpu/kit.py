@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         from specmoe.bench.config import BenchConfig
         from specmoe.bench.runner import load_prompts, minfo_vocab
         from specmoe.engine.llm import default_model_path
-        from specmoe.engine.tokenizer import Tokenizer
+        from specmoe.tokenizer import Tokenizer
         demo = default_model_path()
         return load_prompts(BenchConfig(prompt_tokens=32), Tokenizer.load(demo), minfo_vocab(demo), 16)[0]
 

@@ -48,7 +48,7 @@ class BenchConfig:
     progress: bool = True
     repeats: int = 1                    # measured runs per point; the fastest is reported, all walls kept
     repeat_below_tokens: int = 1024     # repeat only points generating at most this many tokens
-    instrument: bool = True             # time fetch vs expert compute by wrapping the provider
+    instrument: bool = True             # time fetch vs expert compute by wrapping the store
     plots: bool = True
     extra_options: dict = field(default_factory=dict)  # passed to every offloaded LLM
 

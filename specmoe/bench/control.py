@@ -266,7 +266,7 @@ def run_control(cfg: ControlConfig, bench: BenchConfig | None = None, *, command
     import torch
 
     from specmoe.engine.llm import default_model_path
-    from specmoe.engine.tokenizer import Tokenizer
+    from specmoe.tokenizer import Tokenizer
     torch.set_num_threads(cfg.threads)
     bcfg = replace(bench or BenchConfig(), out=cfg.out, threads=cfg.threads, progress=cfg.progress, peers=(),
                    repeats=cfg.repeats, instrument=True, time_budget_s=None, **cfg.bench)

@@ -98,10 +98,6 @@ def git_state() -> dict:
     return {"git_commit": commit, "git_dirty": dirty}
 
 
-def nice_level() -> int:
-    return os.nice(0)
-
-
 def provenance() -> dict:
     """What a results file records about where and at which code it was measured (every benchmark writes this
     under "provenance"): commit, uncommitted changes to specmoe/, CPU, cores, platform, torch."""

@@ -1,7 +1,7 @@
 """One measured `generate` call: wall time, engine stats, and an in-band time split of
-expert fetch vs expert compute taken by wrapping the expert provider.
+expert fetch vs expert compute taken by wrapping the expert store.
 
-The wrapper times the provider's generator from outside: time spent inside `next()` is
+The wrapper times the store's generator from outside: time spent inside `next()` is
 the wait for an expert's bytes (a hit costs ~nothing, a miss the transfer not hidden by
 prefetch); time between two `next()` calls is the consumer's expert FFN. Forwards are
 counted so the prefill's share can be separated from decode.
@@ -16,14 +16,14 @@ from specmoe.decoding.runtime.sampling import SamplingParams
 from specmoe.experts.store import DelegatingStore, ExpertStore
 
 
-class TimedProvider(DelegatingStore):
+class TimedStore(DelegatingStore):
     """Forwards everything to the wrapped store; times `fetch` per call."""
 
     def __init__(self, inner: ExpertStore):
         super().__init__(inner)
         self.calls: list[tuple[float, float, int]] = []  # (fetch wait s, expert compute s, experts)
         self.used: dict[int, dict[int, int]] = {}  # layer -> expert -> forwards that needed it
-        self.boundary: int | None = None  # provider calls of the prefill; bytes_moved is sampled there
+        self.boundary: int | None = None  # store calls of the prefill; bytes_moved is sampled there
         self.bytes_at_boundary: int | None = None
 
     def fetch(self, layer: int, routing):
@@ -92,17 +92,17 @@ def measure(llm, prompt_ids: list[list[int]], max_tokens: int, *, reference: lis
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     gc.collect()
     llm.reset_stats()
-    inner = llm.provider
-    timed = TimedProvider(inner) if instrument else None
+    inner = llm.store
+    timed = TimedStore(inner) if instrument else None
     if timed is not None:
         timed.boundary = prefill_forwards([len(p) for p in prompt_ids]) * len(llm.config.moe_layers)
-        llm.provider = timed
+        llm.store = timed
     try:
         t0 = time.perf_counter()
         outs = llm.generate(prompt_ids, params)
         wall = time.perf_counter() - t0
     finally:
-        llm.provider = inner
+        llm.store = inner
     st = llm.stats
     B = len(prompt_ids)
     gen = int(st["generated_tokens"])
@@ -128,7 +128,7 @@ def measure(llm, prompt_ids: list[list[int]], max_tokens: int, *, reference: lis
             "expert_compute_s": sum(c[1] for c in dec),
             "draft_time_s": float(st.get("draft_time_s", 0.0) or 0.0),
             "decode_steps": int(st["decode_steps"]),
-            "provider_calls": len(dec),
+            "store_calls": len(dec),
             "prefill_fetch_wait_s": sum(c[0] for c in timed.calls[:skip]),
             "prefill_expert_compute_s": sum(c[1] for c in timed.calls[:skip]),
         }

@@ -75,7 +75,7 @@ def model_info(path: Path) -> dict:
 
 
 def build_options() -> dict:
-    from specmoe.engine.options import OffloadConfig, SpecConfig
+    from specmoe.options import OffloadConfig, SpecConfig
     return {f.name: {"owner": cls.__name__, "default": jsonable(S.default(f.name)),
                      "choices": jsonable(f.metadata.get("choices")), "help": f.metadata.get("help")}
             for cls in (OffloadConfig, SpecConfig) for f in fields(cls)}
@@ -150,7 +150,7 @@ class Bench:
             return rows
         base["effective_options"] = jsonable({**asdict(llm.offload_cfg), **asdict(llm.spec_cfg)})
         oracle = opts.get("prefetch") == "oracle"
-        if oracle and not isinstance(llm.provider, ExpertCache):
+        if oracle and not isinstance(llm.store, ExpertCache):
             mark("unavailable", "prefetch='oracle' needs an offloading expert cache", batches)
             return rows
         if oracle:
@@ -176,7 +176,7 @@ class Bench:
                     n_rep = max(1, cfg.repeats) if b * cfg.max_tokens <= cfg.repeat_below_tokens else 1
                     for _ in range(n_rep):
                         if oracle:
-                            llm.provider.start_oracle_replay()
+                            llm.store.start_oracle_replay()
                         cold(llm)
                         reps.append(measure(llm, prompts[:b], cfg.max_tokens, reference=ref,
                                             instrument=cfg.instrument))
@@ -264,7 +264,7 @@ class Bench:
 
 def cold(llm) -> None:
     """Every measured run starts from the same cache state: unpinned, non-static experts evicted."""
-    llm.provider.evict_all()
+    llm.store.evict_all()
 
 
 def best_batch(runs: list[dict], model: str = "main") -> int | None:
@@ -307,7 +307,7 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
     """Run the configured benchmark; write results.json (+ PNGs) into cfg.out; return the results."""
     import torch
     from specmoe.engine.llm import default_model_path
-    from specmoe.engine.tokenizer import Tokenizer
+    from specmoe.tokenizer import Tokenizer
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
@@ -334,7 +334,7 @@ def run_bench(cfg: BenchConfig, *, command: str | None = None) -> dict:
         "host-tier rows run behind an EMULATED link (link_gbps / link_latency_us); disk-tier rows are real reads",
         "bytes_per_token = all expert bytes moved (prefill included) / generated tokens; decode_bytes_per_token "
         "= bytes moved after the prefill / decode tokens (sampled at the first decode forward)",
-        "breakdown: fetch wait and expert compute are timed around the expert provider during decode (prefill "
+        "breakdown: fetch wait and expert compute are timed around the expert store during decode (prefill "
         "excluded); draft phase = the strategy's draft_time_s (the draft reads its draft experts in place, where they "
         "are pinned in the cache's slots or resident, and fetches nothing); attention / other = the rest of the "
         "decode time",
@@ -409,8 +409,8 @@ def repack_dir(cfg: BenchConfig, path: Path) -> Path:
 
 
 def minfo_vocab(path: Path) -> int:
-    from specmoe.config import ModelConfig
-    return ModelConfig.from_dir(path).vocab_size
+    from specmoe.families import load_config
+    return load_config(path).vocab_size
 
 
 def write(res: dict, out: Path) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
 
-from specmoe.engine.options import OffloadConfig, SpecConfig
+from specmoe.options import OffloadConfig, SpecConfig
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from specmoe.engine.options import OffloadConfig, SpecConfig
 from specmoe.errors import InputError
+from specmoe.options import OffloadConfig, SpecConfig
 
 
 class OneLineParser(argparse.ArgumentParser):

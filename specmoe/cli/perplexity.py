@@ -25,7 +25,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from specmoe.eval.perplexity import compare_formats, load_texts
-    from specmoe.engine.options import check_int
+    from specmoe.options import check_int
     check_int("--per-domain", args.per_domain, 1, none_ok=True)
     check_int("--max-tokens", args.max_tokens, 2)
     texts = load_texts(Path(args.texts) if args.texts else None, per_domain=args.per_domain)

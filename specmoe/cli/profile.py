@@ -64,7 +64,7 @@ def run(args) -> int:
     s = llm.stats
     counts = s.get("expert_counts")
     if counts is None:
-        raise InputError("this expert provider does not report expert_counts")
+        raise InputError("this expert store does not report expert_counts")
     prof = profile_dict(counts, llm.config, model=str(llm.path), prompts=len(prompts), prompt_source=source,
                         max_tokens=args.max_tokens, generated_tokens=s["generated_tokens"],
                         fingerprint=llm.ckpt.fingerprint())

@@ -10,6 +10,6 @@ def controller_of(llm):
     """`llm`'s controller (built once: calibration reads a few experts, or the cached coefficients)."""
     memo = llm.draft_memo
     if "controller" not in memo:
-        memo["controller"] = build_controller(llm.model, llm.provider, ckpt=llm.ckpt, spec=llm.spec_cfg,
+        memo["controller"] = build_controller(llm.model, llm.store, ckpt=llm.ckpt, spec=llm.spec_cfg,
                                               offload=llm.offload_cfg, dtype=llm.dtype, device=llm.device)
     return memo["controller"]

@@ -1,20 +1,23 @@
 """The step-level engine core: requests join and leave the running batch between decode steps.
 
-`EngineCore` owns the scheduling state of one engine session: the waiting queue, the active
-sequences with their KV-cache slots, and the decoding strategy. `add` queues a request; `abort`
-ends one (waiting or running) at the next step boundary, where its slot is freed; `step` runs one
-scheduler iteration and returns an `Update` per request whose output changed. One iteration is:
+`EngineCore` owns one engine session: the waiting queue, the active sequences with their KV-cache slots,
+the decoding strategy, the stop rules and each request's text. `add` queues a request; `abort` ends one
+(waiting or running) at the next step boundary, where its slot is freed; `step` runs one scheduler
+iteration and returns an `Update` per request whose output changed: the tokens it added and the visible
+text they added. One iteration is:
 
 1. end the aborted requests (their slots become free);
 2. if requests wait and a slot is free (or the cache may still grow by slots): admit as many as
    fit and prefill them together (their first token is sampled there);
 3. otherwise one decoding-strategy step over every active sequence (one token each for AR,
    accepted drafts + 1 for SpecMoE);
-4. finished sequences (EOS, stop string, max_tokens, context end) leave and free their slot.
+4. append the tokens, stopping at EOS, a stop string, max_tokens or the context end; each request's
+   `Detokenizer` turns its tokens into text as they arrive (engine/detokenizer.py: the stop-string and
+   visible-text rules); finished sequences leave and free their slot.
 
-`LLM.generate` drives a core until its requests are done; the server's loop
-(`specmoe.serve.engine`) drives one for its whole lifetime, adding and aborting between steps.
-Stop conditions live in `LLM._append`; `visible_text` is the one rule for the text a caller sees.
+The core knows nothing of `LLM`: `LLM.engine()` builds it from the runner, the strategy, the KV cache, the
+counters to add to (`EngineStats`) and the tokenizer, and drives it until its requests are done
+(`generate`); the server's loop (`specmoe.serve.engine`) drives one for its whole lifetime.
 """
 from __future__ import annotations
 
@@ -24,15 +27,23 @@ from dataclasses import dataclass, field
 import torch
 
 from specmoe.decoding.strategies.autoregressive import prefill
-from specmoe.decoding.runtime.breakdown import merge
-from specmoe.decoding.strategies.factory import make_strategy
-from specmoe.engine.auto import controller_of
 from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.decoding.runtime.sampling import SamplingParams, make_generator
 from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.engine.detokenizer import Detokenizer
+from specmoe.engine.stats import EngineStats
 from specmoe.models.kv_cache import KVCache, round_positions
+from specmoe.tokenizer import Tokenizer
 
 ABORT = "abort"  # finish_reason of a request ended by `abort` (client gone, timeout, shutdown)
+
+
+def wired_runner(model, store, cache: KVCache, device: torch.device) -> ModelRunner:
+    """A ModelRunner whose forwards the expert store observes (routing telemetry) and hooks (prefetch)."""
+    runner = ModelRunner(model, store, cache, device)
+    runner.observers += store.forward_observers
+    runner.layer_hooks += store.forward_layer_hooks
+    return runner
 
 
 @dataclass
@@ -58,63 +69,58 @@ class Request:
     finish_reason: str | None = None  # "stop" | "length" | "abort" (+ the abort's reason in abort_reason)
     abort_reason: str | None = None
     token_logprobs: list[TokenLogprob] = field(default_factory=list)
+    detok: Detokenizer | None = None  # set by EngineCore.add
 
     @property
     def output_ids(self) -> list[int]:
         return self.seq.output_ids if self.seq is not None else []
 
+    @property
+    def text(self) -> str:
+        """The text a caller has been given so far: the final text (cut before the first stop string) once
+        the request finished."""
+        return self.detok.text if self.detok is not None else ""
+
 
 @dataclass
 class Update:
     """What one step changed for one request: `new` tokens appended (their logprobs in
-    request.token_logprobs[-new:] when asked) and whether it finished."""
+    request.token_logprobs[-new:] when asked), the visible `text` they added (the pieces of a request add
+    up to its final text) and whether it finished."""
     request: Request
     new: int
     finished: bool
-
-
-def visible_text(text: str, stops: list[str], finished: bool) -> str:
-    """The part of a request's decoded text a caller may see now. Finished: the text cut at the first
-    stop string. Running: also withhold a trailing incomplete UTF-8 character (decoded as U+FFFD) and a
-    tail that could still grow into a stop string, so streamed pieces always add up to the final text."""
-    cut = min((text.index(s) for s in stops if s in text), default=len(text))
-    text = text[:cut]
-    if finished:
-        return text
-    text = text.rstrip("\ufffd")
-    hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-    return text[: len(text) - hold]
+    text: str = ""
 
 
 class EngineCore:
-    """See the module docstring. Built by `LLM.engine()`, which holds the LLM's lock while it lives:
-    the core shares the LLM's model, expert provider, KV cache and stats."""
+    """See the module docstring. `slot_cap`: most sequences active at once (the cache grows by slots up to
+    it); `cap`: most KV positions a sequence may write (context + lookahead); `look`: positions a step writes
+    past a sequence's committed length; `stats`: the counters this session adds to."""
 
-    def __init__(self, llm, cache: KVCache, *, slot_cap: int, cap: int, look: int):
-        """`slot_cap`: most sequences active at once (the cache grows by slots up to it); `cap`: most KV
-        positions a sequence may write (context + lookahead); `look`: positions a step writes past a
-        sequence's committed length."""
-        self.llm, self.cache, self.cap, self.look = llm, cache, cap, look
-        self.slot_cap = slot_cap
+    def __init__(self, runner: ModelRunner, strategy, cache: KVCache, *, stats: EngineStats,
+                 tokenizer: Tokenizer | None, eos_token_ids: set[int], max_model_len: int, slot_cap: int, cap: int,
+                 look: int):
+        self.runner, self.strategy, self.cache, self.stats = runner, strategy, cache, stats
+        self.tokenizer, self.eos_token_ids, self.max_model_len = tokenizer, frozenset(eos_token_ids), max_model_len
+        self.cap, self.look, self.slot_cap = cap, look, slot_cap
         self.n_slots = min(cache.max_batch, slot_cap)
-        self.runner = llm._wire(ModelRunner(llm.model, llm.provider, cache, llm.device))
-        self.strategy = make_strategy(self.runner, llm.spec_cfg, ckpt=llm.ckpt, max_model_len=llm.max_model_len,
-                                      memo=llm.draft_memo,
-                                      controller=controller_of(llm) if llm.spec_cfg.decoding == "auto" else None)
         self.waiting: list[Request] = []
         self.active: list[Request] = []
         self.free_slots = list(range(self.n_slots))
         self._aborts: dict[int, str] = {}
         self._ids = 0
+        self._logits: dict[int, torch.Tensor] = {}
         self.aborted = 0  # requests ended by abort (counter)
         self.closed = False
 
     # ------------------------------------------------------------ queue
     def add(self, req: Request) -> Request:
         req.request_id = self._ids
+        req.detok = Detokenizer(self.tokenizer, req.params.stop)
         self._ids += 1
         self.waiting.append(req)
-        self.llm._stats["requests"] += 1
+        self.stats.requests += 1
         return req
 
     def abort(self, request_id: int, reason: str = "aborted") -> None:
@@ -132,8 +138,8 @@ class EngineCore:
 
     # ------------------------------------------------------------ step
     def step(self) -> list[Update]:
-        st = self.llm._stats
-        t0, timed0 = time.perf_counter(), st["prefill_time_s"] + st["decode_time_s"]
+        st = self.stats
+        t0, timed0 = time.perf_counter(), st.timed_s
         updates = self._reap_aborts()
         if self.waiting and self.num_free_slots:
             updates += self._admit()
@@ -143,7 +149,7 @@ class EngineCore:
             self.active.remove(r)
             self._free(r.seq.slot)
         # scheduling: admission, KV growth, appending tokens and stop checks, slot release (not prefill or steps)
-        st["scheduling_s"] += time.perf_counter() - t0 - (st["prefill_time_s"] + st["decode_time_s"] - timed0)
+        st.scheduling_s += time.perf_counter() - t0 - (st.timed_s - timed0)
         return updates
 
     def _reap_aborts(self) -> list[Update]:
@@ -157,7 +163,7 @@ class EngineCore:
                             self._free(r.seq.slot)
                         r.finished, r.finish_reason, r.abort_reason = True, ABORT, reason
                         self.aborted += 1
-                        out.append(Update(r, 0, True))
+                        out.append(Update(r, 0, True, r.detok.take(finished=True)))
                         break
         self._aborts.clear()
         return out
@@ -182,39 +188,56 @@ class EngineCore:
             slot = self.free_slots.pop(0)
             self.cache.lengths[slot] = 0  # a freed slot's stale keys are masked until overwritten
             r.seq = Sequence(seq_id=r.request_id, prompt_ids=r.prompt_ids, params=r.params, slot=slot,
-                             generator=make_generator(r.params.seed, self.llm.device))
+                             generator=make_generator(r.params.seed, self.runner.device))
             new.append(r)
         self.cache.reserve(self.n_slots, round_positions(max(len(r.prompt_ids) for r in new) + self.look, self.cap))
         seqs = sorted((r.seq for r in new), key=lambda s: s.slot)
+        tally = {"prefill_time_s": 0.0, "prompt_tokens": 0}
         with self._recording(new):
-            first = prefill(self.runner, seqs, self.llm._stats)
+            first = prefill(self.runner, seqs, tally)
+        self.stats.prefill_time_s += tally["prefill_time_s"]
+        self.stats.prompt_tokens += tally["prompt_tokens"]
         self.active += new
         return [self._append(r, first[r.request_id]) for r in new]
 
     def _decode(self) -> list[Update]:
-        st, cache = self.llm._stats, self.cache
+        cache = self.cache
         cache.reserve(self.n_slots, round_positions(max(cache.lengths[r.seq.slot] for r in self.active) + self.look,
                                                     self.cap))
         with self._recording(self.active):
             t0 = time.perf_counter()
             out = self.strategy.step([r.seq for r in self.active])
-            st["decode_time_s"] += time.perf_counter() - t0
-        st["decode_steps"] += 1
+            self.stats.decode_time_s += time.perf_counter() - t0
+        self.stats.decode_steps += 1
         return [self._append(r, out[r.request_id]) for r in self.active]
 
     def _append(self, r: Request, tokens: list[int]) -> Update:
-        before = len(r.seq.output_ids)
-        self.llm._append(r.seq, tokens)
-        new = len(r.seq.output_ids) - before
+        """Append tokens one by one, stopping at EOS, a stop string, max_tokens or the context end. Tokens
+        after the stop are dropped and their K/V positions rolled back, so the cache keeps the invariant
+        of `Sequence` (a stop inside an accepted draft run truncates exactly there)."""
+        s, p = r.seq, r.params
+        new = 0
+        for t in tokens:
+            if s.finished:
+                break
+            s.output_ids.append(t)
+            new += 1
+            stopped = r.detok.push(t)
+            if (t in self.eos_token_ids and not p.ignore_eos) or stopped:
+                s.finished, s.finish_reason = True, "stop"
+            elif len(s.output_ids) >= p.max_tokens or s.num_tokens >= self.max_model_len:
+                s.finished, s.finish_reason = True, "length"
+        self.cache.lengths[s.slot] -= len(tokens) - new
+        self.stats.generated_tokens += new
         if r.logprobs is not None:
             r.token_logprobs += self._logprobs(r, tokens[:new])
-        r.finished, r.finish_reason = r.seq.finished, r.seq.finish_reason
-        return Update(r, new, r.finished)
+        r.finished, r.finish_reason = s.finished, s.finish_reason
+        return Update(r, new, r.finished, r.detok.take(r.finished))
 
     # ------------------------------------------------------------ logprobs
     def _recording(self, reqs: list[Request]):
         """While a step runs, keep the target forwards' logits if a request in it asks for logprobs."""
-        self._logits: dict[int, torch.Tensor] = {}
+        self._logits = {}
         return self.runner.recording(any(r.logprobs is not None for r in reqs), self._logits)
 
     def _logprobs(self, r: Request, tokens: list[int]) -> list[TokenLogprob]:
@@ -236,10 +259,8 @@ class EngineCore:
         return self.strategy.stats()
 
     def close(self) -> None:
-        """Fold the strategy's counters into the LLM's stats (once)."""
+        """Fold the strategy's counters into the stats (once)."""
         if self.closed:
             return
         self.closed = True
-        self.llm._strategy_stats = self.strategy.stats()
-        merge(self.llm._stats["step_breakdown"], self.llm._strategy_stats.pop("step_breakdown", {}))
-
+        self.stats.close_session(self.strategy.stats())

@@ -1,8 +1,9 @@
-"""The user-facing `LLM`: load a checkpoint, schedule requests, run a decoding strategy.
+"""The user-facing `LLM`: a thin front over the engine.
 
-The scheduler admits waiting requests into free KV-cache slots between decode steps
-(continuous batching), so requests join and leave the running batch at step
-boundaries; the strategy only sees the list of active sequences.
+It loads a checkpoint (model, expert store, tokenizer), sizes the KV cache for what it is asked, and
+hands an `EngineCore` (engine/core.py) the parts it runs on; the core schedules the requests, applies the
+stop rules and builds each request's text. `generate` drives a core to completion, `logits` scores
+prompts, `stats` joins the counters (engine/stats.py) with the strategy's and the expert store's.
 """
 from __future__ import annotations
 
@@ -14,22 +15,22 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
-from specmoe.decoding.strategies.factory import lookahead
+from specmoe.bundled import demo_model_dir
+from specmoe.decoding.strategies.factory import lookahead, make_strategy
 from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.decoding.runtime.sampling import SamplingParams, check_finite, finite_rows
 from specmoe.decoding.runtime.sequence import Sequence
-from specmoe.engine.core import EngineCore, Request, visible_text
+from specmoe.engine.auto import controller_of
+from specmoe.engine.core import EngineCore, Request, wired_runner
 from specmoe.engine.outputs import RequestOutput
-from specmoe.engine.stats import derived, memory_stats, new_stats
-from specmoe.decoding.runtime.breakdown import finish, merge
-from specmoe.tokenizer import Tokenizer
-from specmoe.bundled import demo_model_dir
-from specmoe.options import check_llm_args, resolve_device, split_options
 from specmoe.engine.prompts import normalize_params, normalize_prompts
-from specmoe.experts.factory import build_provider
+from specmoe.engine.stats import EngineStats, MemoryStats
+from specmoe.experts.factory import build_store
 from specmoe.memory import check_fits, device_memory
 from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
+from specmoe.options import check_llm_args, resolve_device, split_options
+from specmoe.tokenizer import Tokenizer
 from specmoe.weights.checkpoint import Checkpoint, resolve_dtype
 
 # the installed copy (wheel) if there is one, else the repository's: see specmoe/bundled.py
@@ -62,9 +63,9 @@ class LLM:
         self.dtype = resolve_dtype(dtype, default=self.config.dtype, device=self.device)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
-        self.provider, self.expert_memory = build_provider(self.ckpt, self.offload_cfg, dtype=self.dtype,
-                                                           device=self.device, draft_experts=draft_experts,
-                                                           progress=progress, model=self.model)
+        self.store, self.expert_memory = build_store(self.ckpt, self.offload_cfg, dtype=self.dtype,
+                                                     device=self.device, draft_experts=draft_experts,
+                                                     progress=progress, model=self.model)
         self.tokenizer = Tokenizer.load(self.path)
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
                                  self.config.max_position_embeddings)
@@ -74,7 +75,7 @@ class LLM:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = eos
         self._cache: KVCache | None = None
-        self._stats = new_stats()
+        self._stats = EngineStats()
         self._next_id = 0
         self._live: EngineCore | None = None  # the engine core running now (see engine())
         self.draft_memo: dict = {}  # SpecMoE parts that outlive a generate call (see decoding.factory)
@@ -110,17 +111,18 @@ class LLM:
         room = device_memory(self.device)[1] + (self._cache.nbytes if self._cache is not None else 0)
         return max(1, min(self.max_batch, requests, room // one))
 
-    def _wire(self, runner: ModelRunner) -> ModelRunner:
-        """The expert provider observes routing (telemetry) and each MoE layer's input (prefetch)."""
-        runner.observers += self.provider.forward_observers
-        runner.layer_hooks += self.provider.forward_layer_hooks
-        return runner
+    def runner(self, slots: int, positions: int) -> ModelRunner:
+        """A ModelRunner over an empty KV cache of at least `slots` × `positions`, its forwards observed by the
+        expert store: for forwards of one's own (scoring, research scripts). Not for use while `generate` runs
+        in another thread (they share the KV cache)."""
+        return wired_runner(self.model, self.store, self._cache_for(slots, positions, positions), self.device)
 
     def _tokenize(self, prompts, scoring: bool = False) -> tuple[list[str | None], list[list[int]]]:
         return normalize_prompts(prompts, tokenizer=self.tokenizer, vocab_size=self.config.vocab_size,
                                  max_model_len=self.max_model_len, model_path=self.path, scoring=scoring)
 
-    def _decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens skipped ("" without a tokenizer)."""
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
     # ---------------------------------------------------------------- API
@@ -150,7 +152,13 @@ class LLM:
                 what = f"one sequence at the full context ({self.max_model_len} positions"
                 slots = self._kv_slots(self.max_model_len, self.max_batch, look, what)
                 cache = self._cache_for(min(slots, SERVE_INITIAL_SLOTS), look + 1, cap)
-            core = EngineCore(self, cache, slot_cap=slots, cap=cap, look=look)
+            runner = wired_runner(self.model, self.store, cache, self.device)
+            controller = controller_of(self) if self.spec_cfg.decoding == "auto" else None
+            strategy = make_strategy(runner, self.spec_cfg, ckpt=self.ckpt, max_model_len=self.max_model_len,
+                                     memo=self.draft_memo, controller=controller)
+            core = EngineCore(runner, strategy, cache, stats=self._stats, tokenizer=self.tokenizer,
+                              eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len, slot_cap=slots,
+                              cap=cap, look=look)
             self._live = core
             try:
                 yield core
@@ -164,32 +172,11 @@ class LLM:
             with tqdm(total=len(reqs), desc="requests", disable=not use_tqdm) as bar:
                 while core.has_work:
                     bar.update(sum(u.finished for u in core.step()))
-        outs = []
-        for i, r in enumerate(reqs):
-            s = r.seq
-            text = visible_text(self._decode(s.output_ids), s.params.stop, finished=True)
-            outs.append(RequestOutput(request_id=self._next_id + i, prompt=texts[i], prompt_token_ids=s.prompt_ids,
-                                      text=text, token_ids=list(s.output_ids), finish_reason=s.finish_reason))
+        outs = [RequestOutput(request_id=self._next_id + i, prompt=r.prompt, prompt_token_ids=r.prompt_ids,
+                              text=r.text, token_ids=list(r.output_ids), finish_reason=r.finish_reason)
+                for i, r in enumerate(reqs)]
         self._next_id += len(reqs)
         return outs
-
-    def _append(self, s: Sequence, tokens: list[int]) -> None:
-        """Append tokens one by one, stopping at EOS, a stop string, max_tokens or the context end. Tokens
-        after the stop are dropped and their K/V positions rolled back, so the cache keeps the invariant
-        of `Sequence` (a stop inside an accepted draft run truncates exactly there)."""
-        for i, t in enumerate(tokens):
-            if s.finished:
-                self._cache.lengths[s.slot] -= len(tokens) - i
-                return
-            s.output_ids.append(t)
-            self._stats["generated_tokens"] += 1
-            p = s.params
-            if t in self.eos_token_ids and not p.ignore_eos:
-                s.finished, s.finish_reason = True, "stop"
-            elif p.stop and any(stop in self._decode(s.output_ids) for stop in p.stop):
-                s.finished, s.finish_reason = True, "stop"
-            elif len(s.output_ids) >= p.max_tokens or s.num_tokens >= self.max_model_len:
-                s.finished, s.finish_reason = True, "length"
 
     @torch.inference_mode()
     def logits(self, token_id_lists: list[list[int]]) -> torch.Tensor:
@@ -200,8 +187,8 @@ class LLM:
         T = max(len(t) for t in ids)
         with self._lock:
             n = min(len(ids), self.max_batch)  # sequences per forward: the cache never exceeds max_batch slots
-            cache = self._cache_for(n, T, T)
-            runner = self._wire(ModelRunner(self.model, self.provider, cache, self.device))
+            runner = self.runner(n, T)
+            cache = runner.cache
             out = torch.zeros(len(ids), T, self.config.vocab_size, device=self.device)
             for c in range(0, len(ids), n):
                 chunk = ids[c:c + n]
@@ -216,36 +203,31 @@ class LLM:
 
     @property
     def stats(self) -> dict:
-        s = dict(self._stats)
-        s.update(derived(s))
-        strategy = self._live.strategy_stats() if self._live is not None else getattr(self, "_strategy_stats", {})
-        strategy = dict(strategy)
-        s["step_breakdown"] = merge(dict(s["step_breakdown"]), strategy.pop("step_breakdown", {}))
-        s.update(strategy)
-        s["step_breakdown"] = finish(s["step_breakdown"], decode_time_s=s["decode_time_s"],
-                                     scheduling_s=s["scheduling_s"])
-        s.update(self.provider.stats())
+        """One flat dict: the engine's counters and rates, the decoding strategy's section (the running
+        session's, else the last one's), the expert store's, bytes per token and the memory parts."""
+        s = self._stats.to_dict(self._live.strategy_stats() if self._live is not None else None)
+        s.update(self.store.stats())
         if s["generated_tokens"] and "bytes_moved" in s:
             s["bytes_per_token"] = s["bytes_moved"] / s["generated_tokens"]
-        s["memory"] = memory_stats(self.model, self.expert_memory, self._cache)
+        s["memory"] = MemoryStats.measure(self.model, self.expert_memory, self._cache).to_dict()
         return s
 
     def reset_stats(self) -> None:
-        self._stats = new_stats()
-        self.provider.reset_stats()
+        self._stats = EngineStats()
+        self.store.reset_stats()
 
     def close(self) -> None:
         """Release the offloaded experts now: the disk tier's file, the I/O thread, the (pinned) host and
         staging buffers, and the KV cache. Idempotent; using the engine afterwards raises InputError. Waits
         for a generate/logits running in another thread (they hold the engine's lock)."""
-        from specmoe.experts.store import ClosedProvider
-        provider = self.__dict__.get("provider")
-        if provider is None or isinstance(provider, ClosedProvider):
+        from specmoe.experts.store import ClosedStore
+        store = self.__dict__.get("store")
+        if store is None or isinstance(store, ClosedStore):
             return
         lock = self.__dict__.get("_lock")
         with lock if lock is not None else contextlib.nullcontext():
-            provider.close()
-            self.provider = ClosedProvider(f"this LLM ({self.path})")
+            store.close()
+            self.store = ClosedStore(f"this LLM ({self.path})")
             self._cache = None
 
     def __enter__(self) -> "LLM":

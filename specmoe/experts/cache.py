@@ -42,11 +42,11 @@ PREFETCH = ("none", "oracle", "predicted")
 
 
 class ExpertCache(ExpertStore):
-    """ExpertProvider over a backing tier.
+    """An ExpertStore over a backing tier.
 
-    Public API: `fetch(layer, routing)` (the ExpertProvider contract), `slot_tensors(layer)`, `slot_index(layer, ids)`,
-    `pin(layer, ids)`,
-    `resident(layer)`, `stats()` / `reset_stats()`, `evict_all()` (cold cache), `set_static(hot)`,
+    Public API: `fetch(layer, routing)` (what the MoE block calls: models.moe.ExpertProvider), `slot_tensors(layer)`,
+    `slot_index(layer, ids)`, `pin(layer, ids)`, `resident(layer)`, `stats()` / `reset_stats()`, `evict_all()`
+    (cold cache), `set_static(hot)`,
     `attach_model(model)`, `observe` (a ForwardContext observer) and `layer_hook` (a ForwardContext
     layer hook, predicted prefetch) — the engine registers `forward_observers` / `forward_layer_hooks`
     on its ModelRunner — and `start_oracle_recording()` / `start_oracle_replay()`, `suspend_prefetch()`.

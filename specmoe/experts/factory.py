@@ -1,4 +1,4 @@
-"""Build the ExpertProvider an OffloadConfig asks for."""
+"""Build the ExpertStore an OffloadConfig asks for."""
 from __future__ import annotations
 
 import warnings
@@ -14,9 +14,9 @@ from specmoe.experts.resident import ResidentExperts
 from specmoe.weights.checkpoint import Checkpoint
 
 
-def build_provider(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, device: torch.device,
-                   draft_experts: int = 0, progress: bool = False, model=None):
-    """Returns (provider, ExpertMemory plan). `dtype` is the compute dtype slots hold; experts stay in their
+def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, device: torch.device,
+                draft_experts: int = 0, progress: bool = False, model=None):
+    """Returns (store, ExpertMemory plan). `dtype` is the compute dtype slots hold; experts stay in their
     storage format (`cfg.expert_format`: the checkpoint's dtype, or int8 / int4) in the tier and are decoded
     on arrival. `draft_experts` is SpecMoE's N (0 without speculation): its N experts per MoE layer stay pinned
     in the slots, which memory_budget / cache_bytes must hold. `model` (the loaded Transformer) gives predicted prefetch its
@@ -98,7 +98,7 @@ def static_hot_set(ckpt: Checkpoint, cfg: OffloadConfig, cache, model, *, dtype,
             return profiling.hot_experts(profiling.load_profile(p, mc), mc)
     if model is None:
         raise InputError("cache_policy='static' needs an expert profile: add expert_profile.json to the checkpoint "
-                         "(`specmoe profile`) or build the provider with the model so it can profile itself")
+                         "(`specmoe profile`) or build the store with the model so it can profile itself")
     warnings.warn(f"{ckpt.path} has no expert_profile.json; profiling the model on built-in prompts for the "
                   "static cache policy (run `specmoe profile` for a better profile)", stacklevel=3)
     counts = profiling.collect_counts(model, cache, profiling.default_token_lists(ckpt.path, mc), device=device,

@@ -100,7 +100,7 @@ def default_token_lists(path: Path, cfg: ModelConfig, prompts=BUILTIN_PROMPTS) -
 
 
 @torch.inference_mode()
-def collect_counts(model, provider, token_lists: list[list[int]], *, device: torch.device,
+def collect_counts(model, store, token_lists: list[list[int]], *, device: torch.device,
                    dtype: torch.dtype) -> list[list[int]]:
     """Prefill each token list alone (no padding to pollute the counts) and count routed assignments."""
     from specmoe.models.decoder import BatchView
@@ -113,7 +113,7 @@ def collect_counts(model, provider, token_lists: list[list[int]], *, device: tor
         row = counts[cfg.moe_layers.index(layer)]
         for e, n in enumerate(routing.counts_host):
             row[e] += n
-    ctx = ForwardContext(provider=provider, observers=[obs])
+    ctx = ForwardContext(provider=store, observers=[obs])
     for toks in token_lists:
         toks = toks[: cfg.max_position_embeddings]
         T = len(toks)

@@ -1,6 +1,6 @@
 """`ExpertStore`: the declared interface between a forward (and the strategies and engine around it)
 and wherever expert weights live. `ResidentExperts` and `ExpertCache` implement it; wrappers (the
-bench's timer, test doubles) subclass it and delegate explicitly, so no caller ever probes a provider
+bench's timer, test doubles) subclass it and delegate explicitly, so no caller ever probes a store
 with getattr/hasattr."""
 from __future__ import annotations
 
@@ -154,8 +154,8 @@ class DelegatingStore(ExpertStore):
         self.inner.close()
 
 
-class ClosedProvider(ExpertStore):
-    """Takes a closed engine's provider's place: any use raises InputError."""
+class ClosedStore(ExpertStore):
+    """Takes a closed engine's store's place: any use raises InputError."""
 
     def __init__(self, what: str):
         self._what = what

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specmoe.engine.options import SpecConfig, check_int
 from specmoe.errors import InputError
 from specmoe.integrations import batch_io
+from specmoe.options import SpecConfig, check_int
 
 
 def settings_of(llm: dict, defaults: dict) -> dict:

@@ -57,7 +57,7 @@ def application(llm: dict | None = None, config: dict | None = None, *, num_repl
     """The bound Ray Serve application (for `serve.run`): `num_replicas` SpecMoEReplica deployments."""
     serve = require("ray.serve", "ray", "Ray Serve replicas")
     require("specmoe.serve.app", "serve", "Ray Serve replicas of the OpenAI-compatible app")
-    from specmoe.engine.options import check_int
+    from specmoe.options import check_int
     check_int("num_replicas", num_replicas, 1)
     llm = dict(llm or {})
     if llm.get("threads") is None:  # torch threads = the CPUs Ray reserves for the replica

@@ -128,7 +128,7 @@ def build_app(llm, config: ServeConfig | None = None):
             raise OpenAIError(503, f"the engine is not available: {e}", type="server_error",
                               headers={"Retry-After": str(config.retry_after_s)}) from None
         responder = Responder(gen.kind, gen.model)
-        choices = [ChoiceText(llm, r.params.stop) for r in reqs]
+        choices = [ChoiceText(llm.decode) for _ in reqs]
         prompt_tokens = sum(len(ids) for _, ids in gen.prompts)
         logprobs = gen.logprobs is not None
         if gen.stream:

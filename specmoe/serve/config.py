@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specmoe.engine.options import check_int, check_number
 from specmoe.errors import InputError
+from specmoe.options import check_int, check_number
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,9 @@ class EngineUnavailable(Exception):
 
 @dataclass
 class Delta:
-    """One step's output for one request of a group: the tokens it added (and their logprobs when asked);
-    when `finished`, why: finish_reason stop | length | abort (abort_reason: the abort's cause; `error`: a
-    step failed)."""
+    """One step's output for one request of a group: the tokens it added (and their logprobs when asked), the
+    visible text they added; when `finished`, why: finish_reason stop | length | abort (abort_reason: the
+    abort's cause; `error`: a step failed)."""
     index: int
     token_ids: list[int]
     logprobs: list[TokenLogprob]
@@ -59,6 +59,7 @@ class Delta:
     finish_reason: str | None = None
     abort_reason: str | None = None
     error: str | None = None
+    text: str = ""
 
 
 @dataclass
@@ -187,8 +188,9 @@ class AsyncEngine:
                     for i, r in enumerate(arg.requests):
                         core.add(r)
                         self._groups[r.request_id] = (arg, i)
-                    with self._cv:
+                    with self._cv:  # counted as waiting from now on, not only after the next step
                         self._queued -= len(arg.requests)
+                        self.waiting = len(core.waiting)
                 else:
                     g, reason = arg
                     for r in g.requests:
@@ -224,7 +226,7 @@ class AsyncEngine:
                 del self._groups[r.request_id]
                 if self.metrics is not None:
                     self.metrics.finished(finish_label(r.finish_reason, r.abort_reason), now - g.created)
-            self._put(g, Delta(i, list(ids), list(lps), u.finished, r.finish_reason, r.abort_reason))
+            self._put(g, Delta(i, list(ids), list(lps), u.finished, r.finish_reason, r.abort_reason, text=u.text))
 
     @staticmethod
     def _put(g: Group, d: Delta) -> None:

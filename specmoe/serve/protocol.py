@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 
 from specmoe.decoding.runtime.sampling import SamplingParams
-from specmoe.engine.options import SEED_RANGE
 from specmoe.errors import InputError
+from specmoe.options import SEED_RANGE
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # fields accepted only at their no-op value (name -> values that mean "off")

@@ -1,7 +1,7 @@
 """OpenAI response bodies and stream chunks, and the text of each choice as its tokens arrive.
 
-Streamed text pieces are cut by `specmoe.engine.core.visible_text` (the rule `LLM.generate`
-uses for its final text), so the pieces of a stream add up exactly to the non-streamed text.
+The text pieces come from the engine core (each request's `Detokenizer`, the rule `LLM.generate` uses for
+its final text), so the pieces of a stream add up exactly to the non-streamed text.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import time
 import uuid
 
-from specmoe.engine.core import TokenLogprob, visible_text
+from specmoe.engine.core import TokenLogprob
 from specmoe.serve.engine import Delta
 
 
@@ -18,10 +18,11 @@ def new_id(prefix: str) -> str:
 
 
 class ChoiceText:
-    """One choice's tokens, logprobs and the text sent so far; `advance` returns the new text piece."""
+    """One choice's tokens, logprobs and the text sent so far; `advance` returns the new text piece. `decode`
+    gives a token's own text (the logprobs' tokens)."""
 
-    def __init__(self, llm, stop: list[str]):
-        self.llm, self.stop = llm, stop
+    def __init__(self, decode):
+        self.decode = decode
         self.ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.sent = ""
@@ -32,14 +33,11 @@ class ChoiceText:
         self.logprobs += d.logprobs
         if d.finished:
             self.finish_reason = d.finish_reason
-        text = visible_text(self.llm._decode(self.ids), self.stop, d.finished)
-        if not text.startswith(self.sent):  # a decoder that rewrites earlier text (not byte-level BPE)
-            return ""
-        piece, self.sent = text[len(self.sent):], text
-        return piece
+        self.sent += d.text
+        return d.text
 
     def token_text(self, t: int) -> str:
-        return self.llm._decode([t])
+        return self.decode([t])
 
 
 def completion_logprobs(ct: ChoiceText, lps: list[TokenLogprob], offset: int) -> dict:

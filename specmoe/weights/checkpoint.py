@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from specmoe.config import ModelConfig, read_json_object, type_name
+from specmoe.config import read_json_object, type_name
 from specmoe.errors import CheckpointError, InputError
+from specmoe.families import load_config
 from specmoe.weights.names import (ExpertPart, expert_parts, expert_tensors_per_layer, is_ignored, non_expert_keys,
                                    stored_tensors)
 from specmoe.weights.quantized import (assemble, cut, dequantize_fp8_blocks, dequantize_part, part_shape,
@@ -60,7 +61,7 @@ class Checkpoint:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.config = ModelConfig.from_dir(self.path)
+        self.config = load_config(self.path)
         self.layout = stored_layout(self.config)  # how one expert is stored (None: floating point)
         self._handles: dict[str, object] = {}
         self._headers: dict[str, dict] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import specmoe.engine.core as core_mod
+import specmoe.engine.llm as llm_mod
 from specmoe import LLM, SamplingParams
 from specmoe.bench.opcount import OpCounter
 
@@ -25,7 +25,7 @@ def test_counter_counts_ops_and_each_kind_of_host_sync():
 def _step_counts(path, decoding: str, steps: int = 3) -> list[OpCounter]:
     """Counters of the decode steps (after the first, which sets the draft up) of a batch-1 generate."""
     seen: list[OpCounter] = []
-    make = core_mod.make_strategy
+    make = llm_mod.make_strategy
 
     def counted_strategy(*a, **kw):
         strategy = make(*a, **kw)
@@ -38,12 +38,12 @@ def _step_counts(path, decoding: str, steps: int = 3) -> list[OpCounter]:
             return out
         strategy.step = counted
         return strategy
-    core_mod.make_strategy = counted_strategy
+    llm_mod.make_strategy = counted_strategy
     try:
         LLM(path, decoding=decoding, num_draft_tokens=3, draft_experts=4).generate(
             [[5, 6, 7, 8]], SamplingParams(max_tokens=4 * (steps + 2), ignore_eos=True))
     finally:
-        core_mod.make_strategy = make
+        llm_mod.make_strategy = make
     assert len(seen) > steps
     return seen[1:steps + 1]
 

@@ -73,7 +73,7 @@ def test_plain_steps_do_what_ar_steps_do(tiny_ckpt):
     assert st["steps"] == 2 and st["ar_steps"] > mixed.spec_cfg.num_draft_tokens
     assert st["draft_set_refreshes"] <= 2, "plain steps must not refresh the draft set"
     assert st["draft_set_unpins"] == 1, "a plain stretch gives the draft set's slots back"
-    assert all(not mixed.provider.layers[layer].pinned for layer in mixed.config.moe_layers)
+    assert all(not mixed.store.layers[layer].pinned for layer in mixed.config.moe_layers)
 
 
 def test_stopping_rule_shortens_drafts_and_keeps_output(tiny_ckpt):

@@ -46,7 +46,7 @@ def target_features(llm: LLM, ids: list[int]) -> torch.Tensor:
     cache = KVCache(num_layers=L, max_batch=1, max_seq=T, num_kv_heads=llm.config.num_kv_heads,
                     head_dim=llm.config.head_dim, dtype=torch.float32)
     bv = BatchView(slots=torch.arange(1), positions=torch.arange(T)[None], contiguous=slice(0, 1), key_len=T)
-    ctx = ForwardContext(provider=llm.provider, capture_hidden=(L,))
+    ctx = ForwardContext(provider=llm.store, capture_hidden=(L,))
     llm.model(torch.tensor([ids]), cache, bv, ctx)
     return ctx.hidden[L][0]
 

@@ -138,7 +138,7 @@ def test_drafting_moves_zero_bytes_and_pins_the_draft_set(tiny_ckpt):
     path = tiny_ckpt("olmoe")
     for policy in ("hot-temporal", "hot-global"):
         llm = LLM(path, decoding="specmoe", draft_experts=3, num_draft_tokens=4, draft_policy=policy)
-        llm.provider = counting = CountingProvider(llm.provider)
+        llm.store = counting = CountingProvider(llm.store)
         ps, sp = BATCHES["b7"]
         assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
         st = llm.stats
@@ -171,7 +171,7 @@ def test_offloaded_cache_draft_moves_zero_bytes(tiny_ckpt, policy):
     st = llm.stats
     assert st["draft_phase_bytes"] == 0 and st["bytes_moved"] > 0
     for layer, ids in st["draft_set"].items():
-        assert set(ids) <= llm.provider.resident(layer), "the draft set is pinned in the cache"
+        assert set(ids) <= llm.store.resident(layer), "the draft set is pinned in the cache"
 
 
 

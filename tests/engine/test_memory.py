@@ -180,13 +180,13 @@ def test_cache_bytes_bounds_the_working_set(ckpt):
     slots take what is left: 6 per layer; the draft owns no memory of its own (its 4 experts are pinned in
     those slots and read in place)."""
     llm = LLM(ckpt, dtype="float32", offload="host", cache_bytes=200_000, decoding="specmoe", draft_experts=4)
-    assert llm.provider.slots == 6
+    assert llm.store.slots == 6
     llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=6, ignore_eos=True))
     m = llm.stats["memory"]
     working = m["expert_cache_slots"] + m["scratch"] + m["staging"]
     assert working <= 200_000 < working + 3 * 9216  # one more slot per layer would not fit
     for layer, ids in llm.stats["draft_set"].items():
-        assert set(ids) <= llm.provider.resident(layer), "the draft set lives in the slots"
+        assert set(ids) <= llm.store.resident(layer), "the draft set lives in the slots"
 
 
 @pytest.mark.parametrize("offload", ["none", "host", "disk"])
@@ -206,7 +206,7 @@ def test_memory_stats_add_up_and_match_allocations(ckpt, offload):
     assert m["non_expert_weights"] == sum(p.numel() * p.element_size() for p in model.parameters())
     assert m["kv_cache"] == llm._cache.k.nbytes + llm._cache.v.nbytes
     assert s["draft_set_refreshes"] > 0
-    p = llm.provider
+    p = llm.store
     if offload == "none":
         assert m["resident_experts"] == sum(t.nbytes for t in p.layers.values())
         assert m["expert_cache_slots"] == m["scratch"] == m["host_tier"] == 0
@@ -227,7 +227,7 @@ def test_scratch_rows_are_a_fixed_pool(ckpt, offload):
     sp = SamplingParams(max_tokens=6, ignore_eos=True)
     ref = LLM(ckpt, dtype="float32")
     llm = LLM(ckpt, dtype="float32", offload=offload, cache_policy="ondemand", cache_experts=2)
-    p = llm.provider
+    p = llm.store
     rows = [r.data_ptr() for r in p._scratch]
     assert [o.token_ids for o in llm.generate(prompts, sp)] == [o.token_ids for o in ref.generate(prompts, sp)]
     s = llm.stats
@@ -241,7 +241,7 @@ RSS_RUN = """
     r0 = rss()
     llm = LLM(dtype="float32", decoding="specmoe", **KW)
     peak = [rss()]
-    llm.provider.forward_observers.append(lambda *a: peak.append(rss()))  # every MoE layer of target forwards
+    llm.store.forward_observers.append(lambda *a: peak.append(rss()))  # every MoE layer of target forwards
     prompts = [[(7 * i + j) % 8000 + 1 for j in range(40)] for i in range(4)]
     llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
     peak.append(rss())

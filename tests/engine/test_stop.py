@@ -5,25 +5,27 @@ from __future__ import annotations
 import pytest
 
 from specmoe import LLM, SamplingParams
-from specmoe.engine.llm import LLM as _LLM
+from specmoe.engine.core import EngineCore
 
 PROMPTS = ["def parse_header(line):", "And God said,", "The json module"]
 MAX = 40
 
 
-def _record_appends(monkeypatch, llm):
-    """Wrap LLM._append: record (seq, tokens, kept) and check the KV invariant after every call."""
+def _record_appends(monkeypatch):
+    """Wrap EngineCore._append: record (seq, tokens, kept) and check the KV invariant after every call."""
     calls = []
-    orig = _LLM._append
+    orig = EngineCore._append
 
-    def wrapped(self, s, tokens):
+    def wrapped(self, r, tokens):
+        s = r.seq
         before = len(s.output_ids)
-        orig(self, s, tokens)
+        update = orig(self, r, tokens)
         kept = len(s.output_ids) - before
         calls.append((s.seq_id, list(tokens), kept, s.finish_reason))
         # Sequence invariant: the cache holds every token but the last (the pending one)
-        assert self._cache.lengths[s.slot] == s.num_tokens - 1, "K/V of dropped tokens must be rolled back"
-    monkeypatch.setattr(_LLM, "_append", wrapped)
+        assert self.cache.lengths[s.slot] == s.num_tokens - 1, "K/V of dropped tokens must be rolled back"
+        return update
+    monkeypatch.setattr(EngineCore, "_append", wrapped)
     return calls
 
 
@@ -49,7 +51,7 @@ def _find_stop(llm, token_ids, run_starts):
 def test_stop_string_inside_an_accepted_draft_run_truncates_there(reference, monkeypatch):
     ref_llm, ref = reference
     spec = LLM(dtype="float32", threads=1, decoding="specmoe", draft_experts=4, num_draft_tokens=4)
-    calls = _record_appends(monkeypatch, spec)
+    calls = _record_appends(monkeypatch)
     outs = spec.generate(PROMPTS, SamplingParams(max_tokens=MAX, ignore_eos=True))
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
     found = None

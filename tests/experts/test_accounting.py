@@ -13,7 +13,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16]]
 def capture(llm: LLM) -> list[tuple[int, set[int], list[int]]]:
     """Record (layer, union of routed ids, counts) of every MoE forward."""
     seen = []
-    llm.provider.forward_observers.append(lambda layer, routing: seen.append(
+    llm.store.forward_observers.append(lambda layer, routing: seen.append(
         (layer, set(routing.needed), list(routing.counts_host))))
     return seen
 
@@ -57,7 +57,7 @@ def test_lru_hits_plus_misses_and_reset(tiny_ckpt):
 
 def test_pin_and_resident(tiny_ckpt):
     llm = LLM(tiny_ckpt("olmoe"), offload="disk", cache_policy="ondemand", cache_experts=4)
-    p = llm.provider
+    p = llm.store
     layer = llm.config.moe_layers[0]
     p.pin(layer, [1, 5])
     assert p.resident(layer) == {1, 5}
@@ -116,21 +116,21 @@ def test_static_policy_reads_shipped_profile(tmp_path):
         counts[layer][hot] = 100
     (path / "expert_profile.json").write_text(__import__("json").dumps({"counts": counts}))
     llm = LLM(path, offload="host", cache_policy="static", cache_experts=4)
-    assert llm.provider.static_experts == {0: [7], 1: [0], 2: [3]}  # ceil(10% of 8) = 1 per layer
+    assert llm.store.static_experts == {0: [7], 1: [0], 2: [3]}  # ceil(10% of 8) = 1 per layer
     assert llm.stats["static_bytes"] == 3 * llm.stats["bytes_per_expert"]
     llm.logits(PROMPTS)
-    assert all({e} <= llm.provider.resident(layer) for layer, e in ((0, 7), (1, 0), (2, 3)))
-    llm.provider.evict_all()  # static experts survive a cold-cache reset
-    assert llm.provider.resident(0) == {7}
+    assert all({e} <= llm.store.resident(layer) for layer, e in ((0, 7), (1, 0), (2, 3)))
+    llm.store.evict_all()  # static experts survive a cold-cache reset
+    assert llm.store.resident(0) == {7}
 
 
 def test_oracle_recording_restarts_the_trace(tiny_ckpt):
     llm = LLM(tiny_ckpt("mixtral"), offload="host", cache_policy="ondemand", cache_experts=8, prefetch="oracle")
     llm.logits([[9, 9, 9]])  # a warm-up that must not be part of the trace
-    llm.provider.start_oracle_recording()
+    llm.store.start_oracle_recording()
     llm.logits(PROMPTS)
-    llm.provider.start_oracle_replay()
-    llm.provider.evict_all()
+    llm.store.start_oracle_replay()
+    llm.store.evict_all()
     llm.reset_stats()
     llm.logits(PROMPTS)
     s = llm.stats
@@ -143,7 +143,7 @@ def test_pin_swaps_a_full_pinned_set(tiny_ckpt):
     """Replacing a pinned set that fills every slot with a disjoint one must evict the old set."""
     from specmoe import LLM
     llm = LLM(tiny_ckpt("qwen3_moe"), dtype="float32", offload="host", cache_experts=4, cache_policy="lru")
-    cache = llm.provider
+    cache = llm.store
     layer = llm.config.moe_layers[0]
     cache.pin(layer, [0, 1, 2, 3])
     assert cache.resident(layer) == {0, 1, 2, 3}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from specmoe import LLM, SamplingParams
-from specmoe.bench.measure import TimedProvider, measure
-from specmoe.experts.store import ClosedProvider, DelegatingStore, ExpertStore
+from specmoe.bench.measure import TimedStore, measure
+from specmoe.experts.store import ClosedStore, DelegatingStore, ExpertStore
 from tests.decoding.eagle_cases import prompts
 
 # a small cache over the disk tier: fetches read, `auto` calibrates its read time through the wrapper
@@ -45,9 +45,9 @@ def test_delegating_store_overrides_every_contract_member():
             "fetch_wait_s"} <= contract_members()
 
 
-def test_closed_provider_refuses_every_attribute():
+def test_closed_store_refuses_every_attribute():
     from specmoe.errors import InputError
-    c = ClosedProvider("x")
+    c = ClosedStore("x")
     with pytest.raises(InputError, match="closed"):
         c.device  # noqa: B018
 
@@ -75,8 +75,8 @@ def reference():
 def test_every_strategy_runs_through_a_delegating_store(name, reference, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # `auto` calibrates now, through the wrapper
     llm = LLM(dtype="float32", threads=1, **OFFLOAD, **STRATEGIES[name])
-    inner = llm.provider
-    llm.provider = w = Wrapped(inner)
+    inner = llm.store
+    llm.store = w = Wrapped(inner)
     got = [o.token_ids for o in llm.generate(prompts(3), SP)]
     assert got == reference[1]
     assert w.fetches > 0
@@ -85,13 +85,13 @@ def test_every_strategy_runs_through_a_delegating_store(name, reference, tmp_pat
 
 
 def test_auto_first_generate_inside_measure(tmp_path, monkeypatch, reference):
-    """The bench's `measure` wraps the provider in its `TimedProvider` around an `auto` engine's first generate:
+    """The bench's `measure` wraps the store in its `TimedStore` around an `auto` engine's first generate:
     calibration reads experts through it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     llm = LLM(dtype="float32", threads=1, decoding="auto", **OFFLOAD)
-    inner = llm.provider
+    inner = llm.store
     row = measure(llm, reference[0], SP.max_tokens, instrument=True)
     assert row["_token_ids"] == reference[1]
-    assert row["breakdown"]["provider_calls"] > 0
-    assert llm.provider is inner and not isinstance(inner, TimedProvider)
+    assert row["breakdown"]["store_calls"] > 0
+    assert llm.store is inner and not isinstance(inner, TimedStore)
     assert any((tmp_path / "specmoe" / "costmodel").glob("*.json")), "calibrated now, not from a cached file"

@@ -21,7 +21,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9]]
 def test_disk_tier_uses_o_direct_and_aligned_repack(tiny_ckpt):
     path = tiny_ckpt("mixtral")
     llm = LLM(path, offload="disk", cache_experts=2)
-    tier = llm.provider.tier
+    tier = llm.store.tier
     assert tier.direct_io and llm.stats["direct_io"] is True
     assert fcntl.fcntl(tier.fd, fcntl.F_GETFL) & os.O_DIRECT
     rp = tier.rp
@@ -30,14 +30,14 @@ def test_disk_tier_uses_o_direct_and_aligned_repack(tiny_ckpt):
     man = json.loads(rp.manifest.read_text())
     assert man["checkpoint_files"] == llm.ckpt.content_fingerprint() and len(man["sums"]) == 3 * 8
     # one aligned read per expert gives exactly the checkpoint's packed expert
-    buf = llm.provider._alloc(1)[0]
+    buf = llm.store._alloc(1)[0]
     tier.read_into(2, 5, buf)
     assert torch.equal(buf[: rp.expert_bytes].view(torch.float32), llm.ckpt.read_expert(2, 5, torch.float32))
 
 
 def test_repack_dir_option_and_reuse(tiny_ckpt, tmp_path):
     path = tiny_ckpt("olmoe")
-    f = LLM(path, offload="disk", repack_dir=tmp_path / "rp").provider.tier.rp.file
+    f = LLM(path, offload="disk", repack_dir=tmp_path / "rp").store.tier.rp.file
     assert f.parent == tmp_path / "rp" and f.name.startswith("experts-float32-")
     mtime = f.stat().st_mtime_ns
     LLM(path, offload="disk", repack_dir=tmp_path / "rp")  # validated and reused, not rewritten
@@ -137,7 +137,7 @@ def test_repack_falls_back_to_user_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     with pytest.warns(UserWarning, match="repacking into .*home/.cache/specmoe"):
         llm = LLM(path, offload="disk", cache_experts=2)
-    assert llm.provider.tier.rp.file.is_relative_to(tmp_path / "home" / ".cache" / "specmoe")
+    assert llm.store.tier.rp.file.is_relative_to(tmp_path / "home" / ".cache" / "specmoe")
     assert torch.equal(llm.logits(PROMPTS), LLM(path).logits(PROMPTS))
 
 
@@ -157,7 +157,7 @@ def test_filesystem_without_o_direct_falls_back_with_warning(tiny_ckpt, monkeypa
         llm = LLM(path, offload="disk", cache_experts=2)
     monkeypatch.undo()
     assert llm.stats["direct_io"] is False
-    assert not fcntl.fcntl(llm.provider.tier.fd, fcntl.F_GETFL) & os.O_DIRECT
+    assert not fcntl.fcntl(llm.store.tier.fd, fcntl.F_GETFL) & os.O_DIRECT
     assert torch.equal(llm.logits(PROMPTS), LLM(path).logits(PROMPTS))
 
 
@@ -180,7 +180,7 @@ def test_disk_reads_in_flight_at_once(tiny_ckpt, monkeypatch, io_depth):
     s = llm.stats
     assert s["io_depth"] == io_depth and s["misses"] > io_depth and s["io_reads"] >= s["misses"]
     assert s["io_max_inflight"] == io_depth, s["io_max_inflight"]
-    assert llm.provider.tier.staging_bytes == io_depth * (1 + tiers.DiskTier.STAGE_ROWS) * (
+    assert llm.store.tier.staging_bytes == io_depth * (1 + tiers.DiskTier.STAGE_ROWS) * (
         -(-s["bytes_per_expert"] // 4096) * 4096)
 
 
@@ -207,4 +207,4 @@ def test_static_policy_profile_with_a_non_integer_count_is_one_clear_error(tmp_p
         assert "counts[1][2] is 1.5" in r.stderr
     rows[1][2] = 4.0  # an integral float, as a writer may print a count
     (path / "expert_profile.json").write_text(json.dumps({"counts": rows}))
-    assert LLM(path, offload="host", cache_experts=2, cache_policy="static").provider is not None
+    assert LLM(path, offload="host", cache_experts=2, cache_policy="static").store is not None

@@ -66,8 +66,8 @@ def test_prefetch_equals_resident(tiny_ckpt, reference, family, prefetch, policy
         assert torch.equal(run(ref_llm)[0], ref_logits)
         run(llm)  # record
         llm._cache = None  # back to the fresh-engine KV cache state the recording started from
-        llm.provider.start_oracle_replay()
-        llm.provider.evict_all()
+        llm.store.start_oracle_replay()
+        llm.store.evict_all()
         llm.reset_stats()
     logits, tokens = run(llm)
     assert torch.equal(logits, ref_logits)

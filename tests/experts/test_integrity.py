@@ -54,7 +54,7 @@ def ckpt(tmp_path):
 def test_corrupt_unsampled_expert_is_caught_at_its_read(ckpt):
     layer, e = requested_unsampled(ckpt)
     with LLM(ckpt, offload="disk", cache_experts=2) as llm:
-        rp = llm.provider.tier.rp
+        rp = llm.store.tier.rp
     flip(rp, layer, e)
     outside = {p: b for p, b in files_under(ckpt.parent).items() if ".specmoe" not in p.parts}
     repack_files = files_under(rp.file.parent)
@@ -76,7 +76,7 @@ def test_corruption_during_a_run_is_caught_at_the_read(ckpt):
     assert [o.token_ids for o in llm.generate(PROMPTS)] == [o.token_ids for o in ref]
     reads = llm.stats["io_reads"]
     assert reads == llm.stats["misses"] > 0 and llm.stats["io_verify_s"] > 0  # every read was verified
-    flip(llm.provider.tier.rp, layer, e, at=llm.provider.tier.rp.expert_bytes - 1)
+    flip(llm.store.tier.rp, layer, e, at=llm.store.tier.rp.expert_bytes - 1)
     with pytest.raises(IntegrityError, match=f"layer {layer} expert {e} .*fails its checksum"):
         llm.generate(PROMPTS)
     llm.close()
@@ -85,7 +85,7 @@ def test_corruption_during_a_run_is_caught_at_the_read(ckpt):
 def test_short_read_is_an_error_not_an_assert(ckpt):
     llm = LLM(ckpt, offload="disk", cache_policy="ondemand", cache_experts=4)
     llm.generate(PROMPTS)
-    rp = llm.provider.tier.rp
+    rp = llm.store.tier.rp
     last = llm.config.moe_layers[-1]
     os.truncate(rp.file, rp.offset(last, 0) + rp.stride // 2)  # the last MoE layer's experts are cut
     with pytest.raises(IntegrityError, match=f"short read of layer {last} expert .* bytes"):
@@ -136,7 +136,7 @@ def test_old_format_repack_is_rebuilt_not_a_crash(ckpt, tmp_path):
         llm = LLM(ckpt, offload="disk", cache_experts=2)
     assert not (rp_dir / "experts-float32.json").exists() and not (rp_dir / "experts-float32.bin").exists()
     assert json.loads((rp_dir / "experts-bfloat16.json").read_text()) == other_v1  # not ours: untouched
-    man = llm.provider.tier.rp.manifest
+    man = llm.store.tier.rp.manifest
     llm.close()
     # a manifest of the current name but an old or malformed shape is rebuilt too
     for bad in ({**v1, "format": 1}, [1, 2, 3], None):
@@ -164,7 +164,7 @@ def test_old_format_repack_is_rebuilt_not_a_crash(ckpt, tmp_path):
 def test_touched_checkpoint_keeps_its_repack(ckpt):
     """A new mtime with the same bytes (touch, a copy that drops times) is not a changed checkpoint."""
     with LLM(ckpt, offload="disk", cache_experts=2) as llm:
-        rp = llm.provider.tier.rp
+        rp = llm.store.tier.rp
         ref = llm.logits(PROMPTS)
     st_bin = os.stat(rp.file)
     w = ckpt / "model.safetensors"
@@ -183,7 +183,7 @@ def test_changed_checkpoint_message_names_only_its_own_files(ckpt, tmp_path):
     shared = tmp_path / "shared"
     other = make_tiny_checkpoint("mixtral", tmp_path / "ck2", seed=1)
     with LLM(ckpt, offload="disk", repack_dir=shared) as a, LLM(other, offload="disk", repack_dir=shared) as b:
-        fa, fb = a.provider.tier.rp, b.provider.tier.rp
+        fa, fb = a.store.tier.rp, b.store.tier.rp
         assert fa.file != fb.file and fa.manifest != fb.manifest
         assert not torch.equal(a.logits(PROMPTS), b.logits(PROMPTS))
     before = files_under(shared)
@@ -229,7 +229,7 @@ def test_cli_reports_a_corrupt_expert_in_one_line(tmp_path):
     ck = tmp_path / "demo"
     shutil.copytree(DEMO_MODEL, ck, ignore=shutil.ignore_patterns(".specmoe"))
     with LLM(ck, offload="disk") as llm:
-        rp, cfg = llm.provider.tier.rp, llm.config
+        rp, cfg = llm.store.tier.rp, llm.config
     sampled = set(sample_ids(cfg.moe_layers, cfg.num_experts))
     for layer in cfg.moe_layers:
         for e in range(cfg.num_experts):
@@ -251,7 +251,7 @@ from specmoe import LLM
 from specmoe.errors import IntegrityError
 llm = LLM(sys.argv[1], offload="disk", cache_policy="ondemand", cache_experts=4)
 llm.generate([[1, 2, 3]])
-rp = llm.provider.tier.rp
+rp = llm.store.tier.rp
 os.truncate(rp.file, rp.offset(llm.config.moe_layers[-1], 0) + 100)
 try:
     llm.generate([[1, 2, 3]])
@@ -277,15 +277,15 @@ def test_a_failed_prefetch_leaves_no_corrupt_expert_resident(ckpt):
     ref = LLM(ckpt).generate(PROMPTS)
     llm = LLM(ckpt, offload="disk", cache_policy="ondemand", cache_experts=8, prefetch="oracle")
     assert [o.token_ids for o in llm.generate(PROMPTS)] == [o.token_ids for o in ref]  # recorded
-    layer, ids = next((layer, ids) for layer, ids in llm.provider.oracle.trace if layer != llm.config.moe_layers[0])
-    rp = llm.provider.tier.rp
+    layer, ids = next((layer, ids) for layer, ids in llm.store.oracle.trace if layer != llm.config.moe_layers[0])
+    rp = llm.store.tier.rp
     flip(rp, layer, ids[0])  # an expert the replay prefetches for `layer`
-    llm.provider.start_oracle_replay()
+    llm.store.start_oracle_replay()
     with pytest.raises(IntegrityError, match=f"layer {layer} expert {ids[0]} "):
         llm.generate(PROMPTS)
-    assert ids[0] not in llm.provider.resident(layer)
+    assert ids[0] not in llm.store.resident(layer)
     flip(rp, layer, ids[0])  # repaired
-    llm.provider.start_oracle_replay()
+    llm.store.start_oracle_replay()
     assert [o.token_ids for o in llm.generate(PROMPTS)] == [o.token_ids for o in ref]
     assert llm.stats["prefetch_useful"] > 0
     llm.close()

@@ -47,11 +47,11 @@ def test_close_releases_file_thread_and_buffers_at_once(tmp_path):
     before = threads()  # engines of other tests may hold I/O threads of their own
     llm = LLM(path, offload="disk", cache_experts=2)
     llm.generate([[1, 2, 3]], ONE)
-    tier, cache = llm.provider.tier, llm.provider
+    tier, cache = llm.store.tier, llm.store
     fd = (str(tier.fd), str(tier.rp.file))
     assert fd in open_fds() and threads() - before  # its I/O thread
     rows = [weakref.ref(L.rows) for L in cache.layers.values()]
-    llm.close()  # llm and its provider are still referenced: nothing here is the garbage collector's doing
+    llm.close()  # llm and its store are still referenced: nothing here is the garbage collector's doing
     assert fd not in open_fds() and not any(t == fd[1] for _, t in open_fds())
     assert tier.fd == -1 and not threads() - before
     assert all(r() is None for r in rows)  # the slots are freed
@@ -66,7 +66,7 @@ def test_with_statement_closes_host_tier(tiny_ckpt):
     before = threads()
     with LLM(tiny_ckpt("qwen3_moe"), offload="host", cache_experts=2) as llm:
         out = llm.generate([[4, 5, 6]], ONE)
-        tier = llm.provider.tier
+        tier = llm.store.tier
         host = [weakref.ref(t) for t in tier.layers.values()]
     assert len(out[0].token_ids) == 1
     assert not threads() - before and all(r() is None for r in host)  # host copies (pinned on CUDA) dropped
@@ -216,8 +216,8 @@ def test_oracle_trace_never_replayed_stays_bounded(tiny_ckpt, monkeypatch):
     ref = LLM(tiny_ckpt("mixtral")).generate([[1, 2, 3]], SamplingParams(max_tokens=30))
     for _ in range(3):  # an API user who never replays: the trace stops at the bound
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=30))
-    assert len(llm.provider.oracle.trace) == 40
-    llm.provider.start_oracle_replay()  # a replay past the recorded part stops prefetching, still exact
+    assert len(llm.store.oracle.trace) == 40
+    llm.store.start_oracle_replay()  # a replay past the recorded part stops prefetching, still exact
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=30))
     assert out[0].token_ids == ref[0].token_ids and llm.stats["prefetch_useful"] > 0
     llm.close()

@@ -158,7 +158,7 @@ def test_fp8_tensors_need_a_quantization_config(copy):
 
 
 def test_mxfp4_sizes_must_be_whole_blocks(tmp_path):
-    from specmoe.config import ModelConfig
+    from specmoe.families import read_config
     cfg = json.loads((make_mxfp4_checkpoint(tmp_path) / "config.json").read_text())
     with pytest.raises(CheckpointError, match="intermediate_size must be a multiple of 32"):
-        ModelConfig.from_hf({**cfg, "intermediate_size": 40})
+        read_config({**cfg, "intermediate_size": 40})

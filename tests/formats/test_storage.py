@@ -78,7 +78,7 @@ def test_disk_reads_direct_and_staged_give_the_same_expert_and_catch_corruption(
     """CPU slots are filled through the tier's staging row (reads straight into slots slowed compute);
     `direct=True` (CUDA staging buffers) reads straight into the destination. Both verify the checksum."""
     from specmoe.errors import IntegrityError
-    from specmoe.experts.memory import aligned_empty
+    from specmoe.memory import aligned_empty
     from specmoe.experts.repack import open_repack
     from specmoe.experts.tiers import DiskTier
     ck = Checkpoint(tiny_ckpt("mixtral"))

@@ -119,13 +119,13 @@ def test_routers_match_transformers(tiny_ckpt):
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
 
-    from specmoe.config import ModelConfig
+    from specmoe.families import load_config
     from specmoe.models.routers import route
     torch.manual_seed(0)
     for family, cls in (("glm4_moe", Glm4MoeTopkRouter), ("deepseek_v2", DeepseekV2TopkRouter),
                         ("deepseek_v3", DeepseekV3TopkRouter), ("gpt_oss", GptOssTopKRouter)):
         path = tiny_ckpt(family)
-        cfg, ours = AutoConfig.from_pretrained(path), ModelConfig.from_dir(path)
+        cfg, ours = AutoConfig.from_pretrained(path), load_config(path)
         ref = cls(cfg)
         with torch.no_grad():
             for t in ref.state_dict().values():

@@ -52,7 +52,7 @@ def test_bf16_checkpoint_and_dtype_override(tmp_path):
     assert LLM(path).dtype == torch.bfloat16  # auto = the checkpoint's dtype
     llm32 = LLM(path, dtype="float32")
     assert llm32.dtype == torch.float32 and llm32.model.embed.weight.dtype == torch.float32
-    assert llm32.provider.layers[0].dtype == torch.float32
+    assert llm32.store.layers[0].dtype == torch.float32
 
 
 def test_sliding_window_mixtral(tmp_path, hf_model):

@@ -2,8 +2,8 @@
 uvicorn settings `specmoe serve` uses (specmoe.serve.http.uvicorn_config).
 
 Nothing optional is imported here: a module that starts a server calls `need_server()` first, so it skips when
-the [serve] extra or the dev clients are missing, while the tests that need neither (test_text, the install
-hint) still run on a machine without them."""
+the [serve] extra or the dev clients are missing, while the tests that need neither (the install hint) still
+run on a machine without them."""
 from __future__ import annotations
 
 import threading

@@ -27,10 +27,8 @@ def test_full_queue_answers_429_with_retry_after(one_slot):
     s = one_slot
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as first:
-            next(first.iter_lines())  # running: it holds the only slot
-            core = s.engine.core
-            step = core.strategy.step
-            core.strategy.step = lambda seqs: (time.sleep(0.05), step(seqs))[1]  # it keeps it while we ask
+            lines = first.iter_lines()  # held: a dropped iterator closes the connection, which aborts the request
+            next(lines)  # running: it holds the only slot
             with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as second:
                 assert second.status_code == 200  # queued: it waits for the slot
                 r = http.post(s.url + "/v1/completions", json=LONG)
@@ -38,10 +36,31 @@ def test_full_queue_answers_429_with_retry_after(one_slot):
                 assert r.headers["Retry-After"] == "1"
                 assert r.json()["error"]["code"] == "queue_full"
     wait_for(lambda: s.engine.running == 0 and s.engine.waiting == 0, what="both streams aborted")
-    core.strategy.step = step
     assert metric(scrape(s.url), "specmoe_requests_rejected_total", status="429") == 1
     ok = s.client().completions.create(model=MODEL, prompt="x", max_tokens=3, temperature=0)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_request_in_the_core_counts_as_waiting_while_a_step_runs(one_slot):
+    """The bound holds during a step: a request the loop has moved from its inbox into the core counts as waiting
+    at once, not only once the step after it ends (a request arriving in between used to get in)."""
+    s = one_slot
+    core = s.engine.core
+    step = core.strategy.step
+    core.strategy.step = lambda seqs: (time.sleep(0.3), step(seqs))[1]  # steps long enough to arrive in
+    try:
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as first:
+                lines = first.iter_lines()  # held (see above)
+                next(lines)  # running: it holds the only slot
+                with http.stream("POST", s.url + "/v1/completions", json={**LONG, "stream": True}) as second:
+                    assert second.status_code == 200
+                    wait_for(lambda: len(core.waiting) == 1, what="the second request in the core")
+                    r = http.post(s.url + "/v1/completions", json=LONG, timeout=5)
+                    assert r.status_code == 429, r.text
+    finally:
+        core.strategy.step = step
+    wait_for(lambda: s.engine.running == 0 and s.engine.waiting == 0, what="both streams aborted")
 
 
 def test_failed_step_answers_500_and_a_fresh_core_serves_the_next(one_slot):

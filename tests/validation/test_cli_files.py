@@ -13,8 +13,8 @@ from tests.validation.conftest import assert_one_line_error, main_error, run_cli
     (b"{", "expert_profile.json is not valid JSON"),
     (b"null", "expert_profile.json must hold a JSON object, got null"),
     (json.dumps({"counts": [[1, 2]]}).encode(), "has shape 1×2; the model has 3 MoE layers × 8 experts"),
-    (json.dumps({"counts": [["x"] * 8] * 3}).encode(), "counts must be integers"),
-    (json.dumps({"counts": [[None] * 8] * 3}).encode(), "counts must be integers"),
+    (json.dumps({"counts": [["x"] * 8] * 3}).encode(), "each count must be an integer >= 0"),
+    (json.dumps({"counts": [[None] * 8] * 3}).encode(), "is null; each count must be an integer >= 0"),
 ], ids=["non_utf8", "bad_json", "null", "wrong_shape", "string_counts", "null_counts"])
 def test_inspect_bad_profile(ckpt, capsys, data, needle):
     (ckpt / "expert_profile.json").write_bytes(data)

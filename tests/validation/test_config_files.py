@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specmoe import LLM
-from specmoe.config import ModelConfig
+from specmoe.families import load_config
 from specmoe.errors import CheckpointError, SpecMoEError
 from tests.validation.conftest import assert_one_line_error, run_cli, snapshot
 
@@ -99,9 +99,9 @@ def test_valid_configs_still_parse(tiny_ckpt):
     """Control: the fixtures of every family and the demo model parse, with their real values."""
     from specmoe.engine.llm import DEMO_MODEL
     for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
-        cfg = ModelConfig.from_dir(tiny_ckpt(fam))
+        cfg = load_config(tiny_ckpt(fam))
         assert cfg.num_experts == 8 and cfg.top_k == 2 and cfg.num_kv_heads == 2
-    demo = ModelConfig.from_dir(DEMO_MODEL)
+    demo = load_config(DEMO_MODEL)
     assert demo.dtype == "bfloat16" and demo.eos_token_ids == (0,) and demo.num_experts == 32
 
 

@@ -1,0 +1,109 @@
+"""config.json → `ModelConfig`: what every family reads alike, then the family's own fields (its module under
+specmoe/families/, looked up by model_type). Class defaults of transformers are never trusted: every key is
+read from the file with the default the family's published checkpoints imply, checked for its type and range
+(`Fields`); a bad value is a CheckpointError naming the file, the field and what was expected."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from specmoe.config import _MISSING, FLOAT_DTYPES, Fields, ModelConfig, read_json_object, type_name
+from specmoe.errors import CheckpointError, UnsupportedModelError
+from specmoe.families.parts import read_yarn
+from specmoe.families.quantization import read_quantization
+from specmoe.families.registry import Family, Shape, family_of
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """The config of a checkpoint directory: config.json, and generation_config.json's EOS ids if it has one."""
+    path = Path(path)
+    cfg_path = path / "config.json"
+    if not path.is_dir():
+        raise CheckpointError(f"model directory not found: {path}")
+    if not cfg_path.is_file():
+        raise CheckpointError(f"missing config.json in {path}")
+    gen = path / "generation_config.json"
+    return read_config(read_json_object(cfg_path), read_json_object(gen) if gen.is_file() else None)
+
+
+def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"config.json must hold a JSON object, got {type_name(raw)}")
+    fam = family_of(raw.get("model_type"))
+    f = Fields(raw, f"config.json ({fam.model_type})")
+    rope, rope_theta, prf = _rope(f, fam)
+    shape = _shape(f, fam, rope, prf)
+    kw = fam.read(f, shape)
+    if fam.yarn and rope.get("rope_type", rope.get("type")) == "yarn":
+        kw["yarn"] = read_yarn(f, rope)
+    kw.update(_special_tokens(f, shape.vocab_size, generation_config), dtype=_dtype(f))
+    kw["quantization"] = read_quantization(f, fam, hidden=shape.hidden_size,
+                                           expert_intermediate=kw["expert_intermediate_size"])
+    return ModelConfig(model_type=fam.model_type, vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+                       num_layers=shape.num_layers, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                       head_dim=kw.pop("head_dim", shape.head_dim), num_experts=shape.num_experts, top_k=shape.top_k,
+                       rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=rope_theta,
+                       max_position_embeddings=f.int("max_position_embeddings", default=4096, lo=2),
+                       tie_word_embeddings=f.bool("tie_word_embeddings", False), hidden_act="silu", **kw)
+
+
+def _rope(f: Fields, fam: Family) -> tuple[dict, float, float]:
+    """(rope parameters, rope_theta, partial_rotary_factor); rope types other than plain and the YaRN of the
+    families that use it, and partial rotation outside the families that use it, are unsupported."""
+    raw = f.raw
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or fam.default_rope or {}
+    if not isinstance(rope, dict):
+        f.fail("rope_parameters" if raw.get("rope_parameters") else "rope_scaling", "an object or null", rope)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None) and not (rope_type == "yarn" and fam.yarn):
+        raise UnsupportedModelError(f"rope type {rope_type!r} is not supported for {fam.model_type}")
+    theta = f.float("rope_theta", fam.rope_theta, value=rope.get("rope_theta", raw.get("rope_theta")))
+    prf = f.float("partial_rotary_factor", fam.partial_rotary_factor or 1.0,
+                  value=rope.get("partial_rotary_factor", raw.get("partial_rotary_factor")))
+    if prf != 1.0 and fam.partial_rotary_factor is None:
+        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    if prf > 1.0:
+        f.fail("partial_rotary_factor", "a number in (0, 1]", prf)
+    return rope, theta, prf
+
+
+def _shape(f: Fields, fam: Family, rope: dict, prf: float) -> Shape:
+    V = f.int("vocab_size")
+    H = f.int("hidden_size")
+    n_heads = f.int("num_attention_heads")
+    n_kv = f.int("num_key_value_heads", default=n_heads, hi=n_heads)
+    if n_heads % n_kv:
+        f.fail("num_key_value_heads", f"a divisor of num_attention_heads ({n_heads})", n_kv)
+    if f.raw.get("head_dim") is None and H % n_heads:
+        f.fail("hidden_size", f"a multiple of num_attention_heads ({n_heads}) when head_dim is absent", H)
+    head_dim = f.int("head_dim", default=H // n_heads)
+    L = f.int("num_hidden_layers")
+    E = f.int(*fam.experts_key)
+    top_k = f.int("num_experts_per_tok", hi=E)
+    act = f.str("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only silu)")
+    return Shape(vocab_size=V, hidden_size=H, num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim, num_layers=L,
+                 num_experts=E, top_k=top_k, partial_rotary_factor=prf, rope=rope)
+
+
+def _special_tokens(f: Fields, vocab: int, generation_config: dict | None) -> dict:
+    """EOS ids (generation_config.json's when it names them) and the BOS id."""
+    eos = f.token_ids("eos_token_id", vocab)
+    if generation_config is not None:
+        if not isinstance(generation_config, dict):
+            raise CheckpointError(f"generation_config.json must hold a JSON object, "
+                                  f"got {type_name(generation_config)}")
+        if generation_config.get("eos_token_id") is not None:
+            eos = Fields(generation_config, "generation_config.json").token_ids("eos_token_id", vocab)
+    bos = f.token_ids("bos_token_id", vocab)
+    if isinstance(f.raw.get("bos_token_id"), list):
+        f.fail("bos_token_id", "a token id or null", f.raw["bos_token_id"])
+    return {"eos_token_ids": eos, "bos_token_id": bos[0] if bos else None}
+
+
+def _dtype(f: Fields) -> str:
+    key, dtype = f.first("dtype", "torch_dtype")
+    dtype = "float32" if dtype is _MISSING else dtype
+    if dtype not in FLOAT_DTYPES:
+        f.fail(key, f"a floating dtype name ({', '.join(FLOAT_DTYPES)})", dtype)
+    return dtype
