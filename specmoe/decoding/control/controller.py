@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specmoe.decoding.control.costmodel import CostModel
+from specmoe.decoding.control.costmodel import CostModel, bucket
 
 THETAS = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.12, 0.06])
 CONF_BINS = 10
@@ -129,6 +129,7 @@ class Controller:
     floor (0 turns it off)."""
 
     MIN_TRIALS = 4
+    RATE_ALPHA = 0.2  # EMA weight of the realized / predicted rate correction
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
 
     def __init__(self, cost: CostModel, gamma_max: int, drafters: tuple[str, ...] = ("self",), *,
@@ -151,6 +152,7 @@ class Controller:
         self.reasons: dict[str, int] = {}
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
         self.decoder = None
+        self.rate_ratio: dict[tuple[str, int], float] = {}  # (kind, batch bucket) → realized / predicted tok/s
         self.spec_resident = None  # [L, E] the last plan's resident experts with the self draft's set
         self.catchup: dict[str, np.ndarray] = {}  # the last plan's catch-up entries per drafter and row
         self.controller_s = 0.0
@@ -251,7 +253,7 @@ class Controller:
         cm = self.cost
         t_plain_raw, t_plain = cm.plain_parts(B, resident)
         t_plain += cm.overhead("plain", B)
-        plain_rate = B / t_plain
+        plain_rate = B / t_plain * self.realized("plain", B)
         P = {n: self._probs(n, seq_ids, avail[n]) for n in names}
         ar = np.arange(self.g)
         K = len(THETAS) + 1  # thresholds θ, then "everything available"
@@ -298,7 +300,7 @@ class Controller:
             Gm = np.stack([r[1] for r in rows])
             gains = np.array([r[2] for r in rows])
             d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
-            rates = (B + gains) / t
+            rates = (B + gains) / t * self.realized("spec", B)
             tag_arr = np.array([r[4] for r in rows])
             for tag in dict.fromkeys(tag_arr.tolist()):  # the best candidate of each drafter (mix)
                 c = int(np.flatnonzero(tag_arr == tag)[np.argmax(rates[tag_arr == tag])])
@@ -441,6 +443,7 @@ class Controller:
             cm.refine_misses("plain", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
             cm.refine("fwd", B, clock.wall("verify"), plan.raw_s)
             cm.refine_overhead("plain", B, measured - clock.wall("verify"))
+            self._realize("plain", B, plan.plain_rate, B, measured)
             self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
             return
         names = self.names
@@ -463,7 +466,27 @@ class Controller:
         cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
         drafted = sum(clock.wall(f"draft:{n}") for n in names)
         cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"))
+        self._realize("spec", B, plan.spec_rate, sum(len(t) for t in out), measured + clock.wall("setup"))
         self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))
+
+    def realized(self, kind: str, B: int) -> float:
+        """Realized / predicted tokens per second of recent steps of this kind at B's batch bucket (nearest
+        bucket until measured, 1 before any): corrects what the step-time model and the acceptance estimates
+        get wrong together, so the choice follows what each kind of step really delivers here."""
+        t = self.rate_ratio
+        b = bucket(B)
+        if (kind, b) in t:
+            return t[(kind, b)]
+        near = [k for k in t if k[0] == kind]
+        return t[min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))] if near else 1.0
+
+    def _realize(self, kind: str, B: int, predicted_rate: float, tokens: int, seconds: float) -> None:
+        if predicted_rate <= 0 or seconds <= 0:
+            return
+        ratio = min(max(tokens / seconds / (predicted_rate / self.realized(kind, B)), 0.25), 4.0)
+        key = (kind, bucket(B))
+        old = self.rate_ratio.get(key)
+        self.rate_ratio[key] = ratio if old is None else (1 - self.RATE_ALPHA) * old + self.RATE_ALPHA * ratio
 
     def _log(self, plan: Plan, B: int, predicted: float, raw: float, measured: float) -> None:
         if len(self.predictions) < 20000:
@@ -476,4 +499,5 @@ class Controller:
               "step_predictions": [list(p) for p in self.predictions],
               **self.acc.stats(), **self.cost.stats()}
         st["acceptance_calibrated_by_drafter"] = {n: a.position().tolist() for n, a in self.accs.items()}
+        st["realized_rate_ratio"] = {f"{k}@{b}": v for (k, b), v in sorted(self.rate_ratio.items())}
         return st
