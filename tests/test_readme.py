@@ -154,3 +154,17 @@ def test_docs_carry_no_merge_conflict_markers(md):
     bad = [i + 1 for i, line in enumerate(md.read_text().splitlines())
            if re.match(r"(<{7}|>{7})( |$)|={7}$", line)]
     assert not bad, f"{md.name}: conflict markers at lines {bad}"
+
+
+def test_readme_auto_block_is_generated_from_the_auto_bench_results():
+    """README's auto-bench block is exactly what benchmarks/auto_bench.py writes from its results files."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("auto_bench", REPO / "benchmarks" / "auto_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    files = sorted((REPO / "benchmarks" / "results").glob("auto_bench_*.json"))
+    assert files, "no auto_bench results"
+    text = (REPO / "README.md").read_text()
+    block = text[text.index(bench.BEGIN): text.index(bench.END) + len(bench.END)]
+    assert block == bench.readme_block([json.loads(f.read_text()) for f in files]), \
+        "README.md's auto-bench block is stale or hand-edited: run benchmarks/auto_bench.py --readme-only"
