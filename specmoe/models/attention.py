@@ -1,19 +1,22 @@
-"""The attention kernel every forward uses: batch-invariant (a row's output, to the bit, does not depend on the
-batch's other rows, on how many positions the forward verifies, or on how many key positions the batch spans).
+"""Attention: the batch-invariant kernel `attend` (a row's output, to the bit, does not depend on the batch's other
+rows, on how many positions the forward verifies, or on how many key positions the batch spans), and `attention`,
+which every forward calls: `attend` for bf16/fp16 on CPU always, for fp32 and CUDA in a `deterministic` model,
+else PyTorch's SDPA.
 
-`F.scaled_dot_product_attention` does not give that: its reductions over the keys are blocked by the batch's
+`F.scaled_dot_product_attention` is not batch-invariant: its reductions over the keys are blocked by the batch's
 key length (S, the longest row's), and its query blocking by the forward's query count, so the same query over the
 same keys rounds differently in a batch of other lengths, in a verification forward of another size, or in a
-prefill padded to a longer prompt (measured on CPU, bf16 and fp32; greedy tokens flipped at near-ties).
+prefill padded to a longer prompt (measured on CPU, bf16 and fp32; bf16 greedy tokens flipped at near-ties).
 
 `attend` fixes the reduction order instead (the fixed split): keys are cut into blocks of `CHUNK` positions at
 absolute positions 0, CHUNK, 2·CHUNK, …; every matmul has the same shape whatever the batch (q·kᵀ per block:
 Dh → CHUNK; p·V per block: CHUNK → Dv), the softmax max is a max (exact in any order), and the blocks' partial sums
 are added in position order by a sequential `cumsum` (double accumulation on CPU), where a block past a row's last
-visible key adds an exact zero. Queries are rows of the matmuls: their count only picks the matmul's kernel class,
-so in fp32 (where CPU BLAS kernels round one row differently for 1, 2–3 and ≥ 4 rows) the rows are padded to
-`MIN_ROWS`. Softmax math is fp32; q·kᵀ and p·V run in the input dtype (bf16 logits are rounded to bf16 first, as
-transformers' eager attention does, and each block's p·V too).
+visible key adds an exact zero. Queries are rows of the matmuls: their count only picks the matmul's kernel, so
+they are padded to the count that keeps every row on one kernel (`min_rows`: 4 in fp32, where CPU sgemm rounds a row
+differently for 1, 2–3 and ≥ 4 rows; in bf16 enough to stay on oneDNN, 1 at real head sizes). Softmax math is fp32;
+q·kᵀ and p·V run in the input dtype (bf16 logits are rounded to bf16 first, as transformers' eager attention does,
+and each block's p·V too).
 
 GPT-OSS's sinks: every head has a learned logit, its *sink*, that joins each query's softmax as an extra key with a
 zero value (it takes a share of the probability mass and returns nothing).
@@ -23,13 +26,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specmoe.models.layers import MIN_ROWS, ONEDNN_MIN
+
 # B=batch, Hq/Hkv=query/key heads, G=Hq/Hkv, T=queries, S=keys (a multiple of CHUNK), Dh/Dv=key/value head dims,
 # n=key blocks, M=G·T query rows per key head (padded to R)
 
-CHUNK = 64  # key positions per block of the fixed split
-MIN_ROWS = 4  # fp32: query rows per matmul at least (CPU sgemm rounds 1, 2-3 and >= 4 rows differently)
-# CPU bmm computes a batch whose (contraction × rows × columns) is under this with its own plain loop, and larger ones
-# with the BLAS kernels: rows are padded so that a row never changes path with its neighbours' count
+CHUNK = 128  # key positions per block of the fixed split (128 measured faster than 64 and 256 on the demo model)
+# CPU bmm picks its kernel by size: bf16/fp16 take oneDNN when batch × rows × contraction × columns exceeds
+# layers.ONEDNN_MIN; otherwise (and fp32) a plain loop when contraction × rows × columns is under BMM_LOOP, else
+# BLAS. Query rows are padded so that no row changes kernel with its neighbours' count (`min_rows`)
 BMM_LOOP = 400
 MAX_LOGITS = 1 << 24  # logits (fp32) held at once; longer prefills attend in query blocks (same bits)
 
@@ -53,10 +58,20 @@ def read_keys(cache, layer: int, bv):
 
 def fixed_split(q: torch.Tensor, rows: int) -> bool:
     """Whether a forward's attention takes the fixed split: always for bf16 / fp16 on CPU (where the rest of the
-    forward is batch-invariant too, and the split is as fast as SDPA or faster); for fp32 and on CUDA only in a
-    `deterministic` model (`rows` > 1): there SDPA is faster, and without the option the GEMMs are not
-    batch-invariant anyway."""
+    forward is batch-invariant too; on the demo model the split costs a few % at batch 1 and gains from batch 16, see
+    benchmarks/results/determinism.json); for fp32 and on CUDA only in a `deterministic` model (`rows` > 1): there
+    SDPA is faster, and without the option the GEMMs are not batch-invariant anyway."""
     return rows > 1 or (q.dtype != torch.float32 and q.device.type == "cpu")
+
+
+def min_rows(dtype: torch.dtype, d: int) -> int:
+    """Query rows per matmul at least (d: the smaller head dim), so that a row's matmul never changes kernel with
+    the count of rows beside it: fp32 sgemm's row classes (MIN_ROWS); bmm's plain loop (BMM_LOOP); bf16/fp16
+    bmm's oneDNN threshold (ONEDNN_MIN: batch × rows × contraction × columns above it, else another kernel)."""
+    r = -(-BMM_LOOP // (CHUNK * d))
+    if dtype == torch.float32:
+        return max(r, MIN_ROWS)
+    return max(r, ONEDNN_MIN // (CHUNK * d) + 1)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
@@ -106,14 +121,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         return torch.cat([attend(q[:, :, t:t + step], k, v, None if mask is None else mask[:, :, t:t + step],
                                  scale, sinks, visible) for t in range(0, T, step)], dim=2)
     n, M = S // CHUNK, G * T
-    R = max(M, MIN_ROWS if q.dtype == torch.float32 else 1, -(-BMM_LOOP // (CHUNK * min(Dh, Dv))))
+    R = max(M, min_rows(q.dtype, min(Dh, Dv)))
     N = B * Hkv * n  # matmuls of each kind, one per (row, key head, block), all of one shape
     qg = (q * scale).reshape(B, Hkv, M, Dh)  # rows (g, t): the query heads sharing a key head
     if R > M:
         qg = F.pad(qg, (0, 0, 0, R - M))
-    qg = qg[:, :, None].expand(B, Hkv, n, R, Dh).reshape(N, R, Dh)
-    s = torch.bmm(qg, k.reshape(N, CHUNK, Dh).transpose(1, 2)).view(B, Hkv, n, R, CHUNK)
-    s = s.float()
+    qg = qg.view(N, R, Dh) if n == 1 else qg[:, :, None].expand(B, Hkv, n, R, Dh).reshape(N, R, Dh)
+    s = torch.bmm(qg, k.reshape(N, CHUNK, Dh).transpose(1, 2)).view(B, Hkv, n, R, CHUNK).float()
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if mask is not None:
         hide = _hidden(mask, n, G, R)
@@ -132,10 +146,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if n > 1:  # blocks in position order, sequentially: a block past a row's keys adds an exact 0
         den, o = den.cumsum(2)[:, :, -1], o.cumsum(2, dtype=torch.float32)[:, :, -1]
     else:
-        den, o = den[:, :, 0], o[:, :, 0].float()
+        den, o = den[:, :, 0], o[:, :, 0]
     if sinks is not None:
         den = den + torch.exp(sink - m)[:, :, 0, :, 0]
-    out = (o / den[..., None]).to(q.dtype)  # [B, Hkv, R, Dv]
+    out = (o / den[..., None]).to(q.dtype)  # [B, Hkv, R, Dv] (computed in fp32)
     if R > M:
         out = out[:, :, :M]
     return out.reshape(B, Hq, T, Dv)

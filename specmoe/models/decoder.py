@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import ModelConfig
-from specmoe.models.attention import MIN_ROWS, attention, fixed_split, read_keys
+from specmoe.models.attention import attention, fixed_split, read_keys
 from specmoe.models.kv_cache import KVCache, round_positions
-from specmoe.models.layers import DenseMLP, Embedding, RMSNorm, addmm, linear
+from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear
 from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
 from specmoe.models.rope import apply_rope, inv_freq, rope_tables
@@ -198,7 +198,7 @@ class Transformer(nn.Module):
         return self
 
     def set_deterministic(self, on: bool) -> "Transformer":
-        """`deterministic`: fp32 GEMMs (and routed-expert groups) of fewer than `attention.MIN_ROWS` rows are
+        """`deterministic`: fp32 GEMMs (and routed-expert groups) of fewer than `layers.MIN_ROWS` rows are
         padded to that many and fp32 attention takes the fixed split (`attention.attend`), so a row's result does not
         depend on how many rows share its forward. bf16 / fp16 need nothing: their CPU GEMMs round a row the same at
         every row count, and their attention always takes the fixed split."""

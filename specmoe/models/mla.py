@@ -19,7 +19,7 @@ from torch import nn
 from specmoe.config import ModelConfig
 from specmoe.models.attention import BMM_LOOP, attention, fixed_split, read_keys
 from specmoe.models.kv_cache import KVCache
-from specmoe.models.layers import RMSNorm, linear
+from specmoe.models.layers import ONEDNN_MIN, RMSNorm, linear
 from specmoe.models.rope import apply_rope, deinterleave, yarn_mscale
 
 # B=batch, T=tokens, S=key positions, D=hidden, H=heads, Dn/Dr/Dv=nope/rope/value head dims, C=kv_lora_rank
@@ -34,9 +34,9 @@ def _lin(mod: nn.Linear, x: torch.Tensor, rows: int) -> torch.Tensor:
 def _per_head(eq: str, x: torch.Tensor, w: torch.Tensor, rows: int) -> torch.Tensor:
     """einsum(eq, x, w) over x [N, H, I] and per-head weights w [H, ·, ·] (a matmul of N rows per head) → [N, H, O];
     fp32 with `rows` > 1: N padded like `layers.linear`."""
-    n = x.shape[0]
-    # and never under BMM_LOOP (there a bmm runs its own loop, which rounds differently: tiny heads only)
-    rows = max(rows if x.dtype == torch.float32 else 1, -(-BMM_LOOP // (w.shape[1] * w.shape[2])))
+    n, H, io = x.shape[0], w.shape[0], w.shape[1] * w.shape[2]
+    # and never where a bmm of H heads changes kernel (attention.BMM_LOOP, layers.ONEDNN_MIN): tiny heads only
+    rows = max(-(-BMM_LOOP // io), rows if x.dtype == torch.float32 else ONEDNN_MIN // (H * io) + 1)
     if n >= rows:
         return torch.einsum(eq, x, w)
     return torch.einsum(eq, F.pad(x, (0, 0, 0, 0, 0, rows - n)), w)[:n]

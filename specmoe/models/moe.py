@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import ModelConfig
-from specmoe.models.layers import DenseMLP, linear, sigmoid, silu
+from specmoe.models.layers import DenseMLP, linear, min_rows, sigmoid, silu
 from specmoe.models.routers import route
 
 # N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden, S=slots of a group
@@ -227,8 +227,9 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     tokens in token order) go through `swiglu`'s grouped form; each assignment's result lands in its own row,
     and the K results of a token are summed in routing order, so the output does not depend on which slot
     holds an expert or how the store split the experts into groups (offloaded == resident, bit for bit).
-    `rows` > 1 with fp32 (a deterministic model): each slot's rows are padded to at least that many (see
-    `padded_groups`), so a token's result does not depend on how many others share its expert."""
+    `rows` > 1 with fp32 (a deterministic model), or experts too small for oneDNN's threshold in bf16/fp16: each
+    slot's rows are padded (see `padded_groups`, `layers.min_rows`), so a token's result does not depend on how many
+    others share its expert."""
     N, K = routing.ids.shape
     flat = routing.ids.view(-1)  # [N·K]
     y = None  # [N·K, D] per assignment, in routing order
@@ -243,8 +244,9 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         # every group multiplies all N·K rows (the grouped matmul's blocking, hence its bits, depends on the row
         # count: the same for every store and group split), of which the first n are this group's
         rows_in = x.repeat(K, 1) if N == 1 else x[order // K]  # [N·K, D]: each sorted row's token
-        if rows > 1 and x.dtype == torch.float32:
-            ys = padded_groups(rows_in, g, slot, offs, math, rows)
+        R = min_rows(x.dtype, g.down.shape[1] * g.down.shape[2], rows)  # > 1: fp32 deterministic, or tiny experts
+        if R > 1:
+            ys = padded_groups(rows_in, g, slot, offs, math, R)
         else:
             ys = swiglu_grouped(rows_in, g, offs, slot if g.gate_up_bias is not None else None,
                                 math, n)  # [N·K, D] sorted by slot; rows from n on are not this group's

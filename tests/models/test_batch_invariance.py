@@ -37,8 +37,8 @@ def causal(starts, T, S):
                                                         (4, 1, 20, 12, False)])
 def test_attend_row_is_batch_invariant(dtype, heads, kv_heads, dh, dv, sinks):
     g = torch.Generator().manual_seed(0)
-    L = 75  # the row's key length: two blocks, the second partly hidden
-    S_big = padded_keys(300)
+    L = CHUNK + 11  # the row's key length: two blocks, the second partly hidden
+    S_big = padded_keys(3 * CHUNK)
     k = torch.randn(1, kv_heads, S_big, dh, generator=g).to(dtype)
     v = torch.randn(1, kv_heads, S_big, dv, generator=g).to(dtype)
     q = torch.randn(1, heads, 8, dh, generator=g).to(dtype)  # queries at positions L-8 .. L-1
@@ -50,7 +50,7 @@ def test_attend_row_is_batch_invariant(dtype, heads, kv_heads, dh, dv, sinks):
     others = [torch.randn(3, kv_heads, S_big, d, generator=g).to(dtype) for d in (dh, dv)]
     kb, vb = torch.cat((others[0], k)), torch.cat((others[1], v))
     qb = torch.cat((torch.randn(3, heads, 1, dh, generator=g).to(dtype), q[:, :, -1:]))
-    batched = attend(qb, kb, vb, causal([299, 17, 140, L - 1], 1, S_big), scale, sink)[3:]
+    batched = attend(qb, kb, vb, causal([S_big - 1, 17, 2 * CHUNK + 5, L - 1], 1, S_big), scale, sink)[3:]
     assert torch.equal(batched, alone)
     # the last query of a verification block (5 queries) and of an 8-query block padded with more key blocks
     block = attend(q[:, :, -5:], k[:, :, :S], v[:, :, :S], causal([L - 5], 5, S), scale, sink)[:, :, -1:]
