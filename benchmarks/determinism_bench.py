@@ -220,6 +220,8 @@ def main() -> None:
     ap.add_argument("--cost-tokens", type=int, default=48)
     ap.add_argument("--sections", default="generate,server,cost")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--baseline-results", type=Path,
+                    help="this script's JSON from a run in the baseline checkout: kept under 'baseline'")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
@@ -245,6 +247,9 @@ def main() -> None:
             ap.error("the cost section needs --baseline DIR")
         res["cost"] = cost_section(a.baseline, a.rounds, a.threads, a.cost_tokens)
         res["cost_commit_baseline"] = str(a.baseline)
+    if a.baseline_results is not None:
+        b = json.loads(a.baseline_results.read_text())
+        res["baseline"] = {k: b[k] for k in ("commit", "generate", "server") if k in b}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {a.out}")
