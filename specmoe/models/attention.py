@@ -44,10 +44,12 @@ def padded_keys(S: int) -> int:
     return -(-max(S, 1) // CHUNK) * CHUNK
 
 
-def read_keys(cache, layer: int, bv):
+def read_keys(cache, layer: int, bv, fixed: bool = True):
     """Keys and values (None: a keys-only cache) of a forward's slots (`decoder.BatchView` bv) over
     `padded_keys(bv.key_len)` positions, what `attend` reads (the positions past key_len are hidden):
-    [B, Hkv, S, Dh] each, zero-padded where the cache holds fewer positions."""
+    [B, Hkv, S, Dh] each, zero-padded where the cache holds fewer positions; not `fixed` (SDPA): key_len."""
+    if not fixed:
+        return cache.read(layer, bv.slots, bv.contiguous, bv.key_len)
     S = padded_keys(bv.key_len)
     k, v = cache.read(layer, bv.slots, bv.contiguous, S)
     if k.shape[2] < S:
@@ -78,12 +80,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               key_len: int, sinks: torch.Tensor | None = None, invariant: bool = True) -> torch.Tensor:
     """What a forward's attention calls: `attend` (batch-invariant); with `invariant` False and no sinks (fp32 without
     `deterministic`, whose GEMMs are not batch-invariant anyway), PyTorch's SDPA over the key_len real positions,
-    which is faster there. Shapes as in `attend` (k, v over `padded_keys(key_len)` positions)."""
+    which is faster there. Shapes as in `attend`; k, v over `padded_keys(key_len)` positions for `attend`, key_len
+    for SDPA (`read_keys`)."""
     if invariant or sinks is not None:
         return attend(q, k, v, mask, scale, sinks, visible=key_len)
-    return F.scaled_dot_product_attention(q, k[:, :, :key_len], v[:, :, :key_len], scale=scale,
-                                          attn_mask=None if mask is None else mask[..., :key_len],
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 _HIDE: tuple = (None,)  # (mask, G, R, hidden-key mask in the blocked layout): the last conversion (every layer of a

@@ -145,12 +145,12 @@ class Attention(nn.Module):
         qk, v = self._qkv(x)
         q, k = apply_rope(qk, cos, sin).split((cfg.num_heads, cfg.num_kv_heads), dim=1)  # [B·T, H, 1, Dh]
         cache.write(layer, bv.write_index, k, v)
-        keys, values = read_keys(cache, layer, bv)  # [B, Hkv, S, Dh], S = key_len rounded up to a block
+        fixed = fixed_split(q, self.rows) or cfg.attention_sinks
+        keys, values = read_keys(cache, layer, bv, fixed)  # [B, Hkv, S, Dh], S: key_len (rounded up to a block)
         if T > 1:
             q = q.view(B, T, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [B, Hq, T, Dh]
         out = attention(q, keys, values, mask, cfg.head_dim ** -0.5, bv.key_len,
-                        self.sinks if cfg.attention_sinks else None,
-                        invariant=fixed_split(q, self.rows))  # [B, Hq, T, Dh]
+                        self.sinks if cfg.attention_sinks else None, invariant=fixed)  # [B, Hq, T, Dh]
         out = out.view(B, -1) if T == 1 else out.transpose(1, 2).reshape(B * T, -1)  # [B·T, Hq·Dh]
         if residual is None or self.o_weight_t is None:
             o = linear(out, self.o_proj.weight, self.o_proj.bias, self.rows)

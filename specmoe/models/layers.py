@@ -45,19 +45,20 @@ def min_rows(dtype: torch.dtype, inner_outer: int, rows: int = 1) -> int:
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
     """F.linear, with an input of fewer than `min_rows` rows padded with zero rows first: each row goes through the
     kernel that many rows get, so its result does not depend on how many rows came with it."""
-    n = x.numel() // x.shape[-1] if x.dim() != 2 else x.shape[0]
-    need = min_rows(x.dtype, w.shape[0] * w.shape[1], rows)
-    if n >= need:
+    n = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
+    if n >= rows if x.dtype == torch.float32 else n * w.shape[0] * w.shape[1] > ONEDNN_MIN:  # no padding (the rule)
         return F.linear(x, w, b)
+    need = min_rows(x.dtype, w.shape[0] * w.shape[1], rows)
     y = F.linear(F.pad(x.reshape(n, x.shape[-1]), (0, 0, 0, need - n)), w, b)[:n]
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def addmm(acc: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, rows: int = 1) -> torch.Tensor:
     """acc + x @ w_t (one addmm), padded like `linear`: acc [N, O], x [N, I], w_t [I, O]."""
-    n, need = x.shape[0], min_rows(x.dtype, w_t.shape[0] * w_t.shape[1], rows)
-    if n >= need:
+    n = x.shape[0]
+    if n >= rows if x.dtype == torch.float32 else n * w_t.shape[0] * w_t.shape[1] > ONEDNN_MIN:
         return torch.addmm(acc, x, w_t)
+    need = min_rows(x.dtype, w_t.shape[0] * w_t.shape[1], rows)
     return torch.addmm(F.pad(acc, (0, 0, 0, need - n)), F.pad(x, (0, 0, 0, need - n)), w_t)[:n]
 
 

@@ -81,11 +81,11 @@ class MLAttention(nn.Module):
             q_rot, k_rot = deinterleave(q_rot), deinterleave(k_rot)
         q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
         cache.write(layer, bv.write_index, torch.cat((c[:, :, None, :], k_rot), dim=-1).view(B * T, 1, 1, -1), None)
-        keys, _ = read_keys(cache, layer, bv)  # [B, 1, S, C + Dr], S = key_len rounded up to a block
+        fixed = fixed_split(c, r)
+        keys, _ = read_keys(cache, layer, bv, fixed)  # [B, 1, S, C + Dr], S: key_len (rounded up to a block)
         w = self.kv_b_proj.weight.view(H, Dn + ml.v_head_dim, C)
         q_lat = _per_head("nhd,hdc->nhc", q_nope.reshape(B * T, H, Dn), w[:, :Dn], r)  # [B·T, H, C]: W_ukᵀ q_nope
         query = torch.cat((q_lat.view(B, T, H, C), q_rot), dim=-1).transpose(1, 2)  # [B, H, T, C + Dr]
-        out = attention(query, keys, keys[..., :C], mask, self.scale, bv.key_len,
-                        invariant=fixed_split(query, r))  # [B, H, T, C]
+        out = attention(query, keys, keys[..., :C], mask, self.scale, bv.key_len, invariant=fixed)  # [B, H, T, C]
         out = _per_head("nhc,hvc->nhv", out.transpose(1, 2).reshape(B * T, H, C), w[:, Dn:], r)  # [B·T, H, Dv]: W_uv
         return residual + _lin(self.o_proj, out.reshape(B * T, H * ml.v_head_dim), r)

@@ -133,3 +133,15 @@ def test_every_family_scores_a_prompt_alike_alone_and_in_a_batch(family, tiny_ck
         batched = llm.logits(prompts)
         for b, ids in enumerate(prompts):
             assert torch.equal(llm.logits([ids])[0], batched[b, :len(ids)]), (family, dtype, b)
+
+
+def test_deterministic_option_reaches_the_model_from_the_api_and_the_cli():
+    from specmoe.cli import build_parser
+    from specmoe.cli.common import llm_kwargs
+    from specmoe.errors import InputError
+    with pytest.raises(InputError, match="deterministic"):
+        LLM(deterministic="yes")
+    assert llm_kwargs(build_parser().parse_args(["serve", "--deterministic"]))["deterministic"] is True
+    assert llm_kwargs(build_parser().parse_args(["generate", "--prompt", "x"]))["deterministic"] is False
+    llm = LLM(dtype="float32", deterministic=True)
+    assert llm.model.rows == 4 and all(layer.attn.rows == 4 and layer.mlp.rows == 4 for layer in llm.model.layers)
