@@ -1,8 +1,8 @@
 """Determinism (issue 25 part 1): do identical requests give identical tokens whatever runs beside or before them?
 
-    python benchmarks/determinism_bench.py [--baseline DIR] [--rounds 5] [--sections generate,server,cost]
+    python benchmarks/determinism_bench.py [--baseline DIR] [--rounds 5] [--sections generate,server,attention,cost]
 
-Three sections, on the demo model, one torch thread (`--threads`), dtypes bfloat16, float32 and float32 with
+Four sections, on the demo model, one torch thread (`--threads`), dtypes bfloat16, float32 and float32 with
 `deterministic=True` (the machine's default dtype, `dtype="auto"`, is recorded):
 
 - generate (LLM.generate), for ar, specmoe with each drafter (self, ngram, eagle) and auto:
@@ -13,6 +13,8 @@ Three sections, on the demo model, one torch thread (`--threads`), dtypes bfloat
 - server (a real `specmoe.serve` app under uvicorn on a loopback port, POST /v1/completions), ar / specmoe / auto:
   20 sequential then 8 concurrent identical greedy `def fibonacci(n):` requests → distinct texts (target 1); 16
   seeds at T 0.8 sequentially and then all 16 concurrently → seeds whose tokens match (target 16).
+- attention: the fixed-split attention's own cost, in one process (no cross-process noise): the same bf16 LLM
+  generates with it and with PyTorch's SDPA in alternate rounds; tokens per CPU second, ratio of medians.
 - cost: decode tok/s of this tree against `--baseline` (a checkout of the commit before the fix, e.g. `git archive
   e645ca9 | tar -x -C /tmp/base`), in fresh subprocesses, the trees alternating within each of `--rounds` rounds;
   the ratio of the median tok/s (this / baseline) per configuration. The baseline has no `deterministic` option:
@@ -201,6 +203,38 @@ def cost_section(baseline: Path, rounds: int, threads: int, max_tokens: int) -> 
     return out
 
 
+def attention_section(rounds: int, threads: int, max_tokens: int) -> dict:
+    """The fixed-split attention alone: one process, one LLM per (config, batch), its attention switched between
+    the fixed split and PyTorch's SDPA (the previous kernel) for alternate generate calls; tokens per CPU second."""
+    from specmoe import LLM, SamplingParams
+    from specmoe.models import attention as A
+    from specmoe.models import decoder
+    fixed = A.attention
+
+    def sdpa(q, k, v, mask, scale, key_len, sinks=None, invariant=True):
+        return fixed(q, k[:, :, :key_len], v[:, :, :key_len], None if mask is None else mask[..., :key_len], scale,
+                     key_len, sinks, invariant=False)
+    texts, out = prompts(16), {}
+    for cname in ("ar", "specmoe-self"):
+        llm = LLM(threads=threads, dtype="bfloat16", **CONFIGS[cname])
+        for B in (1, 16):
+            got = {"fixed": [], "sdpa": []}
+            for r in range(rounds):
+                for name in (("fixed", "sdpa") if r % 2 == 0 else ("sdpa", "fixed")):
+                    decoder.attention = fixed if name == "fixed" else sdpa
+                    llm.generate(texts[:B], SamplingParams(max_tokens=4, ignore_eos=True))
+                    c0 = time.process_time()
+                    o = llm.generate(texts[:B], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+                    got[name].append(sum(len(x.token_ids) for x in o) / (time.process_time() - c0))
+            decoder.attention = fixed
+            f, s_ = statistics.median(got["fixed"]), statistics.median(got["sdpa"])
+            out[f"bfloat16/{cname}/batch{B}"] = {"fixed_tok_per_cpu_s": round(f, 1), "sdpa_tok_per_cpu_s": round(s_, 1),
+                                                 "ratio": round(f / s_, 3), "rounds": rounds}
+            print(json.dumps({f"bfloat16/{cname}/batch{B}": out[f"bfloat16/{cname}/batch{B}"]}), flush=True)
+        llm.close()
+    return out
+
+
 def commit() -> str:
     try:
         h = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -218,7 +252,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--cost-tokens", type=int, default=48)
-    ap.add_argument("--sections", default="generate,server,cost")
+    ap.add_argument("--sections", default="generate,server,attention,cost")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--baseline-results", type=Path,
                     help="this script's JSON from a run in the baseline checkout: kept under 'baseline'")
@@ -242,6 +276,8 @@ def main() -> None:
         res["generate"] = generate_section(a.threads, a.max_tokens)
     if "server" in sections:
         res["server"] = server_section(a.threads, a.max_tokens)
+    if "attention" in sections:
+        res["attention"] = attention_section(a.rounds, a.threads, a.cost_tokens)
     if "cost" in sections:
         if a.baseline is None:
             ap.error("the cost section needs --baseline DIR")
