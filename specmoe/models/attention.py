@@ -98,9 +98,8 @@ def _hidden(mask: torch.Tensor, n: int, G: int, R: int) -> torch.Tensor:
     if last[0] is mask and last[1] == G and last[2] == R:
         return last[3]
     B, _, T, S = mask.shape
-    if S < n * CHUNK:  # keys past the mask's are hidden
-        mask = F.pad(mask, (0, n * CHUNK - S), value=False)
-    hide = ~mask.reshape(B, 1, T, n, CHUNK).transpose(2, 3)  # [B, 1, n, T, CHUNK]
+    full = F.pad(mask, (0, n * CHUNK - S), value=False) if S < n * CHUNK else mask  # keys past the mask's: hidden
+    hide = ~full.reshape(B, 1, T, n, CHUNK).transpose(2, 3)  # [B, 1, n, T, CHUNK]
     if G > 1:
         hide = hide[:, :, :, None].expand(B, 1, n, G, T, CHUNK).reshape(B, 1, n, G * T, CHUNK)
     if R > G * T:
