@@ -197,6 +197,11 @@ class SpecConfig:
                            "leaves), one forward "
                            "with a tree attention mask; the accepted path's K/V is compacted in place")
     draft_tree_width: int = opt(3, "draft_tree: most branches per tree (continuations; at most width x gamma nodes)")
+    deterministic: bool = opt(False, "fp32: pad every matrix product of fewer than 4 rows, and each routed expert's "
+                              "rows, to 4, so that a request's tokens do not depend on what runs beside or before "
+                              "it (CPU fp32 kernels round a row differently at 1, 2-3 and >= 4 rows); bf16/fp16 and "
+                              "attention are batch-invariant without it; costs fp32 decode speed at small batches "
+                              "(see README, Determinism)")
     draft_prefetch: bool = opt(False, "self drafter, offloaded: while drafting, load the experts the target's routers "
                                "pick for the drafted tokens into free cache slots, so the backing tier works "
                                "while the draft computes (draft-guided prefetch)")
@@ -205,6 +210,8 @@ class SpecConfig:
         check_choices(self)
         if not isinstance(self.draft_prefetch, bool):
             raise InputError(f"draft_prefetch must be True or False, got {self.draft_prefetch!r}")
+        if not isinstance(self.deterministic, bool):
+            raise InputError(f"deterministic must be True or False, got {self.deterministic!r}")
         if not isinstance(self.draft_tree, bool):
             raise InputError(f"draft_tree must be True or False, got {self.draft_tree!r}")
         check_int("draft_tree_width", self.draft_tree_width, 1, 16)

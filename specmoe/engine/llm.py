@@ -62,6 +62,7 @@ class LLM:
         self.config = self.ckpt.config
         self.dtype = resolve_dtype(dtype, default=self.config.dtype, device=self.device)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
+        self.model.set_deterministic(self.spec_cfg.deterministic)
         draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
         self.store, self.expert_memory = build_store(self.ckpt, self.offload_cfg, dtype=self.dtype,
                                                      device=self.device, draft_experts=draft_experts,

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import ModelConfig
-from specmoe.models.attention import sink_attention
+from specmoe.models.attention import attention, fixed_split, read_keys
 from specmoe.models.kv_cache import KVCache, round_positions
-from specmoe.models.layers import DenseMLP, Embedding, RMSNorm
+from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear
 from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
 from specmoe.models.rope import apply_rope, inv_freq, rope_tables
@@ -69,6 +69,8 @@ def tree_attention_mask(bv: BatchView, window: int | None) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    rows = 1  # see `layers.linear`; set on a deterministic model (`Transformer.set_deterministic`)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         D, Hq, Hkv, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -122,7 +124,7 @@ class Attention(nn.Module):
         cfg = self.cfg
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         w_qkv, b_qkv, w_norm = self._fused()
-        qkv = F.linear(x, w_qkv, b_qkv)  # [N, (Hq + 2·Hkv)·Dh]
+        qkv = linear(x, w_qkv, b_qkv, self.rows)  # [N, (Hq + 2·Hkv)·Dh]
         if cfg.qk_norm == "full":  # OLMoE: norm over the whole projection, before the head split
             q, k, v = qkv.split((Hq * Dh, Hkv * Dh, Hkv * Dh), dim=-1)
             qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=-1)
@@ -143,20 +145,17 @@ class Attention(nn.Module):
         qk, v = self._qkv(x)
         q, k = apply_rope(qk, cos, sin).split((cfg.num_heads, cfg.num_kv_heads), dim=1)  # [B·T, H, 1, Dh]
         cache.write(layer, bv.write_index, k, v)
-        keys, values = cache.read(layer, bv.slots, bv.contiguous, bv.key_len)  # [B, Hkv, S, Dh]
+        fixed = fixed_split(q, self.rows) or cfg.attention_sinks
+        keys, values = read_keys(cache, layer, bv, fixed)  # [B, Hkv, S, Dh], S: key_len (rounded up to a block)
         if T > 1:
             q = q.view(B, T, cfg.num_heads, cfg.head_dim).transpose(1, 2)  # [B, Hq, T, Dh]
-        if cfg.attention_sinks:
-            out = sink_attention(q, keys, values, mask, self.sinks, cfg.head_dim ** -0.5)
-        else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                 enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+        out = attention(q, keys, values, mask, cfg.head_dim ** -0.5, bv.key_len,
+                        self.sinks if cfg.attention_sinks else None, invariant=fixed)  # [B, Hq, T, Dh]
         out = out.view(B, -1) if T == 1 else out.transpose(1, 2).reshape(B * T, -1)  # [B·T, Hq·Dh]
-        if residual is None:
-            return self.o_proj(out)
-        if self.o_weight_t is None:
-            return residual + self.o_proj(out)
-        return torch.addmm(residual, out, self.o_weight_t)  # [B·T, D]
+        if residual is None or self.o_weight_t is None:
+            o = linear(out, self.o_proj.weight, self.o_proj.bias, self.rows)
+            return o if residual is None else residual + o
+        return addmm(residual, out, self.o_weight_t, self.rows)  # [B·T, D]
 
 
 class DecoderLayer(nn.Module):
@@ -177,6 +176,8 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
+    rows = 1  # see `set_deterministic`
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -194,6 +195,18 @@ class Transformer(nn.Module):
         for layer in self.layers:
             if isinstance(layer.attn, Attention):
                 layer.attn.fuse()
+        return self
+
+    def set_deterministic(self, on: bool) -> "Transformer":
+        """`deterministic`: fp32 GEMMs (and routed-expert groups) of fewer than `layers.MIN_ROWS` rows are
+        padded to that many and fp32 attention takes the fixed split (`attention.attend`), so a row's result does not
+        depend on how many rows share its forward. bf16 / fp16 need nothing: their CPU GEMMs round a row the same at
+        every row count, and their attention always takes the fixed split."""
+        rows = MIN_ROWS if on else 1
+        for m in self.modules():
+            if hasattr(m, "rows"):
+                m.rows = rows
+        self.rows = rows
         return self
 
     def head_weight(self) -> torch.Tensor:
@@ -215,8 +228,9 @@ class Transformer(nn.Module):
         return tab[3][positions], tab[4][positions]
 
     def attention_mask(self, bv: BatchView, window: int | None) -> torch.Tensor | None:
-        """[B, 1, T, S] bool: key j visible to the query at position p iff j <= p (and inside the window); None
-        when every key is visible (one query per row, every row at the last of the key_len positions)."""
+        """[B, 1, T, S] bool over S = padded_keys(key_len): key j visible to the query at position p iff j <= p
+        (and inside the window); None when every key below key_len is visible (one query per row, every row at
+        the last of the key_len positions)."""
         if bv.tree is not None:
             return tree_attention_mask(bv, window)
         if bv.last_only and (not window or window >= bv.key_len):
@@ -250,11 +264,11 @@ class Transformer(nn.Module):
             x = self.norm(x)
             if len(self.layers) in ctx.capture_hidden:
                 ctx.hidden[len(self.layers)] = x.view(B, T, -1)
-            return F.linear(x, self.head_weight())
+            return linear(x, self.head_weight(), None, self.rows)
         x = x.view(B, T, -1)
         if len(self.layers) in ctx.capture_hidden:
             ctx.hidden[len(self.layers)] = self.norm(x)
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         x = self.norm(x)
-        return F.linear(x, self.head_weight())
+        return linear(x, self.head_weight(), None, self.rows)

@@ -6,7 +6,60 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# D=hidden
+# D=hidden, N=rows (tokens)
+
+
+VEC_BLOCK = 32  # fp32 elements per step of CPU elementwise loops (2 vectors of 16 with AVX-512, of 8 with AVX2)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """torch.sigmoid with a result per element that does not depend on where the element sits in the tensor. CPU
+    fp32 sigmoid/silu compute the last (numel mod VEC_BLOCK) elements on a scalar path that rounds differently, so a
+    row's bits would depend on whether it is the tensor's last; where the last dim is not a multiple of VEC_BLOCK
+    (only then can a row hold that tail) this computes 1 / (1 + exp(-x)) instead (exp is vectorised to the end)."""
+    if x.dtype != torch.float32 or x.shape[-1] % VEC_BLOCK == 0:
+        return torch.sigmoid(x)
+    return 1 / (1 + torch.exp(-x))
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """F.silu, placed like `sigmoid`."""
+    if x.dtype != torch.float32 or x.shape[-1] % VEC_BLOCK == 0:
+        return F.silu(x)
+    return x * sigmoid(x)
+
+
+MIN_ROWS = 4  # fp32, `deterministic`: rows per matmul at least (CPU sgemm rounds a row differently at 1, 2-3, >= 4)
+ONEDNN_MIN = 16 ** 3  # bf16/fp16 CPU matmuls run in oneDNN above this many (batch ×) rows × inner × outer, else not
+
+
+def min_rows(dtype: torch.dtype, inner_outer: int, rows: int = 1) -> int:
+    """Rows a matmul with `inner_outer` (= inner × outer) multiply-adds per row is given at least, so that a row's
+    kernel, hence its bits, does not depend on how many rows come with it: fp32, `rows` (MIN_ROWS in a deterministic
+    model); bf16/fp16, enough to stay above oneDNN's threshold (1 for any real model's sizes)."""
+    if dtype == torch.float32:
+        return rows
+    return ONEDNN_MIN // inner_outer + 1
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
+    """F.linear, with an input of fewer than `min_rows` rows padded with zero rows first: each row goes through the
+    kernel that many rows get, so its result does not depend on how many rows came with it."""
+    n = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
+    if n >= rows if x.dtype == torch.float32 else n * w.shape[0] * w.shape[1] > ONEDNN_MIN:  # no padding (the rule)
+        return F.linear(x, w, b)
+    need = min_rows(x.dtype, w.shape[0] * w.shape[1], rows)
+    y = F.linear(F.pad(x.reshape(n, x.shape[-1]), (0, 0, 0, need - n)), w, b)[:n]
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def addmm(acc: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, rows: int = 1) -> torch.Tensor:
+    """acc + x @ w_t (one addmm), padded like `linear`: acc [N, O], x [N, I], w_t [I, O]."""
+    n = x.shape[0]
+    if n >= rows if x.dtype == torch.float32 else n * w_t.shape[0] * w_t.shape[1] > ONEDNN_MIN:
+        return torch.addmm(acc, x, w_t)
+    need = min_rows(x.dtype, w_t.shape[0] * w_t.shape[1], rows)
+    return torch.addmm(F.pad(acc, (0, 0, 0, need - n)), F.pad(x, (0, 0, 0, need - n)), w_t)[:n]
 
 
 class RMSNorm(nn.Module):
@@ -24,6 +77,8 @@ class RMSNorm(nn.Module):
 
 
 class DenseMLP(nn.Module):
+    rows = 1  # see `linear`; set on a deterministic model (`Transformer.set_deterministic`)
+
     def __init__(self, dim: int, inter: int):
         super().__init__()
         self.gate_proj = nn.Linear(dim, inter, bias=False)
@@ -31,7 +86,9 @@ class DenseMLP(nn.Module):
         self.down_proj = nn.Linear(inter, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        r = self.rows
+        g, u = linear(x, self.gate_proj.weight, None, r), linear(x, self.up_proj.weight, None, r)
+        return linear(silu(g) * u, self.down_proj.weight, None, r)
 
 
 class Embedding(nn.Module):

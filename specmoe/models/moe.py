@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import ModelConfig
-from specmoe.models.layers import DenseMLP
+from specmoe.models.layers import DenseMLP, linear, min_rows, sigmoid, silu
 from specmoe.models.routers import route
 
 # N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden, S=slots of a group
@@ -144,9 +144,9 @@ def glu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None, alpha: flo
     """silu(g)·u, or with `limit` GPT-OSS's clamped form: (clamp(u, ±limit) + 1) · g'·σ(α·g'),
     g' = min(g, limit)."""
     if limit is None:
-        return F.silu(g) * u
+        return silu(g) * u
     g = g.clamp(max=limit)
-    return (u.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))
+    return (u.clamp(-limit, limit) + 1) * (g * sigmoid(g * alpha))
 
 
 @dataclass(frozen=True)
@@ -169,15 +169,18 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate_up_b
 
 
 def swiglu_grouped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torch.Tensor | None,
-                   math: ExpertMath, n: int | None = None) -> torch.Tensor:
+                   math: ExpertMath, n: int | None = None, live: torch.Tensor | None = None) -> torch.Tensor:
     """`swiglu` over a group's slots: x [n, D] rows sorted by slot, `offs` [S] int32 the end row of each slot's
     rows (rows past offs[-1] are left unwritten; with `n`, the rows from n on are zeroed before the activation),
-    `slot` [n] the slot of each row (for the biases) → [n, D], one grouped matmul per projection."""
+    `slot` [n] the slot of each row (for the biases) → [n, D], one grouped matmul per projection. `live`: n as a
+    device scalar (rows from it on zeroed likewise, without a host read)."""
     if not (g.grouped and grouped_mm_works(x.device, x.dtype)):
         return _looped(x, g, offs, math)
     h = F.grouped_mm(x, g.w_in, offs=offs)  # [n, 2I]
     if n is not None and n < h.shape[0]:
         h[n:] = 0  # rows past offs[-1] are left unwritten: no activation over garbage (denormals crawl)
+    elif live is not None:
+        h.masked_fill_(_arange(h.shape[0], h.device)[:, None] >= live, 0)
     if g.gate_up_bias is not None:
         h = h + g.gate_up_bias[slot.clamp(max=g.gate_up_bias.shape[0] - 1)]
     a, b = h.chunk(2, dim=-1)
@@ -219,11 +222,14 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup],
-                   math: ExpertMath = ExpertMath()) -> torch.Tensor:
+                   math: ExpertMath = ExpertMath(), rows: int = 1) -> torch.Tensor:
     """Routed-expert output [N, D] for x [N, D]: per group, its assignments sorted by slot (stable: each slot's
     tokens in token order) go through `swiglu`'s grouped form; each assignment's result lands in its own row,
     and the K results of a token are summed in routing order, so the output does not depend on which slot
-    holds an expert or how the store split the experts into groups (offloaded == resident, bit for bit)."""
+    holds an expert or how the store split the experts into groups (offloaded == resident, bit for bit).
+    `rows` > 1 with fp32 (a deterministic model), or experts too small for oneDNN's threshold in bf16/fp16: each
+    slot's rows are padded (see `padded_groups`, `layers.min_rows`), so a token's result does not depend on how many
+    others share its expert."""
     N, K = routing.ids.shape
     flat = routing.ids.view(-1)  # [N·K]
     y = None  # [N·K, D] per assignment, in routing order
@@ -238,8 +244,12 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         # every group multiplies all N·K rows (the grouped matmul's blocking, hence its bits, depends on the row
         # count: the same for every store and group split), of which the first n are this group's
         rows_in = x.repeat(K, 1) if N == 1 else x[order // K]  # [N·K, D]: each sorted row's token
-        ys = swiglu_grouped(rows_in, g, offs, slot if g.gate_up_bias is not None else None,
-                            math, n)  # [N·K, D] sorted by slot; rows from n on are not this group's
+        R = min_rows(x.dtype, g.down.shape[1] * g.down.shape[2], rows)  # > 1: fp32 deterministic, or tiny experts
+        if R > 1:
+            ys = padded_groups(rows_in, g, slot, offs, math, R)
+        else:
+            ys = swiglu_grouped(rows_in, g, offs, slot if g.gate_up_bias is not None else None,
+                                math, n)  # [N·K, D] sorted by slot; rows from n on are not this group's
         if y is None and n == N * K and g.complete:  # the one group: its rows put back in routing order
             y = torch.index_copy(ys, 0, order, ys).view(N, K, -1)
             break
@@ -251,6 +261,28 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     if y is None:  # nothing routed (every token is padding)
         return torch.zeros_like(x)
     return (y * routing.weights_col(x.dtype)).sum(1)
+
+
+def padded_groups(rows_in: torch.Tensor, g: SlotGroup, slot: torch.Tensor, offs: torch.Tensor, math: ExpertMath,
+                  R: int) -> torch.Tensor:
+    """`swiglu_grouped` with every used slot's rows padded with zero rows to at least R (fp32 CPU kernels round a
+    row differently in a group of 1-3 rows than of >= 4): rows_in [n, D] sorted by `slot` [n] (S: another group's
+    row), `offs` [S] → [n, D] in the same order (other groups' rows: whatever). All on the device, no host read:
+    the padded layout has a fixed size, n + (R - 1)·min(S, n) rows."""
+    n, S = rows_in.shape[0], offs.shape[0]
+    ends = offs.long()
+    cnt = torch.diff(ends, prepend=ends.new_zeros(1))
+    starts = ends - cnt
+    padded = torch.where(cnt > 0, cnt.clamp(min=R), cnt)
+    pend = padded.cumsum(0)  # [S] end row of each slot's padded rows
+    P = n + (R - 1) * min(S, n)
+    i = _arange(n, rows_in.device)
+    s = slot.clamp(max=S - 1)
+    pos = torch.where(slot < S, pend[s] - padded[s] + i - starts[s], i + (P - n))  # other groups' rows: past pend[-1]
+    x = rows_in.new_zeros(P, rows_in.shape[1]).index_copy_(0, pos, rows_in)
+    pslot = torch.searchsorted(pend, _arange(P, rows_in.device), right=True) if g.gate_up_bias is not None else None
+    y = swiglu_grouped(x, g, pend.to(torch.int32), pslot, math, live=pend[-1])
+    return y[pos]
 
 
 _ARANGE: dict = {}
@@ -265,6 +297,8 @@ def _arange(n: int, device: torch.device) -> torch.Tensor:
 
 
 class MoEBlock(nn.Module):
+    rows = 1  # see `layers.linear` and `routed_experts`; set on a deterministic model
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.cfg, self.layer = cfg, layer
@@ -280,7 +314,8 @@ class MoEBlock(nn.Module):
     def route(self, x: torch.Tensor):
         """x [N, D] → logits [N, E], weights [N, K] fp32, ids [N, K]."""
         cfg, w = self.cfg, self.router.weight
-        logits = F.linear(x if x.dtype == w.dtype else x.to(w.dtype), w, self.router.bias)  # sigmoid routers: fp32 w
+        x = x if x.dtype == w.dtype else x.to(w.dtype)  # sigmoid routers: fp32 w
+        logits = linear(x, w, self.router.bias, self.rows)
         weights, ids = route(cfg.model_type, logits, top_k=cfg.top_k, norm_topk_prob=cfg.norm_topk_prob,
                              correction_bias=self.correction_bias if cfg.score_correction_bias else None,
                              n_group=cfg.n_group, topk_group=cfg.topk_group, scale=cfg.routed_scaling_factor)
@@ -300,14 +335,15 @@ class MoEBlock(nn.Module):
         ctx.expert_s += time.perf_counter() - t0
         if self.cfg.shared_expert_intermediate_size:
             shared = self.shared(x)
-            out = out + (torch.sigmoid(self.shared_gate(x)) * shared if self.cfg.shared_expert_gate else shared)
+            out = out + (sigmoid(linear(x, self.shared_gate.weight, None, self.rows)) * shared
+                         if self.cfg.shared_expert_gate else shared)
         return out
 
     def experts_forward(self, x, weights, ids, ctx: ForwardContext) -> torch.Tensor:
         routing = Routing(ids, weights, self.cfg.num_experts, padded=ctx.padding is not None,
                           real_tokens=ctx.real_tokens)
         if ctx.draft_slots is not None:
-            return routed_experts(x, routing, (ctx.draft_slots[self.layer],), self.math)
+            return routed_experts(x, routing, (ctx.draft_slots[self.layer],), self.math, self.rows)
         for obs in ctx.observers:
             obs(self.layer, routing)
-        return routed_experts(x, routing, ctx.provider.fetch(self.layer, routing), self.math)
+        return routed_experts(x, routing, ctx.provider.fetch(self.layer, routing), self.math, self.rows)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from specmoe.models.layers import sigmoid
+
 # N=tokens, E=experts, K=top-k, G=groups
 
 
@@ -31,7 +33,7 @@ def softmax_topk(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[tor
 
 def sigmoid_group_topk(logits: torch.Tensor, top_k: int, *, correction_bias: torch.Tensor, n_group: int,
                        topk_group: int, normalize: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    scores = logits.float().sigmoid()  # [N, E]
+    scores = sigmoid(logits.float())  # [N, E] (placed so that a row's bits do not depend on its place)
     choice = scores + correction_bias.float()  # picks use the bias, weights do not
     N, E = choice.shape
     if topk_group < n_group:  # keep the experts of the topk_group best groups
