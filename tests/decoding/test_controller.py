@@ -128,6 +128,7 @@ def test_controller_speculates_exactly_when_fetches_dominate():
     fast, _, _ = synthetic(read_s=1e-6, ne=10e-3, exp=1e-5)  # experts almost free: drafting is pure overhead
     for ctl in (slow, fast):
         ctl.acc.record(list(range(8)), [4] * 8, [3] * 8, [[0.9] * 4] * 8)  # good acceptance measured
+        ctl.MIN_TRIALS = 0  # the model's choice (no exploration of an arm not yet timed)
     p = slow.plan(list(range(8)), [4] * 8, res, spec_res)
     assert p.kind == "spec" and p.spec_rate > p.plain_rate and max(p.gammas) >= 2
     q = fast.plan(list(range(8)), [4] * 8, res, spec_res)
@@ -170,3 +171,26 @@ def test_mixed_steps_equal_ar_on_families_with_expert_biases_and_mla(tiny_ckpt, 
     ctl.schedule = lambda i: ("spec", "plain")[i % 2]
     assert [o.token_ids for o in llm.generate(ps, sp)] == ref
     assert ctl.choices["spec"] > 0 and ctl.choices["plain"] > 0 and ctl.cost.c.ne_fixed > 0
+
+
+def test_each_arm_is_timed_then_judged_by_what_it_realized():
+    """An untimed drafter close to the best is tried for MIN_TRIALS steps at this batch bucket; once timed, its
+    prediction is scaled by what it realized, so a drafter the model overrates loses to plain steps and one it
+    underrates wins."""
+    ctl, res, spec_res = synthetic(read_s=20e-3)
+    ctl.acc.record(list(range(8)), [4] * 8, [3] * 8, [[0.9] * 4] * 8)
+    ids, lim = list(range(8)), [4] * 8
+    p = ctl.plan(ids, lim, res, spec_res)
+    assert p.kind == "spec" and p.arm == "self" and p.reason == "explore"
+    for _ in range(ctl.MIN_TRIALS):  # the arm realizes 30% of its prediction (e.g. a slow drafter)
+        ctl.realized.record("self", 8, 0.3 * p.raw_rate, 1.0, p.raw_rate)
+    ctl.realized.record("plain", 8, 8, 1.0, 8.0)  # plain realizes its prediction
+    q = ctl.plan(ids, lim, res, spec_res)
+    assert q.kind == "plain" and q.reason == "model" and q.spec_rate < ctl.spec_margin * q.plain_rate
+    assert q.spec_rate == pytest.approx(0.3 * p.raw_rate, rel=0.05)
+    for _ in range(12):  # it now realizes 3x: the corrected prediction brings speculation back
+        ctl.realized.record("self", 8, 3 * p.raw_rate, 1.0, p.raw_rate)
+    ctl.coasting = (0, 0)
+    r = ctl.plan(ids, lim, res, spec_res)
+    assert r.kind == "spec" and r.reason == "model"
+    assert ctl.realized.ratio("self", 64) == ctl.realized.ratio("self", 8), "an unmeasured bucket takes the nearest"
