@@ -56,16 +56,17 @@ class Plan:
 
 class Controller:
     """Chooses each step (module docstring). Every choice is an *arm*: a plain step, or a speculative plan named by
-    its drafter (mix). An arm's predicted rate is multiplied by its realized / predicted rate at this batch bucket
-    (`Realized`), and a drafter predicted within `EXPLORE_WITHIN` of the best choice is first tried for
-    `MIN_TRIALS` steps at each bucket (its acceptance is only a prior before; the estimates are upper-confidence
-    ones while few rows are seen). `force` ("plain" / "spec", None = choose) and `schedule` (a
+    its drafter (mix). Its step time is the cost model's (refined per component, `CostModel.refine`) times what
+    that arm's steps measured against it (`Realized.slowdown`). Acceptance estimates are upper-confidence ones
+    (UCB: the bonus shrinks with the rows a drafter has drafted and grows slowly with the steps taken, so an arm
+    that lost on a few unlucky rows is tried again), and a drafter predicted within `EXPLORE_WITHIN` of the best
+    choice is first tried on `MIN_TRIALS` rows. `force` ("plain" / "spec", None = choose) and `schedule` (a
     callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
     drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
     floor (0 turns it off)."""
 
-    MIN_TRIALS = 2  # steps an arm is tried at a batch bucket before only its corrected prediction counts
-    EXPLORE_WITHIN = 0.8  # ... when predicted within this share of the best choice
+    MIN_TRIALS = 4  # rows a drafter first drafts when predicted within EXPLORE_WITHIN of the best choice
+    EXPLORE_WITHIN = 0.8
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
 
     def __init__(self, cost: CostModel, gamma_max: int, drafters: tuple[str, ...] = ("self",), *,
@@ -89,12 +90,14 @@ class Controller:
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
         self.decoder = None
         self.realized = Realized()  # per arm and batch bucket: realized / predicted tok/s
-        self.spec_resident = None  # [L, E] the last plan's resident experts with the self draft's set
+        self.resident = self.spec_resident = None  # [L, E] the last plan's resident experts without / with the
+        # self draft's set
         self.catchup: dict[str, np.ndarray] = {}  # the last plan's catch-up entries per drafter and row
         self.controller_s = 0.0
         self.conf: dict[int, list[float]] = {}
         # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
         self.predictions: list[tuple] = []
+        self.arm_rates: dict[str, float] = {}  # the last planned step's predicted tokens/s per arm (corrected)
 
     @property
     def acc(self) -> Acceptance:
@@ -130,9 +133,9 @@ class Controller:
         return True
 
     # ------------------------------------------------------------ the choice, over arrays
-    def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray) -> np.ndarray:
+    def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float) -> np.ndarray:
         acc = self.accs[name]
-        P = acc.position(self.optimism)[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
+        P = acc.position(optimism)[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
         return np.where(np.arange(self.g)[None, :] < np.asarray(avail)[:, None], P, 0.0)
 
@@ -190,8 +193,9 @@ class Controller:
         t_plain_raw, t_plain = cm.plain_parts(B, resident)
         t_plain += cm.overhead("plain", B)
         plain_raw = B / t_plain
-        plain_rate = plain_raw * self.realized.ratio("plain", B)
-        P = {n: self._probs(n, seq_ids, avail[n]) for n in names}
+        plain_rate = plain_raw / self.realized.slowdown("plain", B, self.steps)
+        opt = self.optimism * np.sqrt(np.log(2.0 + self.steps))  # UCB: an arm left unused grows more optimistic
+        P = {n: self._probs(n, seq_ids, avail[n], opt) for n in names}
         ar = np.arange(self.g)
         K = len(THETAS) + 1  # thresholds θ, then "everything available"
         Ls, gains = {}, {}
@@ -242,16 +246,18 @@ class Controller:
             for tag in dict.fromkeys(tag_arr.tolist()):  # the best candidate of each drafter (mix)
                 c = int(np.flatnonzero(tag_arr == tag)[np.argmax(raw[tag_arr == tag])])
                 who, gam, _, th, _ = rows[c]
-                by_drafter[tag] = (float(raw[c]) * self.realized.ratio(tag, B), who, gam, th, tag, float(d_raw[c]),
-                                   float(v_raw[c]), float(t[c]), float(miss[c]), float(raw[c]))
+                slow = self.realized.slowdown(tag, B, self.steps)
+                by_drafter[tag] = (float(raw[c]) / slow, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
+                                   float(t[c]) * slow, float(miss[c]), float(raw[c]))
             best = max(by_drafter.values(), key=lambda row: row[0])
         spec_rate = best[0] if best is not None else 0.0
+        self.arm_rates = {"plain": plain_rate, **{tag: row[0] for tag, row in by_drafter.items()}}
         if want is None:
             want = "spec" if best is not None and spec_rate > self.spec_margin * plain_rate else "plain"
             top = max(spec_rate, plain_rate)
-            untried = [tag for tag in by_drafter if "+" not in tag and self.realized.steps(tag, B) < self.MIN_TRIALS
+            untried = [tag for tag in by_drafter if "+" not in tag and self.accs[tag].drafted[0] < self.MIN_TRIALS
                        and by_drafter[tag][0] >= self.EXPLORE_WITHIN * top]
-            if untried:  # an arm's speed is a prediction until measured here: try it for a few steps first
+            if untried:  # a drafter's acceptance is its prior until it drafts: try it on a few rows first
                 best, want, reason = by_drafter[untried[0]], "spec", "explore"
             elif best is not None and self.steps and self.steps % self.explore_every == 0:
                 # a drafter not used for a while: try its best plan when it is predicted close to the best
@@ -274,7 +280,7 @@ class Controller:
             if reason == "forced" or (reason == "model" and spec_rate < self.coast_below * plain_rate):
                 self.coasting = (B, self.coast_steps)  # a clear call: the next steps reuse it without planning
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
-            return Plan("plain", None, 1.0, t_plain, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
+            return Plan("plain", None, 1.0, B / plain_rate, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
                         spec_g, None, spec_d, "plain", plain_raw)
         rate, who, gam, th, tag, d_raw, v_raw, t, miss, raw_rate = best
         self.since_spec = 0
@@ -330,7 +336,7 @@ class Controller:
                     spec_res = res | cm.routing.hottest(ex.n)
                 if sd.needs_setup:  # the draft set's experts not resident now load first
                     setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * L
-            self.spec_resident = spec_res
+            self.resident, self.spec_resident = res, spec_res
             avail = {n: d.available(seqs, limits) for n, d in dec.drafters.items()}
             self.catchup = {n: np.asarray(d.catchup(seqs)) for n, d in dec.drafters.items()}
             plan = self.choose([s.seq_id for s in seqs], avail, res, spec_res, setup, self.catchup)
@@ -380,7 +386,7 @@ class Controller:
             cm.refine_misses("plain", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
             cm.refine("fwd", B, clock.wall("verify"), plan.raw_s)
             cm.refine_overhead("plain", B, measured - clock.wall("verify"))
-            self.realized.record("plain", B, B, measured, plan.raw_rate)
+            self.realized.record("plain", B, measured, B / plan.raw_rate, self.steps)
             self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
             return
         names = self.names
@@ -403,7 +409,9 @@ class Controller:
         cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
         drafted = sum(clock.wall(f"draft:{n}") for n in names)
         cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"))
-        self.realized.record(plan.arm, B, sum(len(t) for t in out), measured + clock.wall("setup"), plan.raw_rate)
+        W, Gm = np.where(who >= 0, who, 0)[None], np.where(who >= 0, gam, 0)[None]
+        actual = float(self._costs(W, Gm, names, self.resident, res, {}, self.catchup)[2][0])
+        self.realized.record(plan.arm, B, measured, actual, self.steps)
         self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))
 
     def _log(self, plan: Plan, B: int, predicted: float, raw: float, measured: float) -> None:
@@ -418,4 +426,5 @@ class Controller:
               **self.acc.stats(), **self.cost.stats()}
         st["acceptance_calibrated_by_drafter"] = {n: a.position().tolist() for n, a in self.accs.items()}
         st["realized_rate_ratio"] = self.realized.stats()
+        st["controller_arm_rates"] = {k: round(v, 2) for k, v in self.arm_rates.items()}
         return st

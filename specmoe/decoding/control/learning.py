@@ -1,8 +1,9 @@
 """What `auto`'s controller learns online: acceptance per drafter (`Acceptance`: per draft position, per
-sequence, by draft confidence) and the realized speed of each arm (`Realized`: tokens per second measured over
-predicted, per arm — a plain step, or a speculative plan's drafter or drafter mix — and batch bucket), which
-corrects whatever the step-time model and the acceptance estimates get wrong together for that arm."""
+sequence, by draft confidence) and what each arm's steps really take (`Realized`: measured over predicted step time, per arm — a plain step, or a
+speculative plan's drafter or drafter mix — and batch bucket)."""
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
@@ -80,38 +81,53 @@ class Acceptance:
 
 
 class Realized:
-    """Realized / predicted tokens per second per (arm, batch bucket), as decayed sums (tokens over predicted
-    tokens = seconds × the model's uncorrected rate), so one noisy step moves it little and a whole arm that the
-    model mispredicts (a drafter slower or better than modelled) is corrected after a few steps of it."""
+    """Measured / predicted step time per arm (a plain step, or a speculative plan's drafter or drafter mix) and
+    batch bucket: what the step-time model, refined per component, still gets wrong for that arm (e.g. a verify
+    forward of many drafted rows on a loaded machine). Over the arm's last `WINDOW` steps at the bucket, the
+    ratio of their summed seconds, leaving out stalls (a step over 4× the window's median ratio: the machine,
+    not the arm). It prices time only (acceptance is learned apart, so a few unlucky rows do not write an arm
+    off), counts from `MIN_STEPS` steps, and fades back to 1 over `FADE` steps in which the arm is not used (a
+    correction measured under other load does not stick)."""
 
-    DECAY = 0.85  # weight of the older steps at each new one (≈ the last 6-7 steps count)
-    LO, HI = 0.25, 4.0
+    WINDOW = 8
+    MIN_STEPS = 3
+    FADE = 256.0
+    LO, HI = 0.25, 8.0
 
     def __init__(self):
-        self.sums: dict[tuple[str, int], list[float]] = {}  # (arm, bucket) -> [tokens, predicted tokens, steps]
+        self.win: dict[tuple[str, int], deque] = {}  # (arm, bucket) -> (measured s, predicted s) of recent steps
+        self.last: dict[tuple[str, int], int] = {}  # the step it was last measured at
+        self.n: dict[tuple[str, int], int] = {}
 
-    def record(self, arm: str, B: int, tokens: float, seconds: float, raw_rate: float) -> None:
-        if raw_rate <= 0 or seconds <= 0:
+    def record(self, arm: str, B: int, measured_s: float, predicted_s: float, step: int) -> None:
+        if measured_s <= 0 or predicted_s <= 0:
             return
-        s = self.sums.setdefault((arm, bucket(B)), [0.0, 0.0, 0])
-        s[0] = self.DECAY * s[0] + tokens
-        s[1] = self.DECAY * s[1] + seconds * raw_rate
-        s[2] += 1
+        key = (arm, bucket(B))
+        self.win.setdefault(key, deque(maxlen=self.WINDOW)).append((measured_s, predicted_s))
+        self.n[key] = self.n.get(key, 0) + 1
+        self.last[key] = step
 
     def steps(self, arm: str, B: int) -> int:
-        s = self.sums.get((arm, bucket(B)))
-        return s[2] if s else 0
+        return self.n.get((arm, bucket(B)), 0)
 
-    def ratio(self, arm: str, B: int) -> float:
-        """This arm's correction at B's bucket; the nearest measured bucket's until measured; 1 before any."""
+    def _of(self, key) -> float:
+        w = np.array(self.win[key])
+        r = w[:, 0] / w[:, 1]
+        keep = r <= 4 * np.median(r)
+        return float(min(max(w[keep, 0].sum() / w[keep, 1].sum(), self.LO), self.HI))
+
+    def slowdown(self, arm: str, B: int, step: int) -> float:
+        """Measured / predicted seconds of this arm at B's bucket (the nearest bucket with MIN_STEPS steps until
+        this one has them; 1 before any), faded toward 1 by the steps since it was last measured."""
         b = bucket(B)
-        s = self.sums.get((arm, b))
-        if s is None:
-            near = [k for k in self.sums if k[0] == arm]
+        key = (arm, b)
+        if len(self.win.get(key, ())) < self.MIN_STEPS:
+            near = [k for k, w in self.win.items() if k[0] == arm and len(w) >= self.MIN_STEPS]
             if not near:
                 return 1.0
-            s = self.sums[min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))]
-        return float(min(max(s[0] / s[1], self.LO), self.HI))
+            key = min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))
+        fade = float(np.exp(-(step - self.last[key]) / self.FADE))
+        return 1.0 + (self._of(key) - 1.0) * fade
 
     def stats(self) -> dict:
-        return {f"{a}@{b}": round(s[0] / s[1], 4) for (a, b), s in sorted(self.sums.items()) if s[1] > 0}
+        return {f"{a}@{b}": round(self._of((a, b)), 4) for (a, b) in sorted(self.win)}
