@@ -17,8 +17,8 @@ acceptance estimate follows the workload.
 
 While drafting, each greedy sequence's running P is updated from the draft's own confidence (its softmax
 probability of the drafted token, mapped to an acceptance probability calibrated online by confidence
-bin, per drafter), and the sequence stops drafting once the running P falls below the plan's θ or the
-confidence below `p_min`.
+bin (log-spaced), per drafter), and the sequence stops drafting once the running P falls below the plan's θ or
+the calibrated probability of the token just drafted below `p_min`.
 """
 from __future__ import annotations
 
@@ -353,7 +353,7 @@ class Controller:
     def stopper(self, splan, name: str, rows: list[int], seqs, gammas: list[int]):
         """The draft hook of drafter `name` over its rows (batch rows `rows`, local gammas): records each greedy
         row's confidence and stops it once its running acceptance probability falls below the plan's θ or its
-        confidence below p_min."""
+        calibrated acceptance probability below p_min."""
         plan = splan.decision
         if plan is None:
             return None
@@ -365,10 +365,11 @@ class Controller:
 
         def hook(j: int, local: list[int], logits: torch.Tensor) -> None:
             c = torch.softmax(logits.float(), dim=-1).amax(-1).tolist()  # the draft's own confidence, one host read
-            run[local] *= acc.by_confidence(np.asarray(c))
+            here = acc.by_confidence(np.asarray(c))  # calibrated: P(accepted | all before accepted)
+            run[local] *= here
             for i, b in enumerate(local):
                 conf[rows[b]].append(c[i])
-                if greedy[b] and gammas[b] > j + 1 and (c[i] < self.p_min or run[b] < theta):
+                if greedy[b] and gammas[b] > j + 1 and (here[i] < self.p_min or run[b] < theta):
                     gammas[b] = j + 1
                     self.stops += 1
         return hook

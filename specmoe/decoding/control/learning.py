@@ -9,7 +9,14 @@ import numpy as np
 
 from specmoe.decoding.control.costmodel import bucket
 
-CONF_BINS = 10
+CONF_BINS = 12  # over log10(confidence) in [-3, 0]: a head whose softmax is flat (confidences ~0.01) still
+# spreads over bins
+
+
+def conf_bin(conf: np.ndarray) -> np.ndarray:
+    """The calibration bin of draft confidences (softmax probability of the drafted token)."""
+    x = (np.log10(np.maximum(conf, 1e-3)) + 3.0) / 3.0
+    return np.minimum((x * CONF_BINS).astype(int), CONF_BINS - 1)
 
 
 class Acceptance:
@@ -48,9 +55,10 @@ class Acceptance:
         return out
 
     def by_confidence(self, conf: np.ndarray) -> np.ndarray:
-        """Conditional acceptance probability of drafts with these confidences (prior: the confidence)."""
-        b = np.minimum((conf * CONF_BINS).astype(int), CONF_BINS - 1)
-        return (self.conf_acc[b] + 2 * conf) / (self.conf_n[b] + 2)
+        """Conditional acceptance probability of drafts with these confidences (prior: the drafter's overall rate,
+        so an uncalibrated head's low confidences do not stop its drafts before anything is measured)."""
+        b = conf_bin(np.asarray(conf))
+        return (self.conf_acc[b] + 2 * self.rate()) / (self.conf_n[b] + 2)
 
     def record(self, seq_ids: list[int], gammas: list[int], accepted: list[int],
                confidences: list[list[float]]) -> None:
@@ -66,10 +74,11 @@ class Acceptance:
             self.acc[:n] += 1
             a = self.seq.setdefault(s, [0.0, 0.0])
             a[0], a[1] = 0.9 * a[0] + n, 0.9 * a[1] + g
-            for j, c in enumerate(conf[:min(g, n + 1)]):  # observations conditional on all before accepted
-                b = min(int(c * CONF_BINS), CONF_BINS - 1)
-                self.conf_n[b] += 1
-                self.conf_acc[b] += j < n
+            seen = conf[:min(g, n + 1)]  # observations conditional on all before accepted
+            if seen:
+                bins = conf_bin(np.asarray(seen))
+                np.add.at(self.conf_n, bins, 1)
+                np.add.at(self.conf_acc, bins, (np.arange(len(seen)) < n).astype(float))
         if len(self.seq) > 4096:
             live = set(seq_ids)
             self.seq = {s: v for s, v in self.seq.items() if s in live}
