@@ -61,7 +61,8 @@ def read(f: Fields, shape: Shape) -> dict:
     kw.update(nope_layers=nope, attention_chunk_size=chunk if chunked else None, chunked_layers=chunked,
               qk_norm="l2" if f.bool("use_qk_norm", True) else None)
     if nope and _flag(f, "attn_temperature_tuning", True):
-        kw.update(attn_floor_scale=f.float("floor_scale", 8192.0), attn_scale=f.float("attn_scale", 0.1, positive=False))
+        kw.update(attn_floor_scale=f.float("floor_scale", 8192.0),
+                  attn_scale=f.float("attn_scale", 0.1, positive=False))
     bias = f.bool("attention_bias", False)  # transformers: q/k/v and o projections all biased
     return {**kw, "qkv_bias": bias, "o_proj_bias": bias}
 

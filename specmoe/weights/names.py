@@ -195,7 +195,8 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{module parameter name: (checkpoint key, shape)} for every weight kept resident."""
     D, V, pre = cfg.hidden_size, cfg.vocab_size, cfg.weight_prefix
     n = FAMILY_NAMES[cfg.model_type]
-    out = {"embed.weight": (pre + "model.embed_tokens.weight", (V, D)), "norm.weight": (pre + "model.norm.weight", (D,))}
+    out = {"embed.weight": (pre + "model.embed_tokens.weight", (V, D)),
+           "norm.weight": (pre + "model.norm.weight", (D,))}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = (pre + "lm_head.weight", (V, D))
     for i in range(cfg.num_layers):
