@@ -143,3 +143,30 @@ def test_inspect_describes_the_family(ckpt):
     assert info["family"] == "minimax_m2" and info["attention"] == "gqa" and info["dense_layers"] == 0
     assert info["layer_kinds"] == ["moe"] * 3 and not info["shared_experts"]
     assert info["bytes_per_expert"] == 3 * 20 * 36 * 4
+
+
+def test_fp8_release_matches_transformers_dequantized(tmp_path):
+    """MiniMax-M2 ships block-scaled FP8 (fmt "float8_e4m3fn", the router and correction bias in floating point):
+    read as stored, its logits and greedy tokens equal transformers' dequantised model's. Sizes are whole
+    128 x 128 blocks (transformers' dequantising loader derives the block from the scale grid)."""
+    from tests.formats.native import _rewrite, hf_dequantized, quantize_fp8
+    from tests.tiny_llama4_minimax import make
+    src = make("minimax_m2", tmp_path / "bf16", dtype=torch.bfloat16, hidden_size=256, intermediate_size=256,
+               head_dim=64, rotary_dim=32, num_hidden_layers=2)
+    out = {}
+    for k, v in load_file(src / "model.safetensors").items():
+        if k.endswith(("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")):
+            out[k], out[k + "_scale_inv"] = quantize_fp8(v)
+        else:
+            out[k] = v
+    path = _rewrite(src, tmp_path / "fp8", out, {
+        "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "float8_e4m3fn",
+        "weight_block_size": [128, 128], "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]})
+    hf, llm = hf_dequantized(path), LLM(path, dtype="float32")
+    assert llm.config.quantization.method == "fp8"
+    assert max_logit_diff(llm, hf, PROMPTS[:3]) <= 1e-4
+    for ids, out in zip(PROMPTS[:2], llm.generate(PROMPTS[:2], GREEDY)):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+        assert out.token_ids == ref
