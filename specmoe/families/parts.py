@@ -28,8 +28,8 @@ def read_llama3_rope(f: Fields, rope: dict) -> Llama3Rope:
     for name, v in (("factor", r.float("factor", None)), ("low_freq_factor", lo), ("high_freq_factor", hi)):
         if v is None:
             r.fail(name, "a finite number > 0")
-    if hi <= lo:
-        r.fail("high_freq_factor", f"a number > low_freq_factor ({lo})", hi)
+    if hi < lo:  # equal (Llama-4 Scout's release): no band is interpolated
+        r.fail("high_freq_factor", f"a number >= low_freq_factor ({lo})", hi)
     return Llama3Rope(factor=r.float("factor", None), low_freq_factor=lo, high_freq_factor=hi,
                       original_max_position_embeddings=r.int("original_max_position_embeddings"))
 

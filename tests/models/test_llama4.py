@@ -119,6 +119,16 @@ def test_verification_across_a_chunk_boundary_after_a_rejection(ckpt):
     assert (out - ref[9:13]).abs().max().item() <= 1e-4
 
 
+def test_scout_rope_scaling_equal_freq_factors_matches_transformers(ckpt):
+    """Llama-4 Scout's release sets low_freq_factor == high_freq_factor (no interpolated band)."""
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 1.0, "original_max_position_embeddings": 64}
+    path = ckpt("llama4", rope_parameters=rope)
+    hf, llm = load_hf(path), LLM(path, dtype="float32")
+    assert llm.config.llama3_rope.high_freq_factor == llm.config.llama3_rope.low_freq_factor == 1.0
+    assert max_logit_diff(llm, hf, PROMPTS[:2]) <= 1e-4
+
+
 def test_router_matches_transformers(ckpt):
     """top-k of the logits, then the sigmoid of the chosen ones (transformers' Llama4Router, whose scores are
     sigmoid(-inf) = 0 off the top-k)."""
@@ -155,7 +165,7 @@ def test_router_matches_transformers(ckpt):
      r"high_freq_factor must be a finite number > 0; it is missing"),
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 4.0,
                           "high_freq_factor": 1.0, "original_max_position_embeddings": 256}}, CheckpointError,
-     r"high_freq_factor must be a number > low_freq_factor"),
+     r"high_freq_factor must be a number >= low_freq_factor"),
     ({"quantization_config": {"quant_method": "fp8"}}, UnsupportedModelError,
      r"Llama-4 checkpoints are read in floating point, not FP8"),
 ])
