@@ -84,9 +84,9 @@ def load_hf(path: Path):
 _MADE: dict = {}
 
 
-def checkpoint(variant: str, tmp_path_factory, **overrides) -> Path:
+def checkpoint(variant: str, tmp_path_factory, dtype: torch.dtype = torch.float32, **overrides) -> Path:
     """A saved variant, made once per session (tmp_path_factory: pytest's session fixture)."""
-    key = (variant, repr(sorted(overrides.items())))
+    key = (variant, dtype, repr(sorted(overrides.items())))
     if key not in _MADE:
-        _MADE[key] = make(variant, tmp_path_factory.mktemp(variant), **overrides)
+        _MADE[key] = make(variant, tmp_path_factory.mktemp(variant), dtype, **overrides)
     return _MADE[key]

@@ -70,7 +70,15 @@ def tree_attention_mask(bv: BatchView, window: int | None, chunk: int | None = N
             mask &= key_pos[:, None, :] > bv.positions[:, :, None] - window
         if chunk:
             mask &= (key_pos // chunk)[:, None, :] == (bv.positions // chunk)[:, :, None]
+        mask = see_all_if_padding(mask, bv)
     return mask[:, None]
+
+
+def see_all_if_padding(mask: torch.Tensor, bv: BatchView) -> torch.Tensor:
+    """mask [B, T, S] with padding queries (`bv.valid` False) seeing every key. Under a window or a chunk a padding
+    query past its row's keys may see none, and an empty softmax is 0/0: NaN in its row (dropped, but written into
+    the KV cache, where a later forward's p·V multiplies it by an exact 0 and still gets NaN)."""
+    return mask if bv.valid is None else mask | ~bv.valid[:, :, None]
 
 
 def temperature(positions: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
@@ -262,6 +270,8 @@ class Transformer(nn.Module):
             mask &= keys[None, None, :] > bv.positions[:, :, None] - window
         if chunk:
             mask &= (keys // chunk)[None, None, :] == (bv.positions // chunk)[:, :, None]
+        if window or chunk:
+            mask = see_all_if_padding(mask, bv)
         return mask[:, None]
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, bv: BatchView, ctx: ForwardContext,
