@@ -120,6 +120,17 @@ class Yarn:
 
 
 @dataclass(frozen=True)
+class Llama3Rope:
+    """Llama-3-style RoPE scaling (rope_type "llama3", Llama-4's release): frequencies whose wavelength exceeds
+    original_max_position_embeddings / low_freq_factor are divided by `factor`, those under
+    original_max_position_embeddings / high_freq_factor kept, the ones between interpolated smoothly."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
 class MLA:
     """Multi-head latent attention sizes (DeepSeek-V2/V3). q_lora_rank None: a plain q_proj."""
     q_lora_rank: int | None
@@ -159,7 +170,9 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool = False
     norm_topk_prob: bool = True
-    qk_norm: str | None = None  # None | "head" (Qwen3: per head) | "full" (OLMoE: whole projection)
+    # None | "head" (Qwen3: per head) | "full" (OLMoE, MiniMax-M2: whole projection) | "l2" (Llama-4: per head,
+    # no weight, after the rotation, on the rotary layers only)
+    qk_norm: str | None = None
     qkv_bias: bool = False
     clip_qkv: float | None = None
     sliding_window: int | None = None
@@ -172,7 +185,7 @@ class ModelConfig:
     dtype: str = "float32"  # dtype the checkpoint was saved in
     # --- RoPE
     rope_dim: int = 0  # dims of a head that rotate (0 = head_dim); GLM-4: partial_rotary_factor · head_dim
-    rope_interleave: bool = False  # DeepSeek: rotary pairs stored interleaved (x0, x1), (x2, x3), ...
+    rope_interleave: bool = False  # DeepSeek, Llama-4: rotary pairs stored interleaved (x0, x1), (x2, x3), ...
     yarn: Yarn | None = None  # YaRN RoPE scaling (DeepSeek-V3, GPT-OSS); None = plain RoPE
     # --- attention
     mla: MLA | None = None  # DeepSeek multi-head latent attention (None = standard GQA attention)
@@ -192,6 +205,18 @@ class ModelConfig:
     extra_layers: int = 0  # multi-token-prediction layers stored after the last layer (not used, not loaded)
     # --- storage
     quantization: Quantization | None = None  # weights shipped quantized (read as stored; None: floating point)
+    weight_prefix: str = ""  # prefix of every language-model key (Llama-4's multimodal release: "language_model.")
+    skipped_prefixes: tuple[str, ...] = ()  # keys not loaded (a multimodal release's vision tower and projector)
+    # --- Llama-4
+    llama3_rope: Llama3Rope | None = None  # rope_type "llama3" frequency scaling (None: none)
+    nope_layers: tuple[int, ...] = ()  # layers without rotary embeddings (Llama-4's NoPE layers)
+    attention_chunk_size: int | None = None  # chunked local attention: a query sees only keys of its chunk
+    chunked_layers: tuple[int, ...] = ()  # the layers attention_chunk_size applies to
+    # NoPE layers scale each query by log1p(floor((p + 1) / floor_scale)) · attn_scale + 1 at position p
+    # (attention temperature tuning); None: off
+    attn_floor_scale: float | None = None
+    attn_scale: float = 0.1
+    routed_input_scaled: bool = False  # Llama-4: the routing weight scales the expert's input, not its output
 
     def __post_init__(self):
         if not self.moe_layers:
@@ -208,6 +233,14 @@ class ModelConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
+
+    def chunk(self, layer: int) -> int | None:
+        """The attention chunk of `layer` (None: not chunked): keys visible only within the query's chunk."""
+        return self.attention_chunk_size if layer in self.chunked_layers else None
+
+    def rotary(self, layer: int) -> bool:
+        """Whether `layer` applies rotary embeddings (False: a NoPE layer)."""
+        return layer not in self.nope_layers
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer`'s attention (None: full causal attention)."""

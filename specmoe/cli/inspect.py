@@ -37,7 +37,8 @@ def describe(path) -> dict:
             "attention": "mla" if cfg.mla else ("sinks" if cfg.attention_sinks else "gqa"),
             "shared_experts": bool(cfg.shared_expert_intermediate_size),
             "dense_layers": cfg.num_layers - len(cfg.moe_layers),
-            "rope": "yarn" if cfg.yarn else "default",
+            "rope": "yarn" if cfg.yarn else ("llama3" if cfg.llama3_rope else "default"),
+            "layer_kinds": layer_kinds(cfg),
             "vocab_size": cfg.vocab_size, "context_length": cfg.max_position_embeddings, "dtype": cfg.dtype,
             "quantization": cfg.quantization.method if cfg.quantization else None,
             "expert_bytes": expert_bytes, "non_expert_bytes": other,
@@ -52,6 +53,23 @@ def describe(path) -> dict:
             raise CheckpointError(f"expert profile {prof}: counts must be integers") from None
         info["skewness_per_layer"] = [round(skewness(row), 3) for row in counts]
     return info
+
+
+def layer_kinds(cfg) -> list[str]:
+    """Each layer's kind: "moe" or "dense", then its attention's differences from full causal rotary attention
+    ("nope": no rotary embeddings; "chunked N": local attention in chunks of N positions; "window N": a sliding
+    window of N)."""
+    out = []
+    for i in range(cfg.num_layers):
+        kind = ["moe" if cfg.is_moe_layer(i) else "dense"]
+        if not cfg.rotary(i):
+            kind.append("nope")
+        if cfg.chunk(i):
+            kind.append(f"chunked {cfg.chunk(i)}")
+        if cfg.window(i):
+            kind.append(f"window {cfg.window(i)}")
+        out.append(" ".join(kind))
+    return out
 
 
 def expert_formats(ck) -> list[dict]:
@@ -79,6 +97,8 @@ def run(args) -> int:
         return 0
     formats = info.pop("expert_formats")
     for k, v in info.items():
+        if k == "layer_kinds":
+            v = ", ".join(f"{i}: {kind}" for i, kind in enumerate(v))
         if isinstance(v, int) and k.endswith("bytes"):
             v = f"{v:,} ({v / 2**20:.2f} MiB)"
         print(f"{k:>26}: {v}")

@@ -40,6 +40,13 @@ class Family:
     yarn: bool = False  # YaRN rope scaling is read (else only plain RoPE)
     partial_rotary_factor: float | None = None  # its default when only part of a head rotates (None: all does)
     quantizations: tuple[str, ...] = ("fp8",)  # quant_methods its quantized checkpoints may use
+    llama3_rope: bool = False  # rope_type "llama3" scaling is read
+    # a multimodal release of a text family: config.json nests the language model's fields under "text_config"
+    # (its model_type `text_family`), its weights carry `weight_prefix`, and the tensors under `skipped` (the
+    # vision tower, the projector) are not loaded
+    text_family: str | None = None
+    weight_prefix: str = ""
+    skipped: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {}  # model_type -> Family, in registration order

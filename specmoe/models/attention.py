@@ -87,16 +87,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return F.scaled_dot_product_attention(q, k, v, scale=scale, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
-_HIDE: tuple = (None,)  # (mask, G, R, hidden-key mask in the blocked layout): the last conversion (every layer of a
-# forward passes the same mask object)
+# ((mask, G, R, hidden-key mask in the blocked layout), ...): the last few conversions, newest first (every layer of
+# a forward passes the mask object of its attention kind: one, or a few where layers differ, as Llama-4's chunked and
+# full layers)
+_HIDE: tuple = ()
+_HIDE_KEEP = 4
 
 
 def _hidden(mask: torch.Tensor, n: int, G: int, R: int) -> torch.Tensor:
     """mask [B, 1, T, S <= n·CHUNK] (True = visible) → True where hidden, [B, 1, n, R, CHUNK] (rows (g, t), then
     R - G·T padding rows that see every key)."""
-    last = _HIDE
-    if last[0] is mask and last[1] == G and last[2] == R:
-        return last[3]
+    kept = _HIDE
+    for m, g, r, hide in kept:
+        if m is mask and g == G and r == R:
+            return hide
     B, _, T, S = mask.shape
     full = F.pad(mask, (0, n * CHUNK - S), value=False) if S < n * CHUNK else mask  # keys past the mask's: hidden
     hide = ~full.reshape(B, 1, T, n, CHUNK).transpose(2, 3)  # [B, 1, n, T, CHUNK]
@@ -104,7 +108,7 @@ def _hidden(mask: torch.Tensor, n: int, G: int, R: int) -> torch.Tensor:
         hide = hide[:, :, :, None].expand(B, 1, n, G, T, CHUNK).reshape(B, 1, n, G * T, CHUNK)
     if R > G * T:
         hide = F.pad(hide, (0, 0, 0, R - G * T), value=False)
-    globals()["_HIDE"] = (mask, G, R, hide)
+    globals()["_HIDE"] = ((mask, G, R, hide),) + kept[:_HIDE_KEEP - 1]
     return hide
 
 

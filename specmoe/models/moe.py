@@ -151,13 +151,15 @@ def glu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None, alpha: flo
 
 @dataclass(frozen=True)
 class ExpertMath:
-    """The family's expert activation: SwiGLU, or GPT-OSS's clamped variant (`limit`, `alpha`)."""
+    """The family's expert math: SwiGLU, or GPT-OSS's clamped variant (`limit`, `alpha`); where a routing weight
+    applies: to the expert's output, or (`scale_input`, Llama-4) to its input."""
     limit: float | None = None
     alpha: float = 1.702
+    scale_input: bool = False
 
     @staticmethod
     def of(cfg: ModelConfig) -> "ExpertMath":
-        return ExpertMath(cfg.swiglu_limit, cfg.swiglu_alpha)
+        return ExpertMath(cfg.swiglu_limit, cfg.swiglu_alpha, cfg.routed_input_scaled)
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
@@ -225,7 +227,8 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
                    math: ExpertMath = ExpertMath(), rows: int = 1) -> torch.Tensor:
     """Routed-expert output [N, D] for x [N, D]: per group, its assignments sorted by slot (stable: each slot's
     tokens in token order) go through `swiglu`'s grouped form; each assignment's result lands in its own row,
-    and the K results of a token are summed in routing order, so the output does not depend on which slot
+    and the K results of a token are summed in routing order (each times its weight, or with `math.scale_input`
+    each computed from the token times its weight), so the output does not depend on which slot
     holds an expert or how the store split the experts into groups (offloaded == resident, bit for bit).
     `rows` > 1 with fp32 (a deterministic model), or experts too small for oneDNN's threshold in bf16/fp16: each
     slot's rows are padded (see `padded_groups`, `layers.min_rows`), so a token's result does not depend on how many
@@ -244,6 +247,8 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         # every group multiplies all N·K rows (the grouped matmul's blocking, hence its bits, depends on the row
         # count: the same for every store and group split), of which the first n are this group's
         rows_in = x.repeat(K, 1) if N == 1 else x[order // K]  # [N·K, D]: each sorted row's token
+        if math.scale_input:  # Llama-4: the expert reads its token times the assignment's weight
+            rows_in = rows_in * routing.weights.view(-1)[order].to(x.dtype)[:, None]
         R = min_rows(x.dtype, g.down.shape[1] * g.down.shape[2], rows)  # > 1: fp32 deterministic, or tiny experts
         if R > 1:
             ys = padded_groups(rows_in, g, slot, offs, math, R)
@@ -260,7 +265,7 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         y.view(N * K, -1).index_copy_(0, order, ys)
     if y is None:  # nothing routed (every token is padding)
         return torch.zeros_like(x)
-    return (y * routing.weights_col(x.dtype)).sum(1)
+    return y.sum(1) if math.scale_input else (y * routing.weights_col(x.dtype)).sum(1)
 
 
 def padded_groups(rows_in: torch.Tensor, g: SlotGroup, slot: torch.Tensor, offs: torch.Tensor, math: ExpertMath,

@@ -10,6 +10,9 @@ Each family's rule, as transformers implements it (checked in tests/models/test_
 - DeepSeek-V2: softmax (fp32), limited to the `topk_group` best of `n_group` groups (a group scores its
   best expert; the others' scores set to 0) → top-k, not renormalised, times `routed_scaling_factor`.
 - GPT-OSS: top-k of the logits → softmax over those k.
+- Llama-4: top-k of the logits → the sigmoid of each (not renormalised); the MoE block scales the expert's
+  input by it, not its output (`ModelConfig.routed_input_scaled`).
+- MiniMax-M2: GLM-4's sigmoid router with one group, always renormalised, no scaling factor.
 """
 from __future__ import annotations
 
@@ -65,6 +68,11 @@ def topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.
     return torch.softmax(values.float(), dim=-1), ids
 
 
+def topk_sigmoid(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    values, ids = torch.topk(logits, top_k, dim=-1)  # [N, K]
+    return sigmoid(values.float()), ids
+
+
 def route(model_type: str, logits: torch.Tensor, *, top_k: int, norm_topk_prob: bool,
           correction_bias: torch.Tensor | None = None, n_group: int = 1, topk_group: int = 1,
           scale: float = 1.0):
@@ -73,11 +81,13 @@ def route(model_type: str, logits: torch.Tensor, *, top_k: int, norm_topk_prob: 
         return softmax_topk(logits, top_k, True)
     if model_type in ("qwen2_moe", "qwen3_moe", "olmoe"):
         return softmax_topk(logits, top_k, norm_topk_prob)
-    if model_type in ("glm4_moe", "deepseek_v3"):
+    if model_type in ("glm4_moe", "deepseek_v3", "minimax_m2"):
         return sigmoid_group_topk(logits, top_k, correction_bias=correction_bias, n_group=n_group,
                                   topk_group=topk_group, normalize=norm_topk_prob, scale=scale)
     if model_type == "deepseek_v2":
         return softmax_group_topk(logits, top_k, n_group=n_group, topk_group=topk_group, scale=scale)
     if model_type == "gpt_oss":
         return topk_softmax(logits, top_k)
+    if model_type == "llama4_text":
+        return topk_sigmoid(logits, top_k)
     raise ValueError(f"no router for {model_type}")

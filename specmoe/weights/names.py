@@ -1,8 +1,9 @@
 """One explicit name map per architecture: which checkpoint key holds which weight,
 and the shape it must have. Keys are the ones Hugging Face publishes, so checkpoints are
-read exactly as released: per-expert 2-D tensors (Mixtral, Qwen, OLMoE, GLM-4, DeepSeek),
+read exactly as released: per-expert 2-D tensors (Mixtral, Qwen, OLMoE, GLM-4, DeepSeek, MiniMax-M2),
 or one fused 3-D tensor per layer (GPT-OSS: `experts.gate_up_proj` [E, D, 2I] with gate and
-up interleaved column by column, `experts.down_proj` [E, I, D], and their biases), from which
+up interleaved column by column, `experts.down_proj` [E, I, D], and their biases; Llama-4: the same shapes,
+gate the first I columns and up the last I, no biases), from which
 `ExpertPart` says how one expert's part is cut. Checkpoints that ship quantized experts (config
 `quantization_config`) name their stored tensors: GPT-OSS MXFP4 `experts.gate_up_proj_blocks` [E, 2I, D/32, 16]
 and `_scales` [E, 2I, D/32] (and the same for `down_proj`, [E, D, I/32, ...]), FP8 `experts.{e}.gate_proj.weight`
@@ -17,9 +18,12 @@ from specmoe.config import ModelConfig
 
 @dataclass(frozen=True)
 class FamilyNames:
-    moe_prefix: str          # "block_sparse_moe" (Mixtral) or "mlp"
+    moe_prefix: str          # "block_sparse_moe" (Mixtral, MiniMax-M2), "feed_forward" (Llama-4) or "mlp"
     expert_proj: tuple[str, str, str]  # (gate, up, down) projection names inside experts.{e}
     router: str = "gate"     # the router's module name inside the MoE block
+    dense_prefix: str = "mlp"  # the dense MLP's module name in a dense layer
+    shared: str | None = None  # the shared expert's module name (None: "shared_expert" if gated, else "shared_experts")
+    correction_bias: str | None = None  # e_score_correction_bias's name in the MoE block (None: under the router)
 
 
 FAMILY_NAMES = {
@@ -31,8 +35,11 @@ FAMILY_NAMES = {
     "deepseek_v2": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "deepseek_v3": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "gpt_oss": FamilyNames("mlp", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router"),
+    "llama4_text": FamilyNames("feed_forward", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router",
+                               dense_prefix="feed_forward", shared="shared_expert"),
+    "minimax_m2": FamilyNames("block_sparse_moe", ("w1", "w3", "w2"), correction_bias="e_score_correction_bias"),
 }
-FUSED_EXPERTS = ("gpt_oss",)  # experts stored as one [E, ...] tensor per layer and projection
+FUSED_EXPERTS = ("gpt_oss", "llama4_text")  # experts stored as one [E, ...] tensor per layer and projection
 
 # Keys some exporters add that carry no weights we need.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -42,8 +49,9 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 @dataclass(frozen=True)
 class ExpertPart:
     """One part of one expert: checkpoint `key` (a tensor of `tensor_shape`), cut as row `expert` of a fused
-    tensor (None: the tensor is this expert's alone), then every `step`-th column from `start` (the
-    interleaved gate/up of GPT-OSS; step 1: all), then transposed if `transpose`.
+    tensor (None: the tensor is this expert's alone), then every `step`-th column from `start` up to `stop` (the
+    interleaved gate/up of GPT-OSS: step 2; Llama-4's gate and up halves: stop; step 1 and no stop from 0: all),
+    then transposed if `transpose`.
 
     A quantized part (`scale` set: the key of its scales, a tensor of `scale_shape`, the same row `expert`) is
     first dequantised (weights/quantized.py) into the tensor transformers' dequantised model holds (GPT-OSS:
@@ -56,6 +64,7 @@ class ExpertPart:
     transpose: bool = False
     scale: str | None = None
     scale_shape: tuple[int, ...] = ()
+    stop: int | None = None
 
 
 def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertPart]:
@@ -64,8 +73,14 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
     n = FAMILY_NAMES[cfg.model_type]
     D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
     q = cfg.quantization
+    if cfg.model_type == "llama4_text":  # [E, D, 2I]: gate columns [0, I), up [I, 2I); down [E, I, D]
+        base = f"{cfg.weight_prefix}model.layers.{layer}.{n.moe_prefix}.experts"
+        gu = f"{base}.gate_up_proj"
+        return {"gate": ExpertPart(gu, (E, D, 2 * I), expert, 0, transpose=True, stop=I),
+                "up": ExpertPart(gu, (E, D, 2 * I), expert, I, transpose=True, stop=2 * I),
+                "down": ExpertPart(f"{base}.down_proj", (E, I, D), expert, transpose=True)}
     if cfg.model_type in FUSED_EXPERTS:
-        base = f"model.layers.{layer}.{n.moe_prefix}.experts"
+        base = f"{cfg.weight_prefix}model.layers.{layer}.{n.moe_prefix}.experts"
         gub = f"{base}.gate_up_proj_bias"
         if q is not None and q.method == "mxfp4":  # [E, out, in/32, 16] blocks, [E, out, in/32] scales
             gu = dict(key=f"{base}.gate_up_proj_blocks", tensor_shape=(E, 2 * I, D // 32, 16), expert=expert,
@@ -81,7 +96,7 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
                 "gate_bias": ExpertPart(gub, (E, 2 * I), expert, 0, 2),
                 "up_bias": ExpertPart(gub, (E, 2 * I), expert, 1, 2),
                 "down_bias": ExpertPart(f"{base}.down_proj_bias", (E, D), expert)}
-    base = f"model.layers.{layer}.{n.moe_prefix}.experts.{expert}"
+    base = f"{cfg.weight_prefix}model.layers.{layer}.{n.moe_prefix}.experts.{expert}"
     g, u, d = n.expert_proj
 
     def part(name: str, rows: int, cols: int) -> ExpertPart:
@@ -114,11 +129,12 @@ def expert_tensors_per_layer(cfg: ModelConfig) -> int:
 
 
 def is_ignored(cfg: ModelConfig, key: str) -> bool:
-    """Keys that carry nothing the model uses: rotary caches, and the multi-token-prediction layers
-    (GLM-4, DeepSeek-V3) stored after the last decoder layer."""
-    if key.endswith(IGNORED_SUFFIXES):
+    """Keys that carry nothing the model uses: rotary caches, the multi-token-prediction layers
+    (GLM-4, DeepSeek-V3) stored after the last decoder layer, and a multimodal release's tensors outside its
+    language model (`skipped_prefixes`)."""
+    if key.endswith(IGNORED_SUFFIXES) or key.startswith(cfg.skipped_prefixes):
         return True
-    m = _LAYER.match(key)
+    m = _LAYER.match(key.removeprefix(cfg.weight_prefix))
     return bool(cfg.extra_layers and m and cfg.num_layers <= int(m.group(1)) < cfg.num_layers + cfg.extra_layers)
 
 
@@ -177,13 +193,14 @@ def _attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tu
 
 def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{module parameter name: (checkpoint key, shape)} for every weight kept resident."""
-    D, V = cfg.hidden_size, cfg.vocab_size
+    D, V, pre = cfg.hidden_size, cfg.vocab_size, cfg.weight_prefix
     n = FAMILY_NAMES[cfg.model_type]
-    out = {"embed.weight": ("model.embed_tokens.weight", (V, D)), "norm.weight": ("model.norm.weight", (D,))}
+    out = {"embed.weight": (pre + "model.embed_tokens.weight", (V, D)),
+           "norm.weight": (pre + "model.norm.weight", (D,))}
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = ("lm_head.weight", (V, D))
+        out["lm_head.weight"] = (pre + "lm_head.weight", (V, D))
     for i in range(cfg.num_layers):
-        p, m = f"model.layers.{i}.", f"layers.{i}."
+        p, m = f"{pre}model.layers.{i}.", f"layers.{i}."
         out[m + "input_norm.weight"] = (p + "input_layernorm.weight", (D,))
         out[m + "post_attn_norm.weight"] = (p + "post_attention_layernorm.weight", (D,))
         out.update(_attention_keys(cfg, p + "self_attn.", m + "attn."))
@@ -193,10 +210,11 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
             if cfg.router_bias:
                 out[m + "mlp.router.bias"] = (mp + n.router + ".bias", (cfg.num_experts,))
             if cfg.score_correction_bias:
-                out[m + "mlp.correction_bias"] = (mp + n.router + ".e_score_correction_bias", (cfg.num_experts,))
+                out[m + "mlp.correction_bias"] = (mp + (n.correction_bias or n.router + ".e_score_correction_bias"),
+                                                  (cfg.num_experts,))
             if cfg.shared_expert_intermediate_size:
                 S = cfg.shared_expert_intermediate_size
-                sp = mp + ("shared_expert." if cfg.shared_expert_gate else "shared_experts.")
+                sp = mp + (n.shared or ("shared_expert" if cfg.shared_expert_gate else "shared_experts")) + "."
                 out[m + "mlp.shared.gate_proj.weight"] = (sp + "gate_proj.weight", (S, D))
                 out[m + "mlp.shared.up_proj.weight"] = (sp + "up_proj.weight", (S, D))
                 out[m + "mlp.shared.down_proj.weight"] = (sp + "down_proj.weight", (D, S))
@@ -204,7 +222,8 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
                     out[m + "mlp.shared_gate.weight"] = (mp + "shared_expert_gate.weight", (1, D))
         else:
             I = cfg.dense_intermediate_size
-            out[m + "mlp.gate_proj.weight"] = (p + "mlp.gate_proj.weight", (I, D))
-            out[m + "mlp.up_proj.weight"] = (p + "mlp.up_proj.weight", (I, D))
-            out[m + "mlp.down_proj.weight"] = (p + "mlp.down_proj.weight", (D, I))
+            dp = p + n.dense_prefix + "."
+            out[m + "mlp.gate_proj.weight"] = (dp + "gate_proj.weight", (I, D))
+            out[m + "mlp.up_proj.weight"] = (dp + "up_proj.weight", (I, D))
+            out[m + "mlp.down_proj.weight"] = (dp + "down_proj.weight", (D, I))
     return out

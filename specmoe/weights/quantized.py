@@ -189,9 +189,10 @@ def dequantize_part(method: str, block: tuple[int, int], part: ExpertPart, t: to
 
 
 def cut(part: ExpertPart, t: torch.Tensor) -> torch.Tensor:
-    """A float part's values from its tensor row: every `step`-th column from `start`, then transposed."""
-    if part.step != 1:
-        t = t[..., part.start::part.step]
+    """A float part's values from its tensor row: every `step`-th column from `start` up to `stop`, then
+    transposed."""
+    if part.step != 1 or part.start or part.stop is not None:
+        t = t[..., part.start:part.stop:part.step]
     return t.T if part.transpose else t
 
 
