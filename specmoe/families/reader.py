@@ -31,7 +31,7 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
     fam = family_of(raw.get("model_type"))
     f = Fields(raw, f"config.json ({fam.model_type})")
     rope, rope_theta, prf = _rope(f, fam)
-    shape = _shape(f, fam, rope, prf)
+    shape = fam.shape(f, rope, prf) if fam.shape is not None else _shape(f, fam, rope, prf)
     kw = fam.read(f, shape)
     if fam.yarn and rope.get("rope_type", rope.get("type")) == "yarn":
         kw["yarn"] = read_yarn(f, rope)
@@ -43,7 +43,9 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
                        head_dim=kw.pop("head_dim", shape.head_dim), num_experts=shape.num_experts, top_k=shape.top_k,
                        rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=rope_theta,
                        max_position_embeddings=f.int("max_position_embeddings", default=4096, lo=2),
-                       tie_word_embeddings=f.bool("tie_word_embeddings", False), hidden_act="silu", **kw)
+                       tie_word_embeddings=kw.pop("tie_word_embeddings", None) if "tie_word_embeddings" in kw
+                       else f.bool("tie_word_embeddings", False),
+                       hidden_act="silu", **kw)
 
 
 def _rope(f: Fields, fam: Family) -> tuple[dict, float, float]:

@@ -40,6 +40,9 @@ class Family:
     yarn: bool = False  # YaRN rope scaling is read (else only plain RoPE)
     partial_rotary_factor: float | None = None  # its default when only part of a head rotates (None: all does)
     quantizations: tuple[str, ...] = ("fp8",)  # quant_methods its quantized checkpoints may use
+    # reads the `Shape` itself (config.json names its sizes its own way: NLLB-MoE's d_model, decoder_layers, ...);
+    # None: the shared reader (`reader._shape`)
+    shape: Callable[[Fields, dict, float], Shape] | None = None
 
 
 FAMILIES: dict[str, Family] = {}  # model_type -> Family, in registration order

@@ -17,7 +17,7 @@ from torch import nn
 from specmoe.config import ModelConfig
 from specmoe.models.attention import attention, fixed_split, read_keys
 from specmoe.models.kv_cache import KVCache, round_positions
-from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear
+from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear, set_min_rows
 from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
 from specmoe.models.rope import apply_rope, inv_freq, rope_tables
@@ -66,6 +66,29 @@ def tree_attention_mask(bv: BatchView, window: int | None) -> torch.Tensor:
         key_pos = torch.where(in_tree, torch.gather(bv.positions, 1, node), keys[None, :])  # [B, S]
         mask &= key_pos[:, None, :] > bv.positions[:, :, None] - window
     return mask[:, None]
+
+
+def attention_mask(bv: BatchView, window: int | None) -> torch.Tensor | None:
+    """[B, 1, T, S] bool over S = padded_keys(key_len): key j visible to the query at position p iff j <= p
+    (and inside the window); None when every key below key_len is visible (one query per row, every row at
+    the last of the key_len positions)."""
+    if bv.tree is not None:
+        return tree_attention_mask(bv, window)
+    if bv.last_only and (not window or window >= bv.key_len):
+        return None
+    keys = torch.arange(bv.key_len, device=bv.positions.device)
+    mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
+    if window:
+        mask &= keys[None, None, :] > bv.positions[:, :, None] - window
+    return mask[:, None]
+
+
+def set_write_index(bv: BatchView, cache: KVCache, device: torch.device) -> None:
+    """Where the forward's tokens write their K/V, when whoever built the view did not say (`BatchView.write_index`)."""
+    if bv.write_index is None:
+        slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
+                                                                   device=device)
+        bv.write_index = cache.write_index(slots, bv.positions if bv.write_positions is None else bv.write_positions)
 
 
 class Attention(nn.Module):
@@ -202,11 +225,7 @@ class Transformer(nn.Module):
         padded to that many and fp32 attention takes the fixed split (`attention.attend`), so a row's result does not
         depend on how many rows share its forward. bf16 / fp16 need nothing: their CPU GEMMs round a row the same at
         every row count, and their attention always takes the fixed split."""
-        rows = MIN_ROWS if on else 1
-        for m in self.modules():
-            if hasattr(m, "rows"):
-                m.rows = rows
-        self.rows = rows
+        set_min_rows(self, MIN_ROWS if on else 1)
         return self
 
     def head_weight(self) -> torch.Tensor:
@@ -227,33 +246,15 @@ class Transformer(nn.Module):
             tab = self._rope_tables = (n, device, dtype, cos[0, :, None], sin[0, :, None])  # [P, 1, 1, R] each
         return tab[3][positions], tab[4][positions]
 
-    def attention_mask(self, bv: BatchView, window: int | None) -> torch.Tensor | None:
-        """[B, 1, T, S] bool over S = padded_keys(key_len): key j visible to the query at position p iff j <= p
-        (and inside the window); None when every key below key_len is visible (one query per row, every row at
-        the last of the key_len positions)."""
-        if bv.tree is not None:
-            return tree_attention_mask(bv, window)
-        if bv.last_only and (not window or window >= bv.key_len):
-            return None
-        keys = torch.arange(bv.key_len, device=bv.positions.device)
-        mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
-        if window:
-            mask &= keys[None, None, :] > bv.positions[:, :, None] - window
-        return mask[:, None]
-
     def forward(self, tokens: torch.Tensor, cache: KVCache, bv: BatchView, ctx: ForwardContext,
                 logits_at: torch.Tensor | None = None, flat: bool = False) -> torch.Tensor:
         """tokens [B, T] → logits [B, T, V] (or [B, n, V] at the index tensor `logits_at` [B, n]; with `flat`,
         [B·T, V]). The hidden states are [B·T, D] between the layers (no reshape per layer)."""
         B, T = tokens.shape
         x = self.embed(tokens.view(-1))  # [B·T, D]
-        if bv.write_index is None:
-            slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
-                                                                       device=tokens.device)
-            bv.write_index = cache.write_index(slots, bv.positions if bv.write_positions is None
-                                               else bv.write_positions)
+        set_write_index(bv, cache, tokens.device)
         cos, sin = self.rope(bv, x.dtype)
-        masks = {w: self.attention_mask(bv, w) for w in self._windows}
+        masks = {w: attention_mask(bv, w) for w in self._windows}
         ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
         ctx.real_tokens = None if bv.valid is None else bv.real_tokens
         for i, layer in enumerate(self.layers):
