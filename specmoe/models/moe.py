@@ -203,8 +203,9 @@ def _looped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, math: ExpertMath)
     out = torch.zeros(x.shape[0], g.down.shape[1], dtype=x.dtype, device=x.device)
     start = 0
     for s, end in enumerate(offs.tolist()):
-        if end > start:
-            out[start:end] = swiglu(x[start:end], g.gate_up[s], g.down[s],
+        if end > start:  # the rows copied to a fresh (aligned) buffer: CPU sgemm rounds a row by its input's
+            # alignment, which depends on where the slot's rows start (so on the store's slot order)
+            out[start:end] = swiglu(x[start:end].clone(), g.gate_up[s], g.down[s],
                                     None if g.gate_up_bias is None else g.gate_up_bias[s],
                                     None if g.down_bias is None else g.down_bias[s], math)
         start = end

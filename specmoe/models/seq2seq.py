@@ -160,8 +160,9 @@ class Seq2SeqModel(nn.Module):
         self.layers = nn.ModuleList(Seq2SeqLayer(cfg, i) for i in range(s2s.encoder_layers + cfg.num_layers))
         self.encoder_norm = LayerNorm(cfg.hidden_size, s2s.layer_norm_eps)
         self.decoder_norm = LayerNorm(cfg.hidden_size, s2s.layer_norm_eps)
-        if not cfg.tie_word_embeddings:
+        if not cfg.tie_word_embeddings:  # transformers then unties the stacks' embeddings too
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.encoder_embed = Embedding(cfg.vocab_size, cfg.hidden_size)
         self._positions: tuple | None = None  # (device, dtype, table [P, D])
 
     @property
@@ -184,15 +185,17 @@ class Seq2SeqModel(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
-    def embed_at(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens [N], their positions [N] (0-based, no padding) → scaled embeddings + sinusoidal positions [N, D]."""
+    def embed_at(self, tokens: torch.Tensor, positions: torch.Tensor, encoder: bool = False) -> torch.Tensor:
+        """tokens [N], their positions [N] (0-based, no padding) → scaled embeddings (the encoder's own when untied)
+        + sinusoidal positions [N, D]."""
         s2s, w = self.cfg.seq2seq, self.embed.weight
         tab = self._positions
         if tab is None or tab[0] != w.device or tab[1] != w.dtype:
             n = self.cfg.max_position_embeddings + s2s.pad_token_id + 2
             table = sinusoidal_table(n, self.cfg.hidden_size, s2s.pad_token_id).to(w.device, w.dtype)
             tab = self._positions = (w.device, w.dtype, table)
-        return self.embed(tokens) * s2s.embed_scale + tab[2][positions + s2s.pad_token_id + 1]
+        embed = self.encoder_embed if encoder and not self.cfg.tie_word_embeddings else self.embed
+        return embed(tokens) * s2s.embed_scale + tab[2][positions + s2s.pad_token_id + 1]
 
     @torch.inference_mode()
     def encode(self, source: torch.Tensor, cache: EncDecCache, slot: int, ctx: ForwardContext) -> None:
@@ -201,7 +204,7 @@ class Seq2SeqModel(nn.Module):
         `cache.cross.lengths[slot]`). The encoder's MoE layers fetch their experts through ctx.provider, like the
         decoder's. One source per call: the encoder's capacity rule counts that source's tokens only."""
         S = source.shape[0]
-        x = self.embed_at(source, torch.arange(S, device=source.device))
+        x = self.embed_at(source, torch.arange(S, device=source.device), encoder=True)
         ctx.padding, ctx.real_tokens = None, None
         for layer in self.encoder_layers:
             x = x + layer.self_attn.encoder(layer.self_attn_layer_norm(x))

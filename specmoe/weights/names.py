@@ -123,9 +123,11 @@ def is_ignored(cfg: ModelConfig, key: str) -> bool:
     (GLM-4, DeepSeek-V3) stored after the last decoder layer."""
     if key.endswith(IGNORED_SUFFIXES):
         return True
-    if cfg.seq2seq is not None:  # copies of the shared embedding some exporters write, the position table
-        return key in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight") or \
-            ".embed_positions." in key
+    if cfg.seq2seq is not None:  # tied: copies of the shared embedding some exporters write; untied: the unused
+        # shared one; the position table
+        unused = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight") \
+            if cfg.tie_word_embeddings else ("model.shared.weight",)
+        return key in unused or ".embed_positions." in key
     m = _LAYER.match(key)
     return bool(cfg.extra_layers and m and cfg.num_layers <= int(m.group(1)) < cfg.num_layers + cfg.extra_layers)
 
@@ -240,9 +242,12 @@ def _seq2seq_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     layer (global index, encoder first) the biased attention(s), LayerNorms and the dense FFN or the router, the
     two final LayerNorms."""
     D, V, s2s = cfg.hidden_size, cfg.vocab_size, cfg.seq2seq
-    out = {"embed.weight": ("model.shared.weight", (V, D))}
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = ("lm_head.weight", (V, D))
+    if cfg.tie_word_embeddings:  # transformers ties both stacks' embeddings and the LM head to model.shared
+        out = {"embed.weight": ("model.shared.weight", (V, D))}
+    else:  # untied, each stack reads its own embedding (model.shared is then unused)
+        out = {"embed.weight": ("model.decoder.embed_tokens.weight", (V, D)),
+               "encoder_embed.weight": ("model.encoder.embed_tokens.weight", (V, D)),
+               "lm_head.weight": ("lm_head.weight", (V, D))}
     for stack in ("encoder", "decoder"):
         out[f"{stack}_norm.weight"] = (f"model.{stack}.layer_norm.weight", (D,))
         out[f"{stack}_norm.bias"] = (f"model.{stack}.layer_norm.bias", (D,))
