@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from specmoe.errors import InputError
 from specmoe.cli.common import add_model_args, add_option_args, jsonl_prompt, make_llm, print_json, read_text
 
 
@@ -11,7 +12,24 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate completions for prompts")
     add_model_args(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    add_generation_args(p)
+    p.set_defaults(func=run)
+    t = sub.add_parser("translate", help="translate texts with an encoder-decoder model (NLLB-MoE)",
+                       description="Translate each TEXT (and the --prompts-file lines) into --target-lang; "
+                                   "language codes as the model's tokenizer names them (NLLB: fra_Latn, deu_Latn, ...).")
+    add_model_args(t)
+    t.add_argument("prompt", nargs="*", metavar="TEXT", help="a text to translate (several: a batch)")
+    add_generation_args(t, translate=True)
+    t.set_defaults(func=run)
+
+
+def add_generation_args(p, translate: bool = False) -> None:
+    """The flags `generate` and `translate` share (the sampling parameters, the languages, the options)."""
     p.add_argument("--prompts-file", help="file with one prompt per line, or JSONL with a 'prompt' field")
+    p.add_argument("--target-lang", required=translate, default=None,
+                   help="encoder-decoder (translation) models: the language to translate into, e.g. fra_Latn")
+    p.add_argument("--source-lang", default=None,
+                   help="encoder-decoder (translation) models: the source texts' language (default: eng_Latn)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
@@ -20,7 +38,6 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print outputs and stats as JSON")
     add_option_args(p)
-    p.set_defaults(func=run)
 
 
 def read_prompts(args) -> list[str | list[int]]:
@@ -36,6 +53,8 @@ def read_prompts(args) -> list[str | list[int]]:
                 prompts.append(jsonl_prompt(line, f"{path}:{i + 1}", ids_ok=True))
             else:
                 prompts.append(line)
+    if not prompts and args.command == "translate":
+        raise InputError("nothing to translate: give a TEXT or --prompts-file")
     if not prompts:
         prompts = ["def fibonacci(n):"]
     return prompts
@@ -47,7 +66,9 @@ def run(args) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, stop=args.stop)
     llm = make_llm(args, progress=not args.json)
-    outs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json)
+    outs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json, target_lang=args.target_lang,
+                        source_lang=args.source_lang)
+    seq2seq = llm.config.seq2seq is not None  # the text is a translation, not a continuation of the prompt
     if args.json:
         print_json({"model": str(llm.path), "outputs": [
             {"prompt": o.prompt, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}
@@ -55,7 +76,7 @@ def run(args) -> int:
         return 0
     for o in outs:
         shown = o.prompt if o.prompt is not None else o.prompt_token_ids
-        sys.stdout.write(f"--- prompt: {shown!r}\n{o.prompt or ''}{o.text}\n")
+        sys.stdout.write(f"--- prompt: {shown!r}\n{'' if seq2seq else o.prompt or ''}{o.text}\n")
     sys.stderr.write(summary(llm.stats) + "\n")
     return 0
 
