@@ -252,6 +252,12 @@ class ModelConfig:
         """The global index of the decoder's first layer (0 for a decoder-only model; see `Seq2Seq`)."""
         return self.seq2seq.encoder_layers if self.seq2seq is not None else 0
 
+    @property
+    def draft_layers(self) -> tuple[int, ...]:
+        """The MoE layers a draft forward runs through: all of them, or an encoder–decoder model's decoder ones (the
+        encoder runs once per request and is never drafted, so it pins no draft experts)."""
+        return tuple(layer for layer in self.moe_layers if layer >= self.decoder_layer0)
+
     def capacity(self, layer: int) -> Capacity | None:
         """The expert capacity rule of MoE layer `layer` (NLLB-MoE's encoder layers), None: none."""
         s = self.seq2seq

@@ -221,3 +221,42 @@ def test_unsupported_configs(tmp_path):
                               ("decoder_ffn_dim", 16, "two sizes")):
         with pytest.raises(UnsupportedModelError, match=match):
             read_config({**raw, key: value})
+
+
+def test_cli_translate_and_inspect(ckpts, capsys):
+    from specmoe.cli import main
+    path = ckpts["base"]
+    want = LLM(path, dtype="float32").generate(["the cat sat", "a bird"], SamplingParams(max_tokens=5),
+                                                target_lang="deu_Latn", source_lang="spa_Latn")
+    assert main(["translate", "--model", str(path), "--dtype", "float32", "--target-lang", "deu_Latn",
+                 "--source-lang", "spa_Latn", "--max-tokens", "5", "the cat sat", "a bird"]) == 0
+    out = capsys.readouterr().out
+    assert out == "".join(f"--- prompt: {o.prompt!r}\n{o.text}\n" for o in want)
+    assert main(["translate", "--model", str(path), "--target-lang", "xyz", "a"]) == 2
+    assert "unknown target_lang 'xyz'" in capsys.readouterr().err
+    assert main(["generate", "--model", str(path), "--prompt", "a"]) == 2
+    assert "give target_lang" in capsys.readouterr().err
+    assert main(["inspect", str(ckpts["odd"]), "--json"]) == 0
+    import json
+    info = json.loads(capsys.readouterr().out)
+    assert info["encoder_layers"] == "moe, moe" and info["decoder_layers"] == "dense, dense, moe, dense"
+    assert info["layers"] == 6 and info["moe_layers"] == 3 and info["attention"] == "mha+cross"
+
+
+def test_server_completion_with_target_lang(ckpts):
+    from tests.serve.conftest import need_server, start_server
+    need_server()
+    import httpx
+    path = ckpts["base"]
+    want = LLM(path, dtype="float32").generate("the cat sat", SamplingParams(max_tokens=5), target_lang="fra_Latn")
+    srv = start_server({"model": path})
+    try:
+        from specmoe.serve.config import served_name
+        body = {"model": served_name(srv.llm, srv.app.state.config), "prompt": "the cat sat", "max_tokens": 5, "temperature": 0}
+        r = httpx.post(srv.url + "/v1/completions", json={**body, "target_lang": "fra_Latn"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want[0].text
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 400 and "target_lang" in r.json()["error"]["message"]
+    finally:
+        srv.stop()
