@@ -167,6 +167,27 @@ def test_speculative_greedy_equals_plain(ckpts, drafter):
     assert [g[0] for g in got] == [r[0] for r in ref]
     s = llm.stats
     assert s["accepted_tokens"] > 0 and s["drafted_tokens"] > s["accepted_tokens"]  # accepted and rejected
+    if drafter == "self":  # the encoder is never drafted: no draft experts pinned there
+        assert sorted(s["draft_set"]) == list(llm.config.draft_layers) == [4]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_speculative_equals_plain(ckpts, dtype):
+    """Half precision on CPU takes the batch-invariant attention (multi-head: one query head per key head)."""
+    path = ckpts["odd"]
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    plain = LLM(path, dtype=dtype).generate(SOURCES, params, target_lang=FRA)
+    llm = LLM(path, dtype=dtype, decoding="specmoe", draft_experts=2, offload="host", cache_experts=3)
+    assert [o.token_ids for o in llm.generate(SOURCES, params, target_lang=FRA)] == [o.token_ids for o in plain]
+    assert llm.stats["drafted_tokens"] > 0
+
+
+def test_multi_head_attention_half_precision_decoder_only(tiny_ckpt):
+    """A decoder-only model whose every query head has its own key head (Qwen1.5-MoE's layout) in bf16 on CPU: the
+    fixed-split attention's query and output reshapes (a `view` of the transposed queries used to fail)."""
+    llm = LLM(tiny_ckpt("qwen2_moe", num_key_value_heads=4), dtype="bfloat16")
+    assert llm.config.num_kv_heads == llm.config.num_heads
+    assert len(llm.generate([list(range(3, 40))], SamplingParams(max_tokens=4))[0].token_ids) == 4
 
 
 def test_speculative_seeded_equals_plain_seeded(ckpts):
