@@ -73,7 +73,7 @@ def translation_requests(prompts, target_lang, source_lang, *, tokenizer, cfg: M
     items = split_prompts(prompts)
     n, s2s = len(items), cfg.seq2seq
     targets = _per_prompt(target_lang, n, "target_lang")
-    sources = _per_prompt(DEFAULT_SOURCE_LANG if source_lang is None else source_lang, n, "source_lang")
+    sources = [DEFAULT_SOURCE_LANG if s is None else s for s in _per_prompt(source_lang, n, "source_lang")]
     eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else (tokenizer.eos_token_id if tokenizer is not None else None)
     out = []
     for i, (p, tgt, src) in enumerate(zip(items, targets, sources)):

@@ -244,7 +244,7 @@ def test_unsupported_configs(tmp_path):
             read_config({**raw, key: value})
 
 
-def test_cli_translate_and_inspect(ckpts, capsys):
+def test_cli_translate_and_inspect(ckpts, capsys, tmp_path):
     from specmoe.cli import main
     path = ckpts["base"]
     want = LLM(path, dtype="float32").generate(["the cat sat", "a bird"], SamplingParams(max_tokens=5),
@@ -253,12 +253,20 @@ def test_cli_translate_and_inspect(ckpts, capsys):
                  "--source-lang", "spa_Latn", "--max-tokens", "5", "the cat sat", "a bird"]) == 0
     out = capsys.readouterr().out
     assert out == "".join(f"--- prompt: {o.prompt!r}\n{o.text}\n" for o in want)
+    rows = tmp_path / "src.jsonl"  # a row's own languages win over the flags
+    rows.write_text('{"prompt": "the cat sat", "target_lang": "deu_Latn"}\n{"prompt": "a bird", "source_lang": '
+                    '"spa_Latn"}\n')
+    want = LLM(path, dtype="float32").generate(["the cat sat", "a bird"], SamplingParams(max_tokens=5),
+                                                target_lang=["deu_Latn", "fra_Latn"], source_lang=["eng_Latn", "spa_Latn"])
+    assert main(["translate", "--model", str(path), "--dtype", "float32", "--target-lang", "fra_Latn",
+                 "--prompts-file", str(rows), "--max-tokens", "5", "--json"]) == 0
+    import json
+    assert [o["token_ids"] for o in json.loads(capsys.readouterr().out)["outputs"]] == [o.token_ids for o in want]
     assert main(["translate", "--model", str(path), "--target-lang", "xyz", "a"]) == 2
     assert "unknown target_lang 'xyz'" in capsys.readouterr().err
     assert main(["generate", "--model", str(path), "--prompt", "a"]) == 2
     assert "give target_lang" in capsys.readouterr().err
     assert main(["inspect", str(ckpts["odd"]), "--json"]) == 0
-    import json
     info = json.loads(capsys.readouterr().out)
     assert info["encoder_layers"] == "moe, moe" and info["decoder_layers"] == "dense, dense, moe, dense"
     assert info["layers"] == 6 and info["moe_layers"] == 3 and info["attention"] == "mha+cross"
