@@ -28,7 +28,7 @@ from specmoe.engine.stats import EngineStats, MemoryStats
 from specmoe.experts.factory import build_store
 from specmoe.memory import check_fits, device_memory
 from specmoe.engine.translation import check_translation_args, translation_requests
-from specmoe.errors import InputError
+from specmoe.errors import InputError, UnsupportedModelError
 from specmoe.models.kv_cache import EncDecCache, KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
 from specmoe.options import check_llm_args, resolve_device, split_options
@@ -62,6 +62,10 @@ class LLM:
         self._lock = threading.Lock()  # one generate/logits at a time: they share the KV cache and stats
         self.ckpt = Checkpoint(self.path)
         self.config = self.ckpt.config
+        if self.config.seq2seq is not None and (self.spec_cfg.decoding == "auto" or self.spec_cfg.drafter == "eagle"):
+            raise UnsupportedModelError(f"{self.path} is an encoder–decoder model ({self.config.model_type}): "
+                                        "decoding='auto' and the eagle drafter are not supported for it; use "
+                                        "decoding='specmoe' with drafter 'self' or 'ngram'")
         self.dtype = resolve_dtype(dtype, default=self.config.dtype, device=self.device)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         self.model.set_deterministic(self.spec_cfg.deterministic)

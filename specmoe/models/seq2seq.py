@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import ModelConfig
+from specmoe.errors import UnsupportedModelError
 from specmoe.models.attention import attention, fixed_split, padded_keys, read_keys
 from specmoe.models.decoder import BatchView, attention_mask, set_write_index
 from specmoe.models.kv_cache import EncDecCache
@@ -234,6 +235,10 @@ class Seq2SeqModel(nn.Module):
                 logits_at: torch.Tensor | None = None, flat: bool = False) -> torch.Tensor:
         """The decoder, as `decoder.Transformer.forward`: tokens [B, T] → logits [B, T, V] (or [B, n, V] at
         `logits_at` [B, n]; with `flat`, [B·T, V]). Each row's source must have been encoded (`encode`)."""
+        if not isinstance(cache, EncDecCache):  # a decoder-only path (profiling, the cost model's calibration)
+            raise UnsupportedModelError("profiling the experts (cache_policy='static' without expert_profile.json, "
+                                        "`specmoe profile`) runs decoder-only forwards, without sources: not "
+                                        f"supported for an encoder–decoder model ({self.cfg.model_type})")
         B, T = tokens.shape
         set_write_index(bv, cache, tokens.device)
         positions = bv.flat_positions if bv.flat_positions is not None else bv.positions.reshape(-1)

@@ -230,6 +230,10 @@ def test_translation_errors(ckpts, tiny_ckpt):
         llm.logits([[4, 10, 2]])
     with pytest.raises(InputError, match="decoder-only"):
         LLM(tiny_ckpt("mixtral")).generate([[1, 2, 3]], target_lang="fra_Latn")
+    with pytest.raises(UnsupportedModelError, match="decoding='auto' and the eagle drafter"):
+        LLM(ckpts["base"], decoding="auto")
+    with pytest.raises(UnsupportedModelError, match="profiling the experts"):
+        LLM(ckpts["base"], offload="host", cache_policy="static", cache_experts=3)
 
 
 def test_unsupported_configs(tmp_path):
