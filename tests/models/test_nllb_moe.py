@@ -246,6 +246,15 @@ def test_unsupported_configs(tmp_path):
                               ("decoder_ffn_dim", 16, "two sizes")):
         with pytest.raises(UnsupportedModelError, match=match):
             read_config({**raw, key: value})
+    from specmoe.errors import CheckpointError
+    with pytest.raises(CheckpointError, match="d_model must be a multiple of encoder_attention_heads"):
+        read_config({**raw, "encoder_attention_heads": 5})
+    (path / "config.json").write_text(json.dumps({**raw, "num_experts": raw["num_experts"] + 1}))
+    with pytest.raises(CheckpointError, match="missing .* tensor"):
+        LLM(path)
+    (path / "config.json").write_text(json.dumps({**raw, "decoder_ffn_dim": 16, "encoder_ffn_dim": 16}))
+    with pytest.raises(CheckpointError, match="shape"):
+        LLM(path)
 
 
 def test_cli_translate_and_inspect(ckpts, capsys, tmp_path):
