@@ -84,7 +84,7 @@ class BiasedAttention(nn.Module):
         q = self._queries(x, 1, S)
         k, v = (t.view(1, S, self.heads, self.head_dim).transpose(1, 2) for t in self.kv(x))  # [1, H, S, Dh]
         fixed = fixed_split(q, self.rows)
-        if fixed and S % padded_keys(S):  # the fixed split reads whole blocks (keys past S hidden)
+        if fixed and padded_keys(S) > S:  # the fixed split reads whole blocks (keys past S hidden)
             k, v = (F.pad(t, (0, 0, 0, padded_keys(S) - S)) for t in (k, v))
         return self._out(attention(q, k, v, None, self.head_dim ** -0.5, S, invariant=fixed), 1, S)
 
