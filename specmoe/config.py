@@ -152,6 +152,40 @@ class Quantization:
     block: tuple[int, int] = (128, 128)  # fp8: weight_block_size (rows, columns)
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """NLLB-MoE's expert capacity in eval (transformers' `NllbMoeTop2Router.route_tokens`): over a group of N tokens
+    an expert takes at most C = ceil(`fraction` · N) assignments (`fraction` <= 0: `expert_capacity`), first
+    choices before second ones, in token order (`batch_prioritized`: most confident tokens first); an assignment
+    past C is dropped. `normalize_before_dropping`: the two weights are normalised before the drop (else after,
+    over what is kept)."""
+    fraction: float = 1.0
+    expert_capacity: int | None = None
+    batch_prioritized: bool = False
+    normalize_before_dropping: bool = False
+
+    def limit(self, n: int, num_experts: int) -> int:
+        if self.fraction > 0:
+            return math.ceil(self.fraction * n)
+        return self.expert_capacity if self.expert_capacity is not None else 2 * math.ceil(n / num_experts)
+
+
+@dataclass(frozen=True)
+class Seq2Seq:
+    """An encoder–decoder model (NLLB-MoE, M2M100-style): the encoder's own sizes (the `ModelConfig` sizes are the
+    decoder's), scaled embeddings, sinusoidal positions offset by the padding id, the decoder's start token, and the
+    expert capacity rule of the encoder's MoE layers. Layers are numbered encoder first: encoder layer i is layer i,
+    decoder layer j is layer `encoder_layers` + j (`ModelConfig.moe_layers` counts both stacks)."""
+    encoder_layers: int
+    encoder_heads: int
+    encoder_ffn: int  # the encoder's dense FFN width (its experts' is `expert_intermediate_size`)
+    pad_token_id: int
+    decoder_start_token_id: int
+    embed_scale: float
+    capacity: Capacity
+    layer_norm_eps: float = 1e-5
+
+
 @dataclass
 class ModelConfig:
     model_type: str
@@ -200,6 +234,8 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0  # routed experts' weights are multiplied by this
     # --- experts
     expert_bias: bool = False  # GPT-OSS: gate/up and down biases packed after the weights
+    # "swiglu": gate, up, down (every decoder-only family); "relu": one input projection (fc1), ReLU, fc2 (NLLB-MoE)
+    expert_act: str = "swiglu"
     swiglu_limit: float | None = None  # GPT-OSS clamped SwiGLU: (clamp(up) + 1) · g·σ(α·g), g = min(gate, limit)
     swiglu_alpha: float = 1.702
     extra_layers: int = 0  # multi-token-prediction layers stored after the last layer (not used, not loaded)
@@ -217,10 +253,12 @@ class ModelConfig:
     attn_floor_scale: float | None = None
     attn_scale: float = 0.1
     routed_input_scaled: bool = False  # Llama-4: the routing weight scales the expert's input, not its output
+    # --- encoder–decoder (NLLB-MoE); None: decoder-only
+    seq2seq: Seq2Seq | None = None
 
     def __post_init__(self):
         if not self.moe_layers:
-            self.moe_layers = tuple(range(self.num_layers))
+            self.moe_layers = tuple(range(self.decoder_layer0, self.decoder_layer0 + self.num_layers))
         if self.sliding_layers is None:
             self.sliding_layers = tuple(range(self.num_layers))
         # the reader checks these with the file's field names; direct construction gets the same guarantees
@@ -241,6 +279,25 @@ class ModelConfig:
     def rotary(self, layer: int) -> bool:
         """Whether `layer` applies rotary embeddings (False: a NoPE layer)."""
         return layer not in self.nope_layers
+    @property
+    def decoder_layer0(self) -> int:
+        """The global index of the decoder's first layer (0 for a decoder-only model; see `Seq2Seq`)."""
+        return self.seq2seq.encoder_layers if self.seq2seq is not None else 0
+
+    @property
+    def draft_layers(self) -> tuple[int, ...]:
+        """The MoE layers a draft forward runs through: all of them, or an encoder–decoder model's decoder ones (the
+        encoder runs once per request and is never drafted, so it pins no draft experts)."""
+        return tuple(layer for layer in self.moe_layers if layer >= self.decoder_layer0)
+
+    def capacity(self, layer: int) -> Capacity | None:
+        """The expert capacity rule of MoE layer `layer` (NLLB-MoE's encoder layers), None: none."""
+        s = self.seq2seq
+        return s.capacity if s is not None and layer < s.encoder_layers else None
+
+    @property
+    def gated_experts(self) -> bool:
+        return self.expert_act == "swiglu"
 
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer`'s attention (None: full causal attention)."""
@@ -251,6 +308,8 @@ class ModelConfig:
         """Elements of one expert packed as [gate; up; down] (3 · I · D), then, with expert biases,
         [gate bias (I); up bias (I); down bias (D)]."""
         I, D = self.expert_intermediate_size, self.hidden_size
+        if not self.gated_experts:  # [fc1 (I·D); fc2 (D·I)] (+ [fc1 bias (I); fc2 bias (D)])
+            return 2 * I * D + (I + D if self.expert_bias else 0)
         return 3 * I * D + (2 * I + D if self.expert_bias else 0)
 
     @property

@@ -43,6 +43,11 @@ def describe(path) -> dict:
             "quantization": cfg.quantization.method if cfg.quantization else None,
             "expert_bytes": expert_bytes, "non_expert_bytes": other,
             "bytes_per_expert": expert_bytes // max(1, len(cfg.moe_layers) * cfg.num_experts)}
+    if cfg.seq2seq is not None:  # encoder–decoder: each stack's layers and their kinds
+        Le = cfg.seq2seq.encoder_layers
+        kinds = ["moe" if cfg.is_moe_layer(i) else "dense" for i in range(Le + cfg.num_layers)]
+        info.update(layers=Le + cfg.num_layers, dense_layers=kinds.count("dense"), attention="mha+cross",
+                    rope="sinusoidal", encoder_layers=", ".join(kinds[:Le]), decoder_layers=", ".join(kinds[Le:]))
     info["expert_formats"] = expert_formats(ck)
     prof = path / "expert_profile.json"
     if prof.is_file():

@@ -27,7 +27,9 @@ from specmoe.engine.prompts import normalize_params, normalize_prompts
 from specmoe.engine.stats import EngineStats, MemoryStats
 from specmoe.experts.factory import build_store
 from specmoe.memory import check_fits, device_memory
-from specmoe.models.kv_cache import KVCache, kv_bytes, round_positions
+from specmoe.engine.translation import check_translation_args, translation_requests
+from specmoe.errors import InputError, UnsupportedModelError
+from specmoe.models.kv_cache import EncDecCache, KVCache, kv_bytes, round_positions
 from specmoe.models.loader import load_model
 from specmoe.options import check_llm_args, resolve_device, split_options
 from specmoe.tokenizer import Tokenizer
@@ -60,6 +62,10 @@ class LLM:
         self._lock = threading.Lock()  # one generate/logits at a time: they share the KV cache and stats
         self.ckpt = Checkpoint(self.path)
         self.config = self.ckpt.config
+        if self.config.seq2seq is not None and (self.spec_cfg.decoding == "auto" or self.spec_cfg.drafter == "eagle"):
+            raise UnsupportedModelError(f"{self.path} is an encoder–decoder model ({self.config.model_type}): "
+                                        "decoding='auto' and the eagle drafter are not supported for it; use "
+                                        "decoding='specmoe' with drafter 'self' or 'ngram'")
         self.dtype = resolve_dtype(dtype, default=self.config.dtype, device=self.device)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         self.model.set_deterministic(self.spec_cfg.deterministic)
@@ -92,9 +98,10 @@ class LLM:
             cfg = self.config
             self._cache = None  # free the old one first
             heads, kdim, vdim = cfg.kv_cache_dims
-            self._cache = KVCache(num_layers=cfg.num_layers, max_batch=slots, max_seq=want,
-                                  num_kv_heads=heads, head_dim=kdim, v_head_dim=vdim, dtype=self.dtype,
-                                  device=self.device)
+            kind = EncDecCache if cfg.seq2seq is not None else KVCache  # + the cross-attention K/V per sequence
+            self._cache = kind(num_layers=cfg.num_layers, max_batch=slots, max_seq=want,
+                               num_kv_heads=heads, head_dim=kdim, v_head_dim=vdim, dtype=self.dtype,
+                               device=self.device)
         self._cache.lengths = [0] * self._cache.max_batch
         return self._cache
 
@@ -107,6 +114,8 @@ class LLM:
         n = min(self.max_model_len, longest) + look
         heads, kdim, vdim = cfg.kv_cache_dims
         one = kv_bytes(cfg.num_layers, heads, kdim, self.dtype, 1, n, vdim)
+        if cfg.seq2seq is not None:  # the cross-attention K/V over a source of up to max_position_embeddings
+            one += kv_bytes(cfg.num_layers, heads, kdim, self.dtype, 1, cfg.max_position_embeddings, vdim)
         check_fits(f"the KV cache of {what} + {look} lookahead = {n} positions × {cfg.num_layers} layers)", one,
                    self.device)
         room = device_memory(self.device)[1] + (self._cache.nbytes if self._cache is not None else 0)
@@ -128,7 +137,18 @@ class LLM:
 
     # ---------------------------------------------------------------- API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, target_lang: str | int | list | None = None,
+                 source_lang: str | int | list | None = None) -> list[RequestOutput]:
+        """Complete `prompts`. An encoder–decoder (translation) model translates them instead: `target_lang` (a
+        language code such as "fra_Latn", or a token id; one for all prompts or one per prompt) is required,
+        `source_lang` defaults to eng_Latn (see engine/translation.py)."""
+        check_translation_args(self.config, target_lang, source_lang, self.path)
+        if self.config.seq2seq is not None:
+            reqs = translation_requests(prompts, target_lang, source_lang, tokenizer=self.tokenizer, cfg=self.config,
+                                        max_model_len=self.max_model_len, model_path=self.path)
+            plist = normalize_params(params, len(reqs))
+            return self._run([r.text for r in reqs], [r.prompt_ids for r in reqs], plist, use_tqdm=use_tqdm,
+                             sources=[r.source_ids for r in reqs])
         texts, prompt_ids = self._tokenize(prompts)
         plist = normalize_params(params, len(prompt_ids))
         return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
@@ -167,9 +187,11 @@ class LLM:
                 self._live = None
                 core.close()
 
-    def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool, sources=None) -> list[RequestOutput]:
+        sources = sources or [None] * len(prompt_ids)
         with self.engine(list(zip(prompt_ids, plist))) as core:
-            reqs = [core.add(Request(prompt_ids=p, params=sp, prompt=t)) for p, t, sp in zip(prompt_ids, texts, plist)]
+            reqs = [core.add(Request(prompt_ids=p, params=sp, prompt=t, source_ids=src))
+                    for p, t, sp, src in zip(prompt_ids, texts, plist, sources)]
             with tqdm(total=len(reqs), desc="requests", disable=not use_tqdm) as bar:
                 while core.has_work:
                     bar.update(sum(u.finished for u in core.step()))
@@ -184,6 +206,9 @@ class LLM:
         """Scoring: [B, T, V] fp32 logits for each position (right-padded with zeros); batches larger
         than max_batch run in chunks of max_batch. A prompt may fill the whole context (nothing is generated).
         Non-finite logits raise NonFiniteLogitsError."""
+        if self.config.seq2seq is not None:
+            raise InputError(f"logits (scoring) is for decoder-only models; {self.path} is an encoder–decoder "
+                             f"({self.config.model_type}) model")
         _, ids = self._tokenize(token_id_lists, scoring=True)
         T = max(len(t) for t in ids)
         with self._lock:

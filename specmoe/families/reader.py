@@ -36,7 +36,7 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
         source = f"config.json text_config ({fam.model_type})"
     f = Fields(raw, source)
     rope, rope_theta, prf = _rope(f, fam)
-    shape = _shape(f, fam, rope, prf)
+    shape = fam.shape(f, rope, prf) if fam.shape is not None else _shape(f, fam, rope, prf)
     kw = {**fam.read(f, shape), **wrapper}
     rope_type = rope.get("rope_type", rope.get("type"))
     if fam.yarn and rope_type == "yarn":
@@ -51,7 +51,9 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
                        head_dim=kw.pop("head_dim", shape.head_dim), num_experts=shape.num_experts, top_k=shape.top_k,
                        rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=rope_theta,
                        max_position_embeddings=f.int("max_position_embeddings", default=4096, lo=2),
-                       tie_word_embeddings=f.bool("tie_word_embeddings", False), hidden_act="silu", **kw)
+                       tie_word_embeddings=kw.pop("tie_word_embeddings", None) if "tie_word_embeddings" in kw
+                       else f.bool("tie_word_embeddings", False),
+                       hidden_act="silu", **kw)
 
 
 def _text_config(raw: dict, fam: Family) -> dict:

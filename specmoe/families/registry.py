@@ -47,6 +47,9 @@ class Family:
     text_family: str | None = None
     weight_prefix: str = ""
     skipped: tuple[str, ...] = ()
+    # reads the `Shape` itself (config.json names its sizes its own way: NLLB-MoE's d_model, decoder_layers, ...);
+    # None: the shared reader (`reader._shape`)
+    shape: Callable[[Fields, dict, float], Shape] | None = None
 
 
 FAMILIES: dict[str, Family] = {}  # model_type -> Family, in registration order

@@ -130,7 +130,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     qg = (q * scale).reshape(B, Hkv, M, Dh)  # rows (g, t): the query heads sharing a key head
     if R > M:
         qg = F.pad(qg, (0, 0, 0, R - M))
-    qg = qg.view(N, R, Dh) if n == 1 else qg[:, :, None].expand(B, Hkv, n, R, Dh).reshape(N, R, Dh)
+    # (reshape: with one query head per key head and no padding rows, q may still be the caller's transposed view)
+    qg = qg.reshape(N, R, Dh) if n == 1 else qg[:, :, None].expand(B, Hkv, n, R, Dh).reshape(N, R, Dh)
     s = torch.bmm(qg, k.reshape(N, CHUNK, Dh).transpose(1, 2)).view(B, Hkv, n, R, CHUNK).float()
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if mask is not None:
@@ -154,6 +155,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if sinks is not None:
         den = den + torch.exp(sink - m)[:, :, 0, :, 0]
     out = (o / den[..., None]).to(q.dtype)  # [B, Hkv, R, Dv] (computed in fp32)
-    if R > M:
-        out = out[:, :, :M]
+    if R > M:  # contiguous: with one query head per key head the reshape below would keep the padded stride
+        out = out[:, :, :M].contiguous()
     return out.reshape(B, Hq, T, Dv)

@@ -18,7 +18,7 @@ from torch import nn
 from specmoe.config import ModelConfig
 from specmoe.models.attention import attention, fixed_split, read_keys
 from specmoe.models.kv_cache import KVCache, round_positions
-from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear
+from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear, set_min_rows
 from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
 from specmoe.models.rope import apply_rope, deinterleave, inv_freq, rope_tables
@@ -86,6 +86,33 @@ def temperature(positions: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     attn_scale + 1 → [N, 1, 1, 1] fp32 (each query is scaled by its own)."""
     p = positions.float()
     return (torch.log1p(torch.floor((p + 1.0) / cfg.attn_floor_scale)) * cfg.attn_scale + 1.0).view(-1, 1, 1, 1)
+
+
+def attention_mask(bv: BatchView, window: int | None, chunk: int | None = None) -> torch.Tensor | None:
+    """[B, 1, T, S] bool over S = padded_keys(key_len): key j visible to the query at position p iff j <= p
+    (and inside the window, and in p's chunk: j // chunk == p // chunk); None when every key below key_len is
+    visible (one query per row, every row at the last of the key_len positions)."""
+    if bv.tree is not None:
+        return tree_attention_mask(bv, window, chunk)
+    if bv.last_only and (not window or window >= bv.key_len) and (not chunk or chunk >= bv.key_len):
+        return None
+    keys = torch.arange(bv.key_len, device=bv.positions.device)
+    mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
+    if window:
+        mask &= keys[None, None, :] > bv.positions[:, :, None] - window
+    if chunk:
+        mask &= (keys // chunk)[None, None, :] == (bv.positions // chunk)[:, :, None]
+    if window or chunk:
+        mask = see_all_if_padding(mask, bv)
+    return mask[:, None]
+
+
+def set_write_index(bv: BatchView, cache: KVCache, device: torch.device) -> None:
+    """Where the forward's tokens write their K/V, when whoever built the view did not say (`BatchView.write_index`)."""
+    if bv.write_index is None:
+        slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
+                                                                   device=device)
+        bv.write_index = cache.write_index(slots, bv.positions if bv.write_positions is None else bv.write_positions)
 
 
 class Attention(nn.Module):
@@ -231,11 +258,7 @@ class Transformer(nn.Module):
         padded to that many and fp32 attention takes the fixed split (`attention.attend`), so a row's result does not
         depend on how many rows share its forward. bf16 / fp16 need nothing: their CPU GEMMs round a row the same at
         every row count, and their attention always takes the fixed split."""
-        rows = MIN_ROWS if on else 1
-        for m in self.modules():
-            if hasattr(m, "rows"):
-                m.rows = rows
-        self.rows = rows
+        set_min_rows(self, MIN_ROWS if on else 1)
         return self
 
     def head_weight(self) -> torch.Tensor:
@@ -256,37 +279,15 @@ class Transformer(nn.Module):
             tab = self._rope_tables = (n, device, dtype, cos[0, :, None], sin[0, :, None])  # [P, 1, 1, R] each
         return tab[3][positions], tab[4][positions]
 
-    def attention_mask(self, bv: BatchView, window: int | None, chunk: int | None = None) -> torch.Tensor | None:
-        """[B, 1, T, S] bool over S = padded_keys(key_len): key j visible to the query at position p iff j <= p
-        (and inside the window, and in p's chunk: j // chunk == p // chunk); None when every key below key_len is
-        visible (one query per row, every row at the last of the key_len positions)."""
-        if bv.tree is not None:
-            return tree_attention_mask(bv, window, chunk)
-        if bv.last_only and (not window or window >= bv.key_len) and (not chunk or chunk >= bv.key_len):
-            return None
-        keys = torch.arange(bv.key_len, device=bv.positions.device)
-        mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
-        if window:
-            mask &= keys[None, None, :] > bv.positions[:, :, None] - window
-        if chunk:
-            mask &= (keys // chunk)[None, None, :] == (bv.positions // chunk)[:, :, None]
-        if window or chunk:
-            mask = see_all_if_padding(mask, bv)
-        return mask[:, None]
-
     def forward(self, tokens: torch.Tensor, cache: KVCache, bv: BatchView, ctx: ForwardContext,
                 logits_at: torch.Tensor | None = None, flat: bool = False) -> torch.Tensor:
         """tokens [B, T] → logits [B, T, V] (or [B, n, V] at the index tensor `logits_at` [B, n]; with `flat`,
         [B·T, V]). The hidden states are [B·T, D] between the layers (no reshape per layer)."""
         B, T = tokens.shape
         x = self.embed(tokens.view(-1))  # [B·T, D]
-        if bv.write_index is None:
-            slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
-                                                                       device=tokens.device)
-            bv.write_index = cache.write_index(slots, bv.positions if bv.write_positions is None
-                                               else bv.write_positions)
+        set_write_index(bv, cache, tokens.device)
         cos, sin = self.rope(bv, x.dtype)
-        masks = {kind: self.attention_mask(bv, *kind) for kind in self._mask_kinds}
+        masks = {kind: attention_mask(bv, *kind) for kind in self._mask_kinds}
         ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
         ctx.real_tokens = None if bv.valid is None else bv.real_tokens
         for i, layer in enumerate(self.layers):

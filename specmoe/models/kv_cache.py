@@ -124,3 +124,33 @@ class KVCache:
         for t in (self.k, self.v):
             if t is not None:  # [L, Bmax, Hkv, S, Dh]; t[:, slot, :, pos] is [N, L, Hkv, Dh]
                 _index_put(t, [None, sd, None, pd], t[:, ss, :, ps])
+
+
+class EncDecCache(KVCache):
+    """An encoder–decoder model's cache: the decoder's self-attention K/V (this `KVCache`) and `cross`, a `KVCache`
+    of the decoder's layers × the same slots × source positions holding each sequence's cross-attention K/V over its
+    source, written once per request by the encoder (`cross.lengths[slot]`: its source length). Slots grow together;
+    source positions grow (`reserve_source`) when a longer source arrives."""
+
+    def __init__(self, *, source_positions: int = BLOCK, **kw):
+        self.cross: KVCache | None = None
+        self._source_positions = source_positions
+        super().__init__(**kw)
+
+    def reserve(self, slots: int, positions: int) -> None:
+        super().reserve(slots, positions)
+        if self.cross is None:
+            self.cross = KVCache(num_layers=self.num_layers, max_batch=self.max_batch,
+                                 max_seq=round_positions(self._source_positions), num_kv_heads=self.num_kv_heads,
+                                 head_dim=self.head_dim, dtype=self.dtype, device=self.device)
+        else:
+            self.cross.reserve(self.max_batch, self.cross.max_seq)
+
+    def reserve_source(self, positions: int) -> None:
+        """Hold sources of at least `positions` tokens."""
+        if positions > self.cross.max_seq:
+            self.cross.reserve(self.max_batch, round_positions(positions))
+
+    @property
+    def cross_nbytes(self) -> int:
+        return self.cross.nbytes

@@ -38,6 +38,7 @@ FAMILY_NAMES = {
     "llama4_text": FamilyNames("feed_forward", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router",
                                dense_prefix="feed_forward", shared="shared_expert"),
     "minimax_m2": FamilyNames("block_sparse_moe", ("w1", "w3", "w2"), correction_bias="e_score_correction_bias"),
+    "nllb_moe": FamilyNames("ffn", ("fc1", "fc1", "fc2"), router="router.classifier"),
 }
 FUSED_EXPERTS = ("gpt_oss", "llama4_text")  # experts stored as one [E, ...] tensor per layer and projection
 
@@ -79,6 +80,10 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
         return {"gate": ExpertPart(gu, (E, D, 2 * I), expert, 0, transpose=True, stop=I),
                 "up": ExpertPart(gu, (E, D, 2 * I), expert, I, transpose=True, stop=2 * I),
                 "down": ExpertPart(f"{base}.down_proj", (E, I, D), expert, transpose=True)}
+    if cfg.seq2seq is not None:  # NLLB-MoE: fc1 [I, D], fc2 [D, I], fc1 bias [I], fc2 bias [D]
+        base = f"{_stack_prefix(cfg, layer)}.{n.moe_prefix}.experts.expert_{expert}"
+        return {"gate": ExpertPart(f"{base}.fc1.weight", (I, D)), "down": ExpertPart(f"{base}.fc2.weight", (D, I)),
+                "gate_bias": ExpertPart(f"{base}.fc1.bias", (I,)), "down_bias": ExpertPart(f"{base}.fc2.bias", (D,))}
     if cfg.model_type in FUSED_EXPERTS:
         base = f"{cfg.weight_prefix}model.layers.{layer}.{n.moe_prefix}.experts"
         gub = f"{base}.gate_up_proj_bias"
@@ -134,13 +139,28 @@ def is_ignored(cfg: ModelConfig, key: str) -> bool:
     language model (`skipped_prefixes`)."""
     if key.endswith(IGNORED_SUFFIXES) or key.startswith(cfg.skipped_prefixes):
         return True
+    if cfg.seq2seq is not None:  # tied: copies of the shared embedding some exporters write; untied: the unused
+        # shared one; the position table
+        unused = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight") \
+            if cfg.tie_word_embeddings else ("model.shared.weight",)
+        return key in unused or ".embed_positions." in key
     m = _LAYER.match(key.removeprefix(cfg.weight_prefix))
     return bool(cfg.extra_layers and m and cfg.num_layers <= int(m.group(1)) < cfg.num_layers + cfg.extra_layers)
 
 
+def _stack_prefix(cfg: ModelConfig, layer: int) -> str:
+    """An encoder–decoder model's checkpoint prefix of global layer `layer` (encoder layers first)."""
+    Le = cfg.seq2seq.encoder_layers
+    return f"model.encoder.layers.{layer}" if layer < Le else f"model.decoder.layers.{layer - Le}"
+
+
 def fp32_params(cfg: ModelConfig) -> set[str]:
     """Module parameters kept in fp32 whatever the compute dtype (transformers keeps the sigmoid routers'
-    weight and e_score_correction_bias in fp32: the correction bias decides which experts are picked)."""
+    weight and e_score_correction_bias in fp32: the correction bias decides which experts are picked; NLLB-MoE's
+    routers run in router_dtype, float32)."""
+    if cfg.seq2seq is not None:
+        return {f"layers.{i}.mlp.router.{p}" for i in cfg.moe_layers
+                for p in (("weight", "bias") if cfg.router_bias else ("weight",))}
     if not cfg.score_correction_bias:
         return set()
     return {f"layers.{i}.mlp.{p}" for i in cfg.moe_layers for p in ("router.weight", "correction_bias")}
@@ -195,6 +215,8 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{module parameter name: (checkpoint key, shape)} for every weight kept resident."""
     D, V, pre = cfg.hidden_size, cfg.vocab_size, cfg.weight_prefix
     n = FAMILY_NAMES[cfg.model_type]
+    if cfg.seq2seq is not None:
+        return _seq2seq_keys(cfg)
     out = {"embed.weight": (pre + "model.embed_tokens.weight", (V, D)),
            "norm.weight": (pre + "model.norm.weight", (D,))}
     if not cfg.tie_word_embeddings:
@@ -226,4 +248,44 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
             out[m + "mlp.gate_proj.weight"] = (dp + "gate_proj.weight", (I, D))
             out[m + "mlp.up_proj.weight"] = (dp + "up_proj.weight", (I, D))
             out[m + "mlp.down_proj.weight"] = (dp + "down_proj.weight", (D, I))
+    return out
+
+
+def _linear(out: dict, m: str, key: str, rows: int, cols: int) -> None:
+    out[m + ".weight"] = (key + ".weight", (rows, cols))
+    out[m + ".bias"] = (key + ".bias", (rows,))
+
+
+def _seq2seq_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """NLLB-MoE's non-expert weights (module names of `models.seq2seq.Seq2SeqModel`): the shared embedding, per
+    layer (global index, encoder first) the biased attention(s), LayerNorms and the dense FFN or the router, the
+    two final LayerNorms."""
+    D, V, s2s = cfg.hidden_size, cfg.vocab_size, cfg.seq2seq
+    if cfg.tie_word_embeddings:  # transformers ties both stacks' embeddings and the LM head to model.shared
+        out = {"embed.weight": ("model.shared.weight", (V, D))}
+    else:  # untied, each stack reads its own embedding (model.shared is then unused)
+        out = {"embed.weight": ("model.decoder.embed_tokens.weight", (V, D)),
+               "encoder_embed.weight": ("model.encoder.embed_tokens.weight", (V, D)),
+               "lm_head.weight": ("lm_head.weight", (V, D))}
+    for stack in ("encoder", "decoder"):
+        out[f"{stack}_norm.weight"] = (f"model.{stack}.layer_norm.weight", (D,))
+        out[f"{stack}_norm.bias"] = (f"model.{stack}.layer_norm.bias", (D,))
+    for i in range(s2s.encoder_layers + cfg.num_layers):
+        p, m = _stack_prefix(cfg, i) + ".", f"layers.{i}."
+        enc = i < s2s.encoder_layers
+        norms = ("self_attn_layer_norm", "ff_layer_norm") + (() if enc else ("cross_attention_layer_norm",))
+        for norm in norms:
+            out[m + norm + ".weight"] = (p + norm + ".weight", (D,))
+            out[m + norm + ".bias"] = (p + norm + ".bias", (D,))
+        for attn in ("self_attn",) + (() if enc else ("cross_attention",)):
+            for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                _linear(out, m + f"{attn}.{proj}", p + f"{attn}.{proj}", D, D)
+        if cfg.is_moe_layer(i):
+            out[m + "mlp.router.weight"] = (p + "ffn.router.classifier.weight", (cfg.num_experts, D))
+            if cfg.router_bias:
+                out[m + "mlp.router.bias"] = (p + "ffn.router.classifier.bias", (cfg.num_experts,))
+        else:
+            inter = s2s.encoder_ffn if enc else cfg.dense_intermediate_size
+            _linear(out, m + "mlp.fc1", p + "ffn.fc1", inter, D)
+            _linear(out, m + "mlp.fc2", p + "ffn.fc2", D, inter)
     return out

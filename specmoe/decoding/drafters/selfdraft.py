@@ -120,7 +120,7 @@ class SelfDrafter(Drafter):
         """A step without the self draft; a long stretch unpins the draft set (its slots serve the cache)."""
         self.idle_steps += 1
         if self.idle_steps >= self.IDLE_AFTER and self.experts.ready and not self.dormant:
-            for layer in self.experts.cfg.moe_layers:
+            for layer in self.experts.cfg.draft_layers:
                 self.runner.provider.pin(layer, [])
             self.dormant, self.unpins = True, self.unpins + 1
 
