@@ -378,8 +378,9 @@ def validate(ckpt: Checkpoint, manifest_path: Path, fmt: ExpertFormat | torch.dt
             want = rp.sums[rp.index(layer, e)]
             fh.seek(rp.offset(layer, e))
             got = fh.read(rp.stride)
-            # the disk tier reads past the page cache: leave none of the file there (SAMPLE experts per open)
-            os.posix_fadvise(fh.fileno(), rp.offset(layer, e), rp.stride, os.POSIX_FADV_DONTNEED)
+            # the disk tier reads past the page cache: leave none of the file there (these reads and their
+            # readahead; SAMPLE experts per open)
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             if integrity.checksum(np.frombuffer(got, dtype=np.uint8)) != want:
                 raise IntegrityError(f"expert repack file {f} is corrupt: layer {layer} expert {e} fails its "
                                      f"checksum; {fix}")
