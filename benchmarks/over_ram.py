@@ -159,6 +159,7 @@ def run_block(args, art: dict, gib: float, llama_reason: str | None, log: Path) 
                         budget, why = footprint_budget(runs, names, bmap, spec_systems)
                         if budget is None:
                             runs.append({**row, "status": "skipped", "reason": why})
+                            print(f"  r{r} {row['system']:>16s}: skipped: {why}", flush=True)
                             continue
                         row["budget_bytes_derived"] = why
                     row["memory_budget_bytes"] = budget
@@ -168,6 +169,7 @@ def run_block(args, art: dict, gib: float, llama_reason: str | None, log: Path) 
                         runs.append({**row, "status": "skipped", "reason": (
                             f"MemAvailable {avail / GiB:.2f} GiB - expected private memory {need / GiB:.2f} GiB is below "
                             f"the floor of {args.floor_gib} GiB")})
+                        print(f"  r{r} {row['system']:>16s}: skipped: {runs[-1]['reason']}", flush=True)
                         continue
                     spec = {"path": art["path"], "repack_dir": str(Path(args.cache_dir) / "repack"),
                             "memory_budget": budget, "system": sysname, "prompt": prompt,
@@ -191,6 +193,7 @@ def run_block(args, art: dict, gib: float, llama_reason: str | None, log: Path) 
             x["agreement"] = {"reference": ref["system"], **agreement(x["token_ids"], ref["token_ids"])}
     block["runs"] = runs
     block["summary"] = summarize(runs)
+    block["full_run_estimate"] = estimate(runs, args)
     block["ratios"] = ratios(block["summary"], names, spec_systems, args.fixed)
     return block
 
@@ -207,8 +210,25 @@ def footprint_budget(runs: list[dict], names: list[str], bmap: dict, spec_system
         return None, "specmoe's non-expert footprint is unknown (no run at a fixed budget succeeded in this block)"
     overhead = ref["steady_footprint_bytes"] - ref["expert_memory_bytes"]
     budget = int(llama["steady_footprint_bytes"] - overhead)
+    if budget <= 0:
+        return None, (f"llama.cpp's steady footprint ({llama['steady_footprint_bytes'] / GiB:.2f} GiB) is below specmoe's "
+                      f"non-expert footprint ({overhead / GiB:.2f} GiB): no room for experts at that footprint")
     return budget, {"llama_steady_footprint_bytes": llama["steady_footprint_bytes"],
                     "specmoe_non_expert_footprint_bytes": overhead, "from": ref["system"]}
+
+
+def estimate(runs: list[dict], args, tokens: int = 160, window: int = 32, repeats: int = 3) -> dict:
+    """Wall seconds this block would take at `tokens` new tokens, `window`, `repeats` (the full run's defaults),
+    from these runs: per run, its process time outside generation (start, load, cache drop) + `window` tokens at
+    its first-window rate + the rest at its steady rate; skipped runs count nothing."""
+    per = {}
+    for x in runs:
+        if x.get("status") == "ok" and x.get("steady_tok_s") and x.get("first_tok_s"):
+            t = (x["process_wall_s"] - x["wall_s"]) + window / x["first_tok_s"] + (tokens - window) / x["steady_tok_s"]
+            per.setdefault(x["system"], []).append(t)
+    one = {k: statistics.median(v) for k, v in per.items()}
+    return {"per_run_s": one, "block_s": repeats * sum(one.values()), "tokens": tokens, "window": window,
+            "repeats": repeats, "from": {"max_tokens": args.max_tokens, "window": args.window}}
 
 
 def describe(row: dict) -> str:
@@ -243,6 +263,12 @@ def summarize(runs: list[dict]) -> dict:
                                     for f in ok[0]["residency_after"]}
         s["all_agree"] = all(x.get("agreement", {}).get("identical") for x in ok)
         s["agreement"] = [x.get("agreement") for x in ok]
+        if "stats" in ok[0]:  # specmoe: where a token's time went (the engine's step breakdown, the disk tier's I/O)
+            parts = [{**x["stats"].get("step_breakdown", {}),
+                      **{k: x["stats"].get(k) for k in ("io_read_s", "io_verify_s", "fetch_wait_s", "expert_compute_s")}}
+                     for x in ok]
+            s["seconds_per_token"] = {k: statistics.median(p[k] / x["tokens"] for p, x in zip(parts, ok))
+                                      for k in parts[0] if all(p.get(k) is not None for p in parts)}
         if "expert_memory_bytes" in ok[0]:
             s["private_over_budget_bytes"] = max(x["peak_rss_anon_bytes"] - x["memory_budget_bytes"] for x in ok)
         out[name] = s

@@ -28,6 +28,15 @@ def _load(name: str):
     return mod
 
 
+def _params(llama_cpp) -> dict:
+    """The default model parameters that decide how weights are read (0.3.36: load_mode -1 = auto, mmap on a CPU;
+    older versions: use_mmap)."""
+    p = llama_cpp.llama_model_default_params()
+    names = {f[0] for f in p._fields_}
+    return {k: getattr(p, k) for k in ("use_mmap", "use_mlock", "load_mode", "lazy_mode", "use_extra_bufts")
+            if k in names}
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     peers, probe = _load("peers"), _load("sysprobe")
@@ -41,7 +50,7 @@ def main(argv: list[str]) -> int:
     _, out = eng.generate([list(spec["prompt"])], spec["max_tokens"], on_token=tl.mark)
     res = {"load_s": load_s, "token_ids": out[0], **tl.summary(spec["window"]),
            "version": getattr(llama_cpp, "__version__", "?"),
-           "use_mmap": bool(llama_cpp.llama_model_default_params().use_mmap), "torch_imported": "torch" in sys.modules,
+           "model_params": _params(llama_cpp), "torch_imported": "torch" in sys.modules,
            "status_at_end": probe.proc_status(), "io_at_end": probe.proc_io()}
     eng.close()
     print(RESULT_TAG + json.dumps(res), flush=True)
