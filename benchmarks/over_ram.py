@@ -18,7 +18,8 @@ non-expert footprint (measured in the first budget's LRU run). Repeats alternate
 the model twice the remaining RAM), labelled "emulated smaller RAM" in every output.
 
 Per run: tok/s (first window, steady), bytes the process read from storage per token (/proc/<pid>/io
-read_bytes: O_DIRECT reads and mmap page faults alike) and the device's (/proc/diskstats; every process counts),
+read_bytes: O_DIRECT reads and mmap page faults alike; over the timed windows) and the device's (/proc/diskstats over
+the whole child process, its load included; every process on the device counts),
 hit rate, peak and sampled RSS (anon, file), lowest MemAvailable, residency of the files after, and agreement
 of the generated tokens with llama.cpp's (else the first specmoe system's).
 """
@@ -195,6 +196,7 @@ def run_block(args, art: dict, gib: float, llama_reason: str | None, log: Path) 
     block["summary"] = summarize(runs)
     block["full_run_estimate"] = estimate(runs, args)
     block["ratios"] = ratios(block["summary"], names, spec_systems, args.fixed)
+    block["targets"] = targets(block, names)
     return block
 
 
@@ -263,12 +265,13 @@ def summarize(runs: list[dict]) -> dict:
                                     for f in ok[0]["residency_after"]}
         s["all_agree"] = all(x.get("agreement", {}).get("identical") for x in ok)
         s["agreement"] = [x.get("agreement") for x in ok]
-        if "stats" in ok[0]:  # specmoe: where a token's time went (the engine's step breakdown, the disk tier's I/O)
-            parts = [{**x["stats"].get("step_breakdown", {}),
-                      **{k: x["stats"].get(k) for k in ("io_read_s", "io_verify_s", "fetch_wait_s", "expert_compute_s")}}
-                     for x in ok]
-            s["seconds_per_token"] = {k: statistics.median(p[k] / x["tokens"] for p, x in zip(parts, ok))
-                                      for k in parts[0] if all(p.get(k) is not None for p in parts)}
+        if "stats" in ok[0]:  # specmoe: where a decoded token's time went (the engine's decode-step breakdown)
+            parts = [x["stats"].get("step_breakdown", {}) for x in ok]
+            s["seconds_per_decoded_token"] = {k: statistics.median(p[k] / (x["tokens"] - 1) for p, x in zip(parts, ok))
+                                              for k in parts[0] if all(p.get(k) is not None for p in parts)}
+            io = [{k: x["stats"].get(k) for k in ("io_reads", "io_read_s", "io_verify_s")} for x in ok]
+            s["disk_tier_io_whole_run"] = {k: statistics.median(d[k] for d in io) for k in io[0]
+                                           if all(d[k] is not None for d in io)}  # prefill included
         if "expert_memory_bytes" in ok[0]:
             s["private_over_budget_bytes"] = max(x["peak_rss_anon_bytes"] - x["memory_budget_bytes"] for x in ok)
         out[name] = s
@@ -299,11 +302,44 @@ def ratios(summary: dict, budgets: list[str], spec_systems: list[str], fixed: st
     return out
 
 
+def targets(block: dict, budgets: list[str]) -> list[dict]:
+    """Issue 26's targets, evaluated on this block's medians: {"target", "value", "met"} (value None: not measured).
+    A block whose model is < 1.6x its RAM gets the 1.2x-RAM targets, else the 2x-RAM ones."""
+    sm, rt = block["summary"], block["ratios"]
+    fixed = [b for b in budgets if b != "llama"]
+    out = []
+
+    def add(text, value, ok):
+        out.append({"target": text, "value": value, "met": None if value is None else bool(ok(value))})
+    for name, s in sm.items():
+        if "private_over_budget_bytes" in s:
+            v = s["private_over_budget_bytes"] / GiB
+            add(f"{name}: private memory (peak RssAnon) <= budget + 1.5 GiB (GiB over budget)", v, lambda x: x <= 1.5)
+        if "residency_after_max" in s and "repack" in s["residency_after_max"]:
+            v = s["residency_after_max"]["repack"] / 2**20
+            add(f"{name}: ~0 bytes of the repack in the page cache after the run (MiB)", v, lambda x: x <= 64)
+    if block["model_over_ram"] < 1.6:
+        add("LRU at llama.cpp's footprint >= 1.0x llama.cpp tok/s", rt.get(f"lru@llama / {LLAMA}"), lambda x: x >= 1.0)
+        for b in fixed:
+            add(f"LRU at {b} >= 0.7x llama.cpp tok/s", rt.get(f"lru@{b} / {LLAMA}"), lambda x: x >= 0.7)
+    else:
+        for b in fixed + ["llama"]:
+            add(f"LRU at {b} >= 1.5x llama.cpp tok/s", rt.get(f"lru@{b} / {LLAMA}"), lambda x: x >= 1.5)
+            add(f"auto at {b} >= 2x llama.cpp tok/s", rt.get(f"auto@{b} / {LLAMA}"), lambda x: x >= 2.0)
+    for b in fixed + ["llama"]:
+        add(f"auto at {b} >= 1.2x LRU tok/s", rt.get(f"auto@{b} / lru@{b}"), lambda x: x >= 1.2)
+        add(f"auto at {b}: fewer storage bytes per token than LRU (ratio)", rt.get(f"auto@{b} read bytes/token ÷ lru@{b}"),
+            lambda x: x < 1.0)
+    return out
+
+
 def plot(res: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    blocks = res["blocks"]
+    blocks = [b for b in res["blocks"] if "summary" in b]
+    if not blocks:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     names = list(dict.fromkeys(n for b in blocks for n in b["summary"]))
     w = 0.8 / max(1, len(blocks))
@@ -381,10 +417,22 @@ def main(argv: list[str] | None = None) -> int:
                                                                                   "--cache-dir", args.cache_dir]
     art = run_prepare(args, log)
     print(f"artifacts ready in {art['prepare_s']:.0f} s: {art['path']}", flush=True)
-    blocks = [run_block(args, art, balloon_gib(b, art["plan"]["model_bytes"]), llama_reason, log)
-              for b in args.balloons.split(",")]
+    blocks = []
+    for b in args.balloons.split(","):
+        gib = balloon_gib(b, art["plan"]["model_bytes"])
+        try:
+            blocks.append(run_block(args, art, gib, llama_reason, log))
+        except InputError as e:  # the balloon's guard: this block cannot run here; the others still do
+            print(f"== {sysprobe.label(gib)}: skipped: {e}", flush=True)
+            blocks.append({"label": sysprobe.label(gib), "balloon": {"gib": gib}, "skipped": str(e)})
+        write(args, art, blocks, out, argv, t_start, llama_reason)  # after every block: a later crash keeps these
+    print(f"wrote {out} and {out.with_suffix('.png')} in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+def write(args, art: dict, blocks: list[dict], out: Path, argv, t_start: float, llama_reason) -> None:
     res = {"command": "python " + " ".join([str(Path(__file__).relative_to(REPO))] + (argv or sys.argv[1:])),
-           "dry_run": dry, "commit": provenance()["git_commit"], "provenance": provenance(),
+           "dry_run": args.dry_run, "commit": provenance()["git_commit"], "provenance": provenance(),
            "machine": machine_info(art["path"]),
            "flags": {k: getattr(args, k) for k in ("systems", "fixed", "budgets", "balloons", "max_tokens", "window",
                                                    "prompt_tokens", "repeats", "threads", "io_depth", "floor_gib")},
@@ -394,8 +442,6 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str) + "\n")
     plot(res, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')} in {res['elapsed_s']:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -227,8 +227,11 @@ def child_specmoe(spec: dict) -> dict:
     from specmoe.engine.core import Request
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()
+    # the budget both caps all expert memory and sizes the cache (memory_budget alone only caps the default cache
+    # of a quarter of the experts)
     llm = LLM(spec["path"], dtype="bfloat16", threads=spec["threads"], max_batch=1, offload="disk",
-              repack_dir=spec["repack_dir"], memory_budget=spec["memory_budget"], prefetch="none",
+              repack_dir=spec["repack_dir"], memory_budget=spec["memory_budget"], cache_bytes=spec["memory_budget"],
+              prefetch="none",
               io_depth=spec.get("io_depth", 1), **system_options(spec["system"]))
     load_s = time.perf_counter() - t0
     sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)

@@ -300,4 +300,4 @@ def _raise_exit(signum, frame):
 
 def label(gib: float) -> str:
     """The label every output carries for a run under a balloon."""
-    return f"emulated smaller RAM (balloon {gib:g} GiB)" if gib > 0 else "full RAM (no balloon)"
+    return f"emulated smaller RAM (balloon {round(gib, 2):g} GiB)" if gib > 0 else "full RAM (no balloon)"
