@@ -315,7 +315,7 @@ def targets(block: dict, budgets: list[str]) -> list[dict]:
         if "private_over_budget_bytes" in s:
             v = s["private_over_budget_bytes"] / GiB
             add(f"{name}: private memory (peak RssAnon) <= budget + 1.5 GiB (GiB over budget)", v, lambda x: x <= 1.5)
-        if "residency_after_max" in s and "repack" in s["residency_after_max"]:
+        if "private_over_budget_bytes" in s and "repack" in s["residency_after_max"]:
             v = s["residency_after_max"]["repack"] / 2**20
             add(f"{name}: ~0 bytes of the repack in the page cache after the run (MiB)", v, lambda x: x <= 64)
     if block["model_over_ram"] < 1.6:
