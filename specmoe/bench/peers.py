@@ -151,20 +151,34 @@ runpy.run_path(script, run_name='__main__')
 """
 
 
-def convert_gguf(path: Path, cache_dir: Path, src: str | None) -> tuple[Path, dict]:
+def gguf_path(path: Path, cache_dir: Path) -> Path:
+    """Where `convert_gguf` puts (or finds) the bf16 GGUF of checkpoint `path`."""
     from specmoe.weights.checkpoint import Checkpoint
     import hashlib
     tag = hashlib.sha1(Checkpoint(path).fingerprint().encode()).hexdigest()[:10]
-    out = cache_dir / f"{path.name}-{tag}.bf16.gguf"
+    return cache_dir / f"{path.name}-{tag}.bf16.gguf"
+
+
+def convert_gguf(path: Path, cache_dir: Path, src: str | None, *, timeout: float = 900) -> tuple[Path, dict]:
+    """The bf16 GGUF of checkpoint `path` in `cache_dir`, converted once by llama.cpp's convert_hf_to_gguf.py
+    (`timeout` seconds at most; a partial output is removed)."""
+    out = gguf_path(path, cache_dir)
     info = {"gguf": str(out)}
     if out.is_file():
         return out, {**info, "reused": True}
     script = find_convert_script(cache_dir, src)
     tmp = out.with_suffix(".tmp")
-    proc = subprocess.run([sys.executable, "-c", _CONVERT_SHIM, str(script), str(path), "--outfile", str(tmp),
-                           "--outtype", "bf16"], capture_output=True, text=True, timeout=900)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CONVERT_SHIM, str(script), str(path), "--outfile", str(tmp),
+                               "--outtype", "bf16"], capture_output=True, text=True, timeout=timeout)
+    except BaseException:  # the timeout and Ctrl-C included: never leave a partial GGUF behind
+        tmp.unlink(missing_ok=True)
+        raise
     info["convert_log_tail"] = (proc.stdout + proc.stderr)[-1500:]
+    info["convert_s"] = time.perf_counter() - t0
     if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
         raise RuntimeError(f"convert_hf_to_gguf.py failed (rc {proc.returncode}): {(proc.stderr or proc.stdout)[-600:]}")
     tmp.rename(out)
     info["pretokenizer_patched"] = "unknown BPE pre-tokenizer" in proc.stdout
@@ -198,8 +212,9 @@ class _LlamaCpp:
         self.lib.llama_free(self.ctx)
         self.lib.llama_model_free(self.model)
 
-    def generate(self, prompts: list[list[int]], n: int):
-        """Batched greedy decode: one llama_batch, one sequence id per prompt."""
+    def generate(self, prompts: list[list[int]], n: int, on_token=None):
+        """Batched greedy decode: one llama_batch, one sequence id per prompt. `on_token(k)` is called once the
+        k-th token of every sequence is known (k = 1..n; for per-token timing)."""
         import ctypes
 
         import numpy as np
@@ -228,6 +243,8 @@ class _LlamaCpp:
                     ptr = L.llama_get_logits_ith(ctx, i)
                     logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
                     out[s].append(int(logits.argmax()))
+                if on_token is not None:
+                    on_token(step + 1)
                 if step == n - 1:
                     break
                 submit([(out[s][-1], lens[s] + step, s, True) for s in range(B)])

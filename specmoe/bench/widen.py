@@ -23,13 +23,16 @@ embeddings and hidden states), so the head that ships for the source is widened 
 zero columns, fc / o_proj / down get zero rows, its RMSNorms are rescaled with the same eps rule, and
 the head's output is the source head's with zeros appended, so its drafts equal the source head's.
 
-The copy is built on demand into a cache directory and never committed.
+The copy is built on demand into a cache directory and never committed. `sparse=True` writes its weight files
+sparse (`save_sparse`: the zero runs are holes), so a copy far larger than the disk's free space fits; such a copy
+is only read to build a repack or a GGUF (reads of holes cost no disk I/O, so it is never timed).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import time
@@ -133,13 +136,59 @@ def widen_tensor(key: str, t: torch.Tensor, *, D: int, D2: int, I: int = 0, I2: 
     raise AssertionError(rule)
 
 
+SPARSE_CHUNK = 1 << 16  # save_sparse skips all-zero runs of this many bytes (aligned within each tensor)
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
+              torch.int32: "I32", torch.uint8: "U8", torch.int8: "I8", torch.bool: "BOOL", torch.float64: "F64"}
+
+
+def save_sparse(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> dict:
+    """Write `tensors` as a safetensors file (the format `safetensors.torch.save_file` writes: an 8-byte header
+    length, the JSON header padded to 8 bytes, the tensors' bytes back to back) whose all-zero runs of
+    SPARSE_CHUNK bytes are left as holes: the file reads back exactly, but only its non-zero chunks take disk
+    blocks. Returns {"apparent_bytes", "written_bytes"}."""
+    import numpy as np
+    keys = sorted(tensors)
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    off = 0
+    for k in keys:
+        t = tensors[k]
+        n = t.numel() * t.element_size()
+        header[k] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
+        off += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    base = 8 + len(head)
+    written = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.pwrite(fd, len(head).to_bytes(8, "little") + head, 0)
+        for k in keys:
+            t = tensors[k].contiguous()
+            raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+            pos = base + header[k]["data_offsets"][0]
+            full = len(raw) // SPARSE_CHUNK * SPARSE_CHUNK
+            if full:
+                nz = raw[:full].view(np.uint64).reshape(-1, SPARSE_CHUNK // 8).any(axis=1) if full % 8 == 0 \
+                    else raw[:full].reshape(-1, SPARSE_CHUNK).any(axis=1)
+                for i in np.flatnonzero(nz):
+                    a = int(i) * SPARSE_CHUNK
+                    written += os.pwrite(fd, raw[a:a + SPARSE_CHUNK], pos + a)
+            if full < len(raw) and raw[full:].any():
+                written += os.pwrite(fd, raw[full:], pos + full)
+        os.ftruncate(fd, base + off)
+    finally:
+        os.close(fd)
+    return {"apparent_bytes": base + off, "written_bytes": written + base}
+
+
 def _expert_inter_key(raw: dict) -> str:
     return "moe_intermediate_size" if "moe_intermediate_size" in raw else "intermediate_size"
 
 
 def widen_checkpoint(src: str | Path, dst: str | Path, *, hidden: int, expert_intermediate: int,
-                     progress: bool = False) -> dict:
-    """Write the widened copy of `src` into `dst` (created). Returns a description."""
+                     progress: bool = False, sparse: bool = False) -> dict:
+    """Write the widened copy of `src` into `dst` (created); `sparse`: weight files with holes for their zero
+    runs (`save_sparse`). Returns a description."""
     from tqdm import tqdm
     src, dst = Path(src), Path(dst)
     raw = json.loads((src / "config.json").read_text())
@@ -152,12 +201,16 @@ def widen_checkpoint(src: str | Path, dst: str | Path, *, hidden: int, expert_in
     assert files, f"no safetensors files in {src}"
     dst.mkdir(parents=True, exist_ok=True)
     weight_map, shard, shard_bytes, shards = {}, {}, 0, []
+    written = 0
 
     def flush():
-        nonlocal shard, shard_bytes
+        nonlocal shard, shard_bytes, written
         if shard:
             name = f"model-{len(shards) + 1:05d}.safetensors"
-            save_file(shard, str(dst / name), metadata={"format": "pt"})
+            if sparse:
+                written += save_sparse(shard, dst / name, metadata={"format": "pt"})["written_bytes"]
+            else:
+                save_file(shard, str(dst / name), metadata={"format": "pt"})
             shards.append(name)
             for k in shard:
                 weight_map[k] = name
@@ -191,8 +244,11 @@ def widen_checkpoint(src: str | Path, dst: str | Path, *, hidden: int, expert_in
     for name in COPY_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
-    return {"source": str(src), "hidden": [D, D2], "expert_intermediate": [I, I2], "bytes": total,
-            "rms_norm_eps": [cfg["specmoe_widened_from"]["rms_norm_eps"], cfg["rms_norm_eps"]]}
+    out = {"source": str(src), "hidden": [D, D2], "expert_intermediate": [I, I2], "bytes": total,
+           "rms_norm_eps": [cfg["specmoe_widened_from"]["rms_norm_eps"], cfg["rms_norm_eps"]]}
+    if sparse:
+        out["sparse_written_bytes"] = written
+    return out
 
 
 def widen_eagle_head(src: str | Path, dst: str | Path, *, hidden: int) -> dict:
@@ -267,14 +323,19 @@ def default_size(src: str | Path, *, hidden: int | None = None, expert_mb: float
 
 
 def greedy_check(src: Path, dst: Path, *, dtype: str, prompts: list[list[int]], max_tokens: int,
-                 device: str = "cpu") -> dict:
-    """Greedy tokens of the widened copy vs the source under specmoe, with all experts resident."""
+                 device: str = "cpu", options: dict | None = None) -> dict:
+    """Greedy tokens of the widened copy vs the source under specmoe: the source with all experts resident, the
+    copy likewise or with `options` (LLM options, e.g. a disk tier for a copy larger than memory)."""
     from specmoe import LLM, SamplingParams
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     a = [o.token_ids for o in LLM(src, dtype=dtype, device=device, max_batch=len(prompts)).generate(prompts, sp)]
-    b = [o.token_ids for o in LLM(dst, dtype=dtype, device=device, max_batch=len(prompts)).generate(prompts, sp)]
+    wide = LLM(dst, dtype=dtype, device=device, max_batch=len(prompts), **(options or {}))
+    try:
+        b = [o.token_ids for o in wide.generate(prompts, sp)]
+    finally:
+        wide.close()
     same = sum(x == y for x, y in zip(a, b))
-    return {"dtype": dtype, "sequences": len(a), "identical_sequences": same,
+    return {"dtype": dtype, "sequences": len(a), "identical_sequences": same, "options": options or {},
             "identical_tokens": sum(sum(p == q for p, q in zip(x, y)) for x, y in zip(a, b)),
             "tokens": sum(len(x) for x in a)}
 
@@ -292,11 +353,15 @@ def _widened_head(head: Path, dst: Path, D2: int) -> dict:
 
 def widened_copy(src: str | Path, *, cache_dir: str | Path, hidden: int | None = None, expert_mb: float = 6.0,
                  check_prompts: list[list[int]] | None = None, progress: bool = True,
-                 device: str = "cpu", eagle_head: str | Path | None = None) -> tuple[Path, dict]:
+                 device: str = "cpu", eagle_head: str | Path | None = None, sparse: bool = False,
+                 check_dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+                 check_options: dict | None = None) -> tuple[Path, dict]:
     """The widened copy of `src` under `cache_dir` (built once, reused while the source is unchanged),
-    with a greedy equivalence check recorded on build. The EAGLE head `eagle_head` (default: the one that ships
+    with a greedy equivalence check recorded on build (in `check_dtypes`, the copy run with `check_options`:
+    see `greedy_check`). The EAGLE head `eagle_head` (default: the one that ships
     for `src`, `specmoe.bundled.default_eagle_head`; none: no head) is widened into the copy's `eagle/`, the
-    head `drafter='eagle'` uses there by default; a cached copy without it (or with another source's) gets it."""
+    head `drafter='eagle'` uses there by default; a cached copy without it (or with another source's) gets it.
+    `sparse`: weight files with holes for their zero runs (`save_sparse`; the same bytes when read)."""
     from specmoe.bundled import default_eagle_head
     from specmoe.errors import SpecMoEError
     from specmoe.weights.checkpoint import Checkpoint
@@ -321,13 +386,13 @@ def widened_copy(src: str | Path, *, cache_dir: str | Path, hidden: int | None =
     if dst.exists():
         shutil.rmtree(dst)  # an interrupted build
     t0 = time.perf_counter()
-    info = widen_checkpoint(src, dst, hidden=D2, expert_intermediate=I2, progress=progress)
+    info = widen_checkpoint(src, dst, hidden=D2, expert_intermediate=I2, progress=progress, sparse=sparse)
     if head is not None:
         info["eagle_head"] = _widened_head(head, dst, D2)
     info["build_s"] = time.perf_counter() - t0
     info["expert_bytes"] = Checkpoint(dst).config.expert_numel * (2 if "16" in Checkpoint(dst).config.dtype else 4)
     prompts = check_prompts or [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12]]
-    info["greedy_check"] = [greedy_check(src, dst, dtype=d, prompts=prompts, max_tokens=16, device=device)
-                            for d in ("float32", "bfloat16")]
+    info["greedy_check"] = [greedy_check(src, dst, dtype=d, prompts=prompts, max_tokens=16, device=device,
+                                         options=check_options) for d in check_dtypes]
     marker.write_text(json.dumps(info, indent=1))
     return dst, info

@@ -377,7 +377,11 @@ def validate(ckpt: Checkpoint, manifest_path: Path, fmt: ExpertFormat | torch.dt
         for layer, e in sample_ids(lay["moe_layers"], lay["num_experts"]):
             want = rp.sums[rp.index(layer, e)]
             fh.seek(rp.offset(layer, e))
-            if integrity.checksum(np.frombuffer(fh.read(rp.stride), dtype=np.uint8)) != want:
+            got = fh.read(rp.stride)
+            # the disk tier reads past the page cache: leave none of the file there (these reads and their
+            # readahead; SAMPLE experts per open)
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            if integrity.checksum(np.frombuffer(got, dtype=np.uint8)) != want:
                 raise IntegrityError(f"expert repack file {f} is corrupt: layer {layer} expert {e} fails its "
                                      f"checksum; {fix}")
             buf[: rp.expert_bytes] = expert_bytes_of(ckpt, layer, e, fmt)

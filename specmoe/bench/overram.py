@@ -1,0 +1,327 @@
+"""An MoE checkpoint larger than RAM, streamed from SSD at batch 1, against llama.cpp (benchmarks/over_ram.py).
+
+Artifacts (`build_artifacts`, under a cache directory outside the repository): a function-preserving widened copy
+of the demo model (`widen.widened_copy`, its weight files written sparse: they are only read to build the other
+two), the specmoe disk tier's repack of its experts and llama.cpp's bf16 GGUF (`peers.convert_gguf`); both are
+checked to be fully allocated, since reads of a hole would never reach the SSD. Disk space is checked first: a disk
+that cannot hold them is refused with the numbers.
+
+Runs: every system runs in a fresh process (`child_specmoe` here, `llama_child.py` for llama.cpp), after the model
+files were dropped from the page cache, and reports its per-token timeline (sysprobe.Timeline); the parent
+(`run_child`) samples its memory and the machine's MemAvailable, and the page-cache residency of the files before
+and after.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specmoe.bench import sysprobe
+from specmoe.errors import InputError
+
+RESULT_TAG = "OVERRAM-RESULT "  # a child's last stdout line: this tag + its JSON result
+LLAMA_CHILD = Path(__file__).with_name("llama_child.py")
+SPECMOE = {  # name -> LLM options (all on the disk tier, greedy, batch 1)
+    "lru": {"decoding": "ar", "cache_policy": "lru"},
+    "auto": {"decoding": "auto", "cache_policy": "lru"},
+}
+
+
+def fixed_options(name: str) -> dict:
+    """A fixed speculative system named as benchmarks/auto_bench.py names them: '<drafter>-g<γ>[-tree]'."""
+    parts = name.split("-")
+    if len(parts) not in (2, 3) or parts[0] not in ("self", "eagle", "ngram") or not parts[1][1:].isdigit() \
+            or parts[1][0] != "g" or (len(parts) == 3 and parts[2] != "tree"):
+        raise InputError(f"fixed system {name!r}: expected <self|eagle|ngram>-g<gamma>[-tree], e.g. eagle-g4")
+    return {"decoding": "specmoe", "drafter": parts[0], "num_draft_tokens": int(parts[1][1:]),
+            "draft_tree": len(parts) == 3, "cache_policy": "lru"}
+
+
+def system_options(name: str) -> dict:
+    return SPECMOE[name] if name in SPECMOE else fixed_options(name)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The widened copy: hidden size (D'/D a power of 4, exact in bf16) and MiB per expert."""
+    hidden: int
+    expert_mb: float
+
+
+BIG = Sizes(hidden=4096, expert_mb=144.0)  # demo 256 → 4096; I' 96 → 6144: 144 MiB per expert, 27 GiB of experts
+DRY = Sizes(hidden=1024, expert_mb=1.0)  # the dry run's tiny copy: ~0.2 GiB
+
+
+# ---------------------------------------------------------------- artifacts
+def plan_bytes(src: Path, sizes: Sizes) -> dict:
+    """What the artifacts of `sizes` will weigh, from the source's config (nothing is built): widened expert and
+    non-expert bytes, the repack (4 KiB-aligned experts), the GGUF (every weight in bf16)."""
+    from specmoe.bench.widen import default_size
+    from specmoe.memory import round_up
+    from specmoe.weights.checkpoint import Checkpoint
+    ck = Checkpoint(src)
+    cfg = ck.config
+    D2, I2 = default_size(src, hidden=sizes.hidden, expert_mb=sizes.expert_mb)
+    esize = 2  # bf16
+    expert = 3 * I2 * D2 * esize
+    n_exp = cfg.num_experts * len(cfg.moe_layers)
+    src_bytes = sum(os.path.getsize(src / f) for f in set(ck.key_to_file.values()))
+    src_expert = cfg.expert_numel * n_exp * esize
+    non_expert = (src_bytes - src_expert) * D2 // cfg.hidden_size  # every non-expert tensor grows ~linearly in D
+    return {"hidden": D2, "expert_intermediate": I2, "expert_bytes": expert, "experts": n_exp,
+            "expert_total_bytes": expert * n_exp, "non_expert_bytes": non_expert,
+            "model_bytes": expert * n_exp + non_expert, "repack_bytes": round_up(expert, 4096) * n_exp,
+            "gguf_bytes": expert * n_exp + non_expert, "sparse_copy_bytes": 2 * non_expert + src_bytes}
+
+
+def check_disk(cache_dir: Path, need: dict[str, int], margin: int = 1 << 30) -> dict:
+    """Refuse (InputError with need vs free) when `cache_dir`'s disk cannot hold the artifacts still missing."""
+    free = shutil.disk_usage(cache_dir).free
+    total = sum(need.values()) + margin
+    if total > free:
+        parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in need.items())
+        raise InputError(f"not enough disk for the over-RAM artifacts in {cache_dir}: need {total / 1e9:.2f} GB "
+                         f"({parts}, margin {margin / 1e9:.2f} GB), free {free / 1e9:.2f} GB")
+    return {"need_bytes": total, "free_bytes": free, "parts": need}
+
+
+def _fully_allocated(path: Path, what: str) -> dict:
+    a = sysprobe.allocation(path)
+    if a["allocated_bytes"] < 0.99 * a["apparent_bytes"]:
+        raise InputError(f"{what} {path} is sparse ({a['allocated_bytes'] / 1e9:.2f} of {a['apparent_bytes'] / 1e9:.2f} "
+                         "GB allocated): reads of its holes would never reach the SSD; delete it and rebuild")
+    return a
+
+
+def build_artifacts(src: Path, cache_dir: Path, sizes: Sizes, *, gguf: bool, llama_src: str | None,
+                    progress: bool = True) -> dict:
+    """The widened copy (sparse), its repack and (`gguf`) its bf16 GGUF under `cache_dir`, built once; each step
+    timed; the copy checked (greedy, bf16) against the source on the disk tier."""
+    import torch
+
+    from specmoe.bench.peers import convert_gguf, gguf_path
+    from specmoe.bench.widen import default_size, greedy_check, widened_copy
+    from specmoe.experts.repack import file_base, find_repack, open_repack
+    from specmoe.weights.checkpoint import Checkpoint
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    plan = plan_bytes(src, sizes)
+    repack_dir = cache_dir / "repack"
+    D2, I2 = default_size(src, hidden=sizes.hidden, expert_mb=sizes.expert_mb)
+    copies = list(cache_dir.glob(f"{src.name}-widened-d{D2}-i{I2}-*/widen.json"))
+    need = {}
+    if not copies:
+        need["widened copy (sparse)"] = plan["sparse_copy_bytes"]
+    if not copies or find_repack(Checkpoint(copies[0].parent), torch.bfloat16, repack_dir) is None:
+        need["repack"] = plan["repack_bytes"]
+    if gguf and (not copies or not gguf_path(copies[0].parent, cache_dir).is_file()):
+        need["gguf"] = plan["gguf_bytes"]
+    info = {"plan": plan, "disk": check_disk(cache_dir, need), "steps_s": {}}
+    t0 = time.perf_counter()
+    path, winfo = widened_copy(src, cache_dir=cache_dir, hidden=sizes.hidden, expert_mb=sizes.expert_mb,
+                               sparse=True, check_dtypes=(), progress=progress)
+    info["steps_s"]["widen"] = time.perf_counter() - t0
+    info.update(path=str(path), widen={k: v for k, v in winfo.items() if k != "greedy_check"})
+    ck = Checkpoint(path)
+    t0 = time.perf_counter()
+    rp = open_repack(ck, torch.bfloat16, repack_dir, progress=progress)
+    info["steps_s"]["repack_open_or_build"] = time.perf_counter() - t0
+    info["repack"] = {"file": str(rp.file), "manifest": str(rp.manifest), "base": file_base(ck, torch.bfloat16),
+                      "expert_bytes": rp.expert_bytes, "stride": rp.stride,
+                      **_fully_allocated(rp.file, "the expert repack file")}
+    marker = path / "overram-check.json"  # the copy's greedy check on the disk tier, once per copy
+    if marker.is_file():
+        info["greedy_check"] = json.loads(marker.read_text())
+    else:
+        t0 = time.perf_counter()
+        opts = {"offload": "disk", "repack_dir": str(repack_dir), "cache_experts": 2 * ck.config.top_k}
+        info["greedy_check"] = greedy_check(src, path, dtype="bfloat16", prompts=[[1, 2, 3, 4, 5, 6, 7, 8]],
+                                            max_tokens=8, options=opts)
+        info["greedy_check"]["s"] = time.perf_counter() - t0
+        marker.write_text(json.dumps(info["greedy_check"]))
+    if gguf:
+        t0 = time.perf_counter()
+        timeout = max(900.0, plan["gguf_bytes"] / 10e6)  # ≥ 10 MB/s of conversion
+        g, ginfo = convert_gguf(path, cache_dir, llama_src, timeout=timeout)
+        info["steps_s"]["gguf_convert_or_find"] = time.perf_counter() - t0
+        info["gguf"] = {**{k: v for k, v in ginfo.items() if k != "convert_log_tail"}, "file": str(g),
+                        **_fully_allocated(g, "the GGUF")}
+    info["safetensors"] = [{"file": str(path / f), **sysprobe.allocation(path / f)}
+                           for f in sorted(set(ck.key_to_file.values()))]
+    return info
+
+
+def warm_caches(path: Path, repack_dir: Path, prompt: list[int]) -> dict:
+    """What `decoding="auto"` computes once per model and caches on disk (its cost model's calibration, the self
+    draft's affinity table), computed here so that no timed run pays for it: one short auto run (the smallest
+    cache auto allows: draft experts + top-k slots per layer). Seconds taken."""
+    from specmoe import LLM, SamplingParams
+    t0 = time.perf_counter()
+    llm = LLM(path, dtype="bfloat16", max_batch=1, offload="disk", repack_dir=str(repack_dir), prefetch="none",
+              **SPECMOE["auto"])
+    llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    st = llm.stats
+    llm.close()
+    return {"s": time.perf_counter() - t0, "controller_steps": st.get("controller_steps")}
+
+
+def cost_profile(path: Path, repack_dir: Path, *, experts: int = 3) -> dict:
+    """What moving one expert costs at this size, piece by piece (seconds per expert, median of `experts`):
+    the O_DIRECT read of its repack stride, its checksum (integrity.py), the decode into a bf16 slot (a copy) and
+    an upcast into fp32, reading it from the (sparse) safetensors, and sha256 of the same bytes (the rate of the
+    repack's content fingerprint over the weight files)."""
+    import hashlib
+    import statistics
+
+    import torch
+
+    from specmoe.experts.integrity import checksum
+    from specmoe.experts.repack import open_repack
+    from specmoe.memory import aligned_empty
+    from specmoe.weights.checkpoint import Checkpoint
+    ck = Checkpoint(path)
+    rp = open_repack(ck, torch.bfloat16, repack_dir)
+    fd = os.open(rp.file, os.O_RDONLY | os.O_DIRECT)
+    row = aligned_empty(rp.stride)
+    cfg = ck.config
+    ids = [(cfg.moe_layers[i % len(cfg.moe_layers)], (7 * i + 3) % cfg.num_experts) for i in range(experts)]
+    t: dict[str, list[float]] = {k: [] for k in ("read_direct", "checksum", "decode_bf16_copy", "upcast_fp32",
+                                                 "read_safetensors", "sha256")}
+    bf = torch.empty(rp.expert_numel, dtype=torch.bfloat16)
+    f32 = torch.empty(rp.expert_numel, dtype=torch.float32)
+    for layer, e in ids:
+        a = time.perf_counter()
+        os.preadv(fd, [row.numpy()], rp.offset(layer, e))
+        b = time.perf_counter()
+        checksum(row[: rp.stride].numpy())
+        c = time.perf_counter()
+        rp.fmt.decode(row[: rp.expert_bytes], bf)
+        d = time.perf_counter()
+        rp.fmt.decode(row[: rp.expert_bytes], f32)
+        e_ = time.perf_counter()
+        x = ck.read_expert(layer, e)
+        f = time.perf_counter()
+        hashlib.sha256(x.view(torch.uint8).numpy()).digest()
+        g = time.perf_counter()
+        for k, v in zip(t, (b - a, c - b, d - c, e_ - d, f - e_, g - f)):
+            t[k].append(v)
+    os.close(fd)
+    out = {k: statistics.median(v) for k, v in t.items()}
+    out["expert_bytes"] = rp.expert_bytes
+    out["read_direct_gbps"] = rp.stride / out["read_direct"] / 1e9
+    return out
+
+
+# ---------------------------------------------------------------- children
+def child_specmoe(spec: dict) -> dict:
+    """One system's run in this (fresh) process: load, then one greedy request of spec['max_tokens'] tokens over
+    spec['prompt'], timed token by token; the engine's stats and memory parts."""
+    import torch
+
+    from specmoe import LLM, SamplingParams
+    from specmoe.engine.core import Request
+    torch.set_num_threads(spec["threads"])
+    t0 = time.perf_counter()
+    # the budget both caps all expert memory and sizes the cache (memory_budget alone only caps the default cache
+    # of a quarter of the experts)
+    llm = LLM(spec["path"], dtype="bfloat16", threads=spec["threads"], max_batch=1, offload="disk",
+              repack_dir=spec["repack_dir"], memory_budget=spec["memory_budget"], cache_bytes=spec["memory_budget"],
+              prefetch="none",
+              io_depth=spec.get("io_depth", 1), **system_options(spec["system"]))
+    load_s = time.perf_counter() - t0
+    sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
+    tl = sysprobe.Timeline()
+    with llm.engine([(spec["prompt"], sp)]) as core:
+        req = core.add(Request(prompt_ids=list(spec["prompt"]), params=sp))
+        tl.start()
+        n = 0
+        while core.has_work:
+            core.step()
+            if len(req.output_ids) != n:
+                n = len(req.output_ids)
+                tl.mark(n)
+        tokens = list(req.output_ids)
+    st = llm.stats
+    keep = {k: v for k, v in st.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    for k in ("memory", "drafters", "controller_steps", "controller_rows_by_drafter", "step_breakdown"):
+        if k in st:
+            keep[k] = st[k]
+    res = {"load_s": load_s, "token_ids": tokens, **tl.summary(spec["window"]),
+           "expert_memory_bytes": llm.expert_memory.total, "expert_memory_parts": llm.expert_memory.parts,
+           "cache_slots_per_layer": llm.expert_memory.slots, "hit_rate": st.get("hit_rate"), "stats": keep,
+           "status_at_end": sysprobe.proc_status(), "io_at_end": sysprobe.proc_io()}
+    llm.close()
+    return res
+
+
+def child_main(argv: list[str]) -> int:
+    """`python -m specmoe.bench.overram SPEC_JSON`: run `child_specmoe`, print the tagged result line."""
+    spec = json.loads(argv[0])
+    res = child_specmoe(spec)
+    print(RESULT_TAG + json.dumps(res, default=str), flush=True)
+    return 0
+
+
+def run_child(argv: list[str], *, env: dict, files: dict[str, Path], device: str | None, log: Path,
+              timeout: float) -> dict:
+    """Drop `files` from the page cache (their residency after the drop is recorded), run `argv` with `env`
+    (stderr to `log`), sample its memory while it runs, and return its result joined with the samples, the
+    device's bytes read over the run (every process on the device counts) and the files' residency after."""
+    before = {k: sysprobe.drop_cache(f) for k, f in files.items()}
+    d0 = sysprobe.disk_read_bytes(device)
+    t0 = time.perf_counter()
+    with open(log, "a") as errf:
+        errf.write(f"\n==== {' '.join(argv[:3])} ... ({time.strftime('%H:%M:%S')})\n")
+        errf.flush()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errf, env=env, text=True)
+        with sysprobe.Sampler(proc.pid) as smp:
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+                return {"status": "error", "reason": f"timed out after {timeout:.0f} s", **smp.result()}
+    wall = time.perf_counter() - t0
+    d1 = sysprobe.disk_read_bytes(device)
+    lines = [x for x in out.splitlines() if x.startswith(RESULT_TAG)]
+    base = {"process_wall_s": wall, **smp.result(), "residency_before": before,
+            "residency_after": {k: sysprobe.residency(f) for k, f in files.items()},
+            "device_read_bytes": None if d0 is None or d1 is None else d1 - d0}
+    if proc.returncode != 0 or not lines:
+        tail = log.read_text()[-800:] if log.is_file() else ""
+        return {"status": "error", "reason": f"exit status {proc.returncode}: {tail}", **base}
+    return {"status": "ok", **json.loads(lines[-1][len(RESULT_TAG):]), **base}
+
+
+def llama_env(llama_site: str | None) -> dict:
+    env = dict(os.environ)
+    if llama_site:
+        env["PYTHONPATH"] = os.pathsep.join([llama_site] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def llama_available(llama_site: str | None) -> str | None:
+    """None when llama_cpp imports in a child with `llama_site` on its path, else why not."""
+    proc = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                          env=llama_env(llama_site), capture_output=True, text=True, timeout=120)
+    if proc.returncode == 0:
+        return None
+    return "llama_cpp is not importable" + (f" with {llama_site} on PYTHONPATH" if llama_site else "") + \
+        f": {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+
+
+def llama_argv(spec: dict) -> list[str]:
+    return [sys.executable, str(LLAMA_CHILD), json.dumps(spec)]
+
+
+def specmoe_argv(spec: dict) -> list[str]:
+    return [sys.executable, "-m", "specmoe.bench.overram", json.dumps(spec)]
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))
