@@ -171,7 +171,7 @@ def main() -> int:
     fixed_all = fixed_systems(args.fixed.split(","))
     systems |= {n: o for n, o in fixed_all.items() if args.only is None or n in args.only.split(",")}
     ref = args.baselines.split(",")[0]
-    points, t_start = [], time.perf_counter()
+    points, t_start, code = [], time.perf_counter(), commit()  # the code this run loaded (not HEAD at its end)
     for B in [int(b) for b in args.batches.split(",")]:
         llms = {n: LLM(str(path), threads=args.threads, dtype=args.dtype, **tier, **o) for n, o in systems.items()}
         prompts = prompts_for(tok, max(B, args.seqs_at_batch_1))
@@ -214,7 +214,7 @@ def main() -> int:
         print(f"B={B}: auto {med['auto']:.1f} tok/s = {med['auto'] / med[base]:.2f}x {base}, "
               f"{med['auto'] / med[best_fixed]:.2f}x {best_fixed}; all equal: {all(equal.values())}", flush=True)
         del llms
-    res = {"command": "python " + " ".join(sys.argv), "commit": commit(), "machine": machine_info(),
+    res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine_info(),
            "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,
            "max_tokens": args.max_tokens, "rounds": args.rounds, "seqs_at_batch_1": args.seqs_at_batch_1,
            "elapsed_s": time.perf_counter() - t_start, "out": str(out.relative_to(REPO)) if out.is_relative_to(REPO)
