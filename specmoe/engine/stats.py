@@ -59,13 +59,15 @@ class MemoryStats:
     experts_total: int
     memory_budget: int | None
     cache_bytes: int | None
+    linear_state: int = 0  # of kv_cache: hybrid models' linear-attention states (constant in the sequence length)
 
     @classmethod
     def measure(cls, model, expert_memory, kv_cache) -> "MemoryStats":
         weights = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
         return cls(non_expert_weights=weights, experts=dict(expert_memory.parts),
                    kv_cache=kv_cache.nbytes if kv_cache is not None else 0, experts_total=expert_memory.total,
-                   memory_budget=expert_memory.memory_budget, cache_bytes=expert_memory.cache_bytes)
+                   memory_budget=expert_memory.memory_budget, cache_bytes=expert_memory.cache_bytes,
+                   linear_state=kv_cache.state_nbytes if kv_cache is not None else 0)
 
     @property
     def total(self) -> int:
@@ -73,5 +75,6 @@ class MemoryStats:
 
     def to_dict(self) -> dict:
         return {"non_expert_weights": self.non_expert_weights, **self.experts, "kv_cache": self.kv_cache,
+                "kv_cache_linear_state": self.linear_state,
                 "experts_total": self.experts_total, "total": self.total, "memory_budget": self.memory_budget,
                 "cache_bytes": self.cache_bytes}

@@ -29,7 +29,7 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
     if not isinstance(raw, dict):
         raise CheckpointError(f"config.json must hold a JSON object, got {type_name(raw)}")
     fam = family_of(raw.get("model_type"))
-    f = Fields(raw, f"config.json ({fam.model_type})")
+    f = Fields(_text_config(raw, fam) if fam.text_config else raw, f"config.json ({fam.model_type})")
     rope, rope_theta, prf = _rope(f, fam)
     shape = _shape(f, fam, rope, prf)
     kw = fam.read(f, shape)
@@ -44,6 +44,19 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
                        rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=rope_theta,
                        max_position_embeddings=f.int("max_position_embeddings", default=4096, lo=2),
                        tie_word_embeddings=f.bool("tie_word_embeddings", False), hidden_act="silu", **kw)
+
+
+TOP_LEVEL = ("dtype", "torch_dtype", "quantization_config", "tie_word_embeddings")  # may sit outside text_config
+
+
+def _text_config(raw: dict, fam: Family) -> dict:
+    """A multimodal config.json's language model: its text_config, plus the top-level keys that describe the
+    whole checkpoint (dtype, quantization, tied embeddings) where text_config does not repeat them."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        Fields(raw, f"config.json ({fam.model_type})").fail("text_config", "an object (the language model's config)",
+                                                           text)
+    return {**text, **{k: raw[k] for k in TOP_LEVEL if raw.get(k) is not None}}
 
 
 def _rope(f: Fields, fam: Family) -> tuple[dict, float, float]:

@@ -40,6 +40,7 @@ class Family:
     yarn: bool = False  # YaRN rope scaling is read (else only plain RoPE)
     partial_rotary_factor: float | None = None  # its default when only part of a head rotates (None: all does)
     quantizations: tuple[str, ...] = ("fp8",)  # quant_methods its quantized checkpoints may use
+    text_config: bool = False  # a multimodal config.json: the language model's fields are under text_config
 
 
 FAMILIES: dict[str, Family] = {}  # model_type -> Family, in registration order

@@ -31,12 +31,15 @@ FAMILY_NAMES = {
     "deepseek_v2": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "deepseek_v3": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "gpt_oss": FamilyNames("mlp", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router"),
+    "qwen3_next": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "qwen3_5_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "qwen3_5_moe_text": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
 }
 FUSED_EXPERTS = ("gpt_oss",)  # experts stored as one [E, ...] tensor per layer and projection
 
 # Keys some exporters add that carry no weights we need.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_LAYER = re.compile(r"layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
     D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
     q = cfg.quantization
     if cfg.model_type in FUSED_EXPERTS:
-        base = f"model.layers.{layer}.{n.moe_prefix}.experts"
+        base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
         gub = f"{base}.gate_up_proj_bias"
         if q is not None and q.method == "mxfp4":  # [E, out, in/32, 16] blocks, [E, out, in/32] scales
             gu = dict(key=f"{base}.gate_up_proj_blocks", tensor_shape=(E, 2 * I, D // 32, 16), expert=expert,
@@ -81,7 +84,7 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
                 "gate_bias": ExpertPart(gub, (E, 2 * I), expert, 0, 2),
                 "up_bias": ExpertPart(gub, (E, 2 * I), expert, 1, 2),
                 "down_bias": ExpertPart(f"{base}.down_proj_bias", (E, D), expert)}
-    base = f"model.layers.{layer}.{n.moe_prefix}.experts.{expert}"
+    base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts.{expert}"
     g, u, d = n.expert_proj
 
     def part(name: str, rows: int, cols: int) -> ExpertPart:
@@ -114,11 +117,12 @@ def expert_tensors_per_layer(cfg: ModelConfig) -> int:
 
 
 def is_ignored(cfg: ModelConfig, key: str) -> bool:
-    """Keys that carry nothing the model uses: rotary caches, and the multi-token-prediction layers
-    (GLM-4, DeepSeek-V3) stored after the last decoder layer."""
-    if key.endswith(IGNORED_SUFFIXES):
+    """Keys that carry nothing the model uses: rotary caches, the multi-token-prediction layers
+    (GLM-4, DeepSeek-V3) stored after the last decoder layer, the parts a family skips (`skipped_prefixes`:
+    Qwen3-Next's MTP module, Qwen3.5's vision tower)."""
+    if key.endswith(IGNORED_SUFFIXES) or key.startswith(cfg.skipped_prefixes):
         return True
-    m = _LAYER.match(key)
+    m = _LAYER.match(key[len(cfg.weight_prefix):]) if key.startswith(cfg.weight_prefix) else None
     return bool(cfg.extra_layers and m and cfg.num_layers <= int(m.group(1)) < cfg.num_layers + cfg.extra_layers)
 
 
@@ -128,6 +132,24 @@ def fp32_params(cfg: ModelConfig) -> set[str]:
     if not cfg.score_correction_bias:
         return set()
     return {f"layers.{i}.mlp.{p}" for i in cfg.moe_layers for p in ("router.weight", "correction_bias")}
+
+
+def _linear_attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Gated DeltaNet (models/deltanet.py): Qwen3.5's in_proj_qkv / z / b / a or Qwen3-Next's grouped
+    in_proj_qkvz / in_proj_ba, the depthwise conv, the decay parameters, the gated norm and out_proj."""
+    la, D = cfg.linear_attention, cfg.hidden_size
+    Hv, Dv = la.num_v_heads, la.v_head_dim
+    if la.split_projections:
+        projs = {"in_proj_qkv": la.conv_dim, "in_proj_z": Hv * Dv, "in_proj_b": Hv, "in_proj_a": Hv}
+    else:
+        projs = {"in_proj_qkvz": la.conv_dim + Hv * Dv, "in_proj_ba": 2 * Hv}
+    out = {m + f"{p}.weight": (a + f"{p}.weight", (n, D)) for p, n in projs.items()}
+    out[m + "conv1d.weight"] = (a + "conv1d.weight", (la.conv_dim, 1, la.conv_kernel))
+    out[m + "A_log"] = (a + "A_log", (Hv,))
+    out[m + "dt_bias"] = (a + "dt_bias", (Hv,))
+    out[m + "norm.weight"] = (a + "norm.weight", (Dv,))
+    out[m + "out_proj.weight"] = (a + "out_proj.weight", (D, Hv * Dv))
+    return out
 
 
 def _attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -154,12 +176,13 @@ def _attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tu
         if cfg.o_proj_bias:
             out[m + "o_proj.bias"] = (a + "o_proj.bias", (D,))
         return out
-    out[m + "q_proj.weight"] = (a + "q_proj.weight", (Hq * Dh, D))
+    Q = Hq * Dh * (2 if cfg.attn_output_gate else 1)  # with the output gate: [query; gate] per head
+    out[m + "q_proj.weight"] = (a + "q_proj.weight", (Q, D))
     out[m + "k_proj.weight"] = (a + "k_proj.weight", (Hkv * Dh, D))
     out[m + "v_proj.weight"] = (a + "v_proj.weight", (Hkv * Dh, D))
     out[m + "o_proj.weight"] = (a + "o_proj.weight", (D, Hq * Dh))
     if cfg.qkv_bias:
-        out[m + "q_proj.bias"] = (a + "q_proj.bias", (Hq * Dh,))
+        out[m + "q_proj.bias"] = (a + "q_proj.bias", (Q,))
         out[m + "k_proj.bias"] = (a + "k_proj.bias", (Hkv * Dh,))
         out[m + "v_proj.bias"] = (a + "v_proj.bias", (Hkv * Dh,))
     if cfg.o_proj_bias:
@@ -179,14 +202,18 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{module parameter name: (checkpoint key, shape)} for every weight kept resident."""
     D, V = cfg.hidden_size, cfg.vocab_size
     n = FAMILY_NAMES[cfg.model_type]
-    out = {"embed.weight": ("model.embed_tokens.weight", (V, D)), "norm.weight": ("model.norm.weight", (D,))}
+    P = cfg.weight_prefix
+    out = {"embed.weight": (P + "embed_tokens.weight", (V, D)), "norm.weight": (P + "norm.weight", (D,))}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = ("lm_head.weight", (V, D))
     for i in range(cfg.num_layers):
-        p, m = f"model.layers.{i}.", f"layers.{i}."
+        p, m = f"{P}layers.{i}.", f"layers.{i}."
         out[m + "input_norm.weight"] = (p + "input_layernorm.weight", (D,))
         out[m + "post_attn_norm.weight"] = (p + "post_attention_layernorm.weight", (D,))
-        out.update(_attention_keys(cfg, p + "self_attn.", m + "attn."))
+        if i in cfg.linear_layers:
+            out.update(_linear_attention_keys(cfg, p + "linear_attn.", m + "attn."))
+        else:
+            out.update(_attention_keys(cfg, p + "self_attn.", m + "attn."))
         if cfg.is_moe_layer(i):
             mp = p + n.moe_prefix + "."
             out[m + "mlp.router.weight"] = (mp + n.router + ".weight", (cfg.num_experts, D))

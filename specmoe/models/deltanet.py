@@ -1,0 +1,137 @@
+"""Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5), as transformers' torch path computes it.
+
+Per token: one projection gives q, k, v (through a causal depthwise conv of `conv_kernel` taps and SiLU), the
+output gate z, and per value head b and a; β = σ(b), the decay g = -exp(A_log) · softplus(a + dt_bias). q and k
+are L2-normalised (q also scaled by k_dim^-1/2), each key head serving num_v_heads / num_k_heads value heads. The
+recurrent state S [value heads, k_dim, v_dim] follows the gated delta rule
+
+    S ← S · exp(g);  S ← S + k ⊗ (β · (v − kᵀS));  out = qᵀS
+
+and the output is RMSNorm(out) · w · silu(z) per value head, then out_proj. Prefill, decode and verification
+forwards run the same recurrence as a plain loop over their tokens (decode: one step; transformers' chunked
+prefill form computes the same sums in another order). The states live in the cache (`linear_state.py`): a
+forward reads each slot's state at its start length and keeps the states after its tokens, so a speculative
+verification of T tokens keeps all T and the commit picks the accepted one. Padding tokens of a ragged batch
+leave the state as it is (β = 0, g = 0) and are never kept.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specmoe.config import ModelConfig
+from specmoe.models.kv_cache import KVCache
+from specmoe.models.layers import addmm, linear, sigmoid, silu
+
+# B=batch, T=tokens per row, N=B·T, D=hidden, C=conv channels, K=conv taps, Hk/Hv=key/value heads, Dk/Dv=head dims
+
+
+class GatedDeltaNet(nn.Module):
+    rows = 1  # see `layers.linear`; set on a deterministic model (`Transformer.set_deterministic`)
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        la = self.la = cfg.linear_attention
+        D, Hv, Dv = cfg.hidden_size, la.num_v_heads, la.v_head_dim
+        self.eps = cfg.rms_norm_eps
+        if la.split_projections:  # Qwen3.5
+            self.in_proj_qkv = nn.Linear(D, la.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(D, Hv * Dv, bias=False)
+            self.in_proj_b = nn.Linear(D, Hv, bias=False)
+            self.in_proj_a = nn.Linear(D, Hv, bias=False)
+        else:  # Qwen3-Next: grouped per key head
+            self.in_proj_qkvz = nn.Linear(D, la.conv_dim + Hv * Dv, bias=False)
+            self.in_proj_ba = nn.Linear(D, 2 * Hv, bias=False)
+        self.conv1d = nn.Module()
+        self.conv1d.weight = nn.Parameter(torch.empty(la.conv_dim, 1, la.conv_kernel))
+        self.A_log = nn.Parameter(torch.empty(Hv))
+        self.dt_bias = nn.Parameter(torch.empty(Hv))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.empty(Dv))
+        self.out_proj = nn.Linear(Hv * Dv, D, bias=False)
+        self.in_proj: nn.Parameter | None = None  # [C + Hv·Dv + 2·Hv, D]: q, k, v, z, b, a (set by `fuse`)
+
+    def _projection(self) -> torch.Tensor:
+        """The checkpoint's input projections as one [q; k; v; z; b; a] weight (Qwen3-Next's grouped
+        [q_g; k_g; v_g; z_g] per key head g and [b_g; a_g] regrouped into that order)."""
+        la = self.la
+        if la.split_projections:
+            return torch.cat([self.in_proj_qkv.weight, self.in_proj_z.weight, self.in_proj_b.weight,
+                              self.in_proj_a.weight])
+        Hk, Dk, r = la.num_k_heads, la.k_head_dim, la.num_v_heads // la.num_k_heads
+        rv = r * la.v_head_dim
+        w = self.in_proj_qkvz.weight
+        w = w.view(Hk, 2 * Dk + 2 * rv, w.shape[-1])
+        q, k, v, z = w.split((Dk, Dk, rv, rv), dim=1)
+        b, a = self.in_proj_ba.weight.view(Hk, 2 * r, -1).split((r, r), dim=1)
+        return torch.cat([t.reshape(-1, w.shape[-1]) for t in (q, k, v, z, b, a)])
+
+    def fuse(self) -> None:
+        """After loading: one input projection (the separate ones are dropped, so nothing is held twice)."""
+        self.in_proj = nn.Parameter(self._projection(), requires_grad=False)
+        for name in (("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a") if self.la.split_projections
+                     else ("in_proj_qkvz", "in_proj_ba")):
+            delattr(self, name)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv, residual: torch.Tensor | None = None):
+        """x [B·T, D] → residual + linear attention(x) [B·T, D]; `layer`: this layer's row in `cache.states`
+        (cos, sin and mask are the attention layers' and unused here)."""
+        la = self.la
+        B, T = bv.positions.shape
+        C, K, Hk, Hv, Dk, Dv = la.conv_dim, la.conv_kernel, la.num_k_heads, la.num_v_heads, la.k_head_dim, la.v_head_dim
+        dev = x.device
+        w = self.in_proj if self.in_proj is not None else self._projection()
+        qkv, z, b, a = linear(x, w, None, self.rows).split((C, Hv * Dv, Hv, Hv), dim=-1)
+        start = (bv.write_positions if bv.write_positions is not None else bv.positions)[:, 0]  # [B] lengths
+        slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
+                                                                   device=dev)
+        states = cache.states
+        if states is not None:
+            conv0, S = states.read(layer, slots, start)
+        else:  # a cache without states (a calibration forward): every row from zeros, nothing kept
+            conv0 = torch.zeros(B, C, K - 1, dtype=x.dtype, device=dev)
+            S = torch.zeros(B, Hv, Dk, Dv, device=dev)
+        # causal depthwise conv over [state; new inputs]
+        window = torch.cat((conv0.to(x.dtype), qkv.view(B, T, C).transpose(1, 2)), dim=2)  # [B, C, K-1+T]
+        mixed = silu(F.conv1d(window, self.conv1d.weight, None, groups=C).transpose(1, 2))  # [B, T, C]
+        q, k, v = mixed.float().split((Hk * Dk, Hk * Dk, Hv * Dv), dim=-1)
+        r = Hv // Hk
+        q = _l2norm(q.reshape(B, T, Hk, Dk)).repeat_interleave(r, dim=2) * Dk ** -0.5  # [B, T, Hv, Dk]
+        k = _l2norm(k.reshape(B, T, Hk, Dk)).repeat_interleave(r, dim=2)
+        v = v.reshape(B, T, Hv, Dv)
+        beta = sigmoid(b).float().view(B, T, Hv)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [N, Hv]
+        decay = g.view(B, T, Hv).exp()
+        lens = torch.full((B,), T, device=dev) if bv.valid is None else bv.valid.sum(1)  # real tokens per row
+        if bv.valid is not None:  # padding: state unchanged (no decay, no write)
+            beta = beta * bv.valid[..., None]
+            decay = torch.where(bv.valid[..., None], decay, torch.ones_like(decay))
+        n = min(T, states.ring - 1) if states is not None else 0  # states kept per row: after its last n tokens
+        first_kept = lens - n  # [B]: token index of the first kept state per row (may be < 0: keep from 0)
+        t_keep = T - n if bv.valid is None else max(0, int(lens.min()) - n)  # no row keeps a state before this
+        out = torch.empty(B, T, Hv, Dv, device=dev)
+        for t in range(T):
+            S = S * decay[:, t, :, None, None]
+            kt = k[:, t]
+            delta = (v[:, t] - (S * kt[..., None]).sum(-2)) * beta[:, t, :, None]  # [B, Hv, Dv]
+            S = S + kt[..., None] * delta[:, :, None, :]
+            out[:, t] = (S * q[:, t, :, :, None]).sum(-2)
+            if states is not None and t >= t_keep:
+                states.write_recurrent(layer, slots, start + t + 1, S, (t >= first_kept) & (t < lens))
+        if states is not None:  # conv states after the same tokens: the last K-1 inputs through each
+            j = first_kept[:, None] + torch.arange(n, device=dev)[None, :]  # [B, n] token indices
+            cols = (j.clamp(min=0) + 1)[:, :, None] + torch.arange(K - 1, device=dev)  # [B, n, K-1] window columns
+            conv = torch.gather(window[:, None].expand(B, n, C, -1), 3, cols[:, :, None, :].expand(B, n, C, K - 1))
+            states.write_conv(layer, slots, start[:, None] + j + 1, conv, j >= 0)
+        o = out.to(x.dtype).view(-1, Dv)  # gated RMSNorm per value head, as transformers rounds it
+        o = (self.norm.weight * F.rms_norm(o.float(), (Dv,), None, self.eps).to(x.dtype)) * silu(z.reshape(-1, Dv).float())
+        o = o.to(x.dtype).view(B * T, Hv * Dv)
+        if residual is None:
+            return linear(o, self.out_proj.weight, None, self.rows)
+        return addmm(residual, o, self.out_proj.weight.t(), self.rows)
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(Σx² + eps) over the last dim (transformers' and FLA's l2norm)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
