@@ -34,7 +34,10 @@ def describe(path) -> dict:
     info = {"path": str(path), "family": cfg.model_type, "layers": cfg.num_layers,
             "moe_layers": len(cfg.moe_layers), "experts_per_layer": cfg.num_experts, "top_k": cfg.top_k,
             "hidden_size": cfg.hidden_size, "expert_intermediate_size": cfg.expert_intermediate_size,
-            "attention": "mla" if cfg.mla else ("sinks" if cfg.attention_sinks else "gqa"),
+            "attention": "mla" if cfg.mla else ("sinks" if cfg.attention_sinks else
+                                                 "hybrid" if cfg.linear_layers else "gqa"),
+            "layer_kinds": layer_kinds(cfg),
+            "linear_attention_layers": len(cfg.linear_layers),
             "shared_experts": bool(cfg.shared_expert_intermediate_size),
             "dense_layers": cfg.num_layers - len(cfg.moe_layers),
             "rope": "yarn" if cfg.yarn else "default",
@@ -52,6 +55,23 @@ def describe(path) -> dict:
             raise CheckpointError(f"expert profile {prof}: counts must be integers") from None
         info["skewness_per_layer"] = [round(skewness(row), 3) for row in counts]
     return info
+
+
+def layer_kinds(cfg) -> str:
+    """Each layer's token mixer (linear_attention: Gated DeltaNet; full_attention; sliding_attention) and
+    feed-forward (moe / dense), runs of equal kinds written once with their layer range: "0-2 linear_attention
+    moe, 3 full_attention moe, ..."."""
+    def kind(i):
+        mixer = ("linear_attention" if i in cfg.linear_layers else
+                 "sliding_attention" if cfg.window(i) else "full_attention")
+        return f"{mixer} {'moe' if cfg.is_moe_layer(i) else 'dense'}"
+    runs = []  # [first, last, kind]
+    for i in range(cfg.num_layers):
+        if runs and runs[-1][2] == kind(i):
+            runs[-1][1] = i
+        else:
+            runs.append([i, i, kind(i)])
+    return ", ".join(f"{a}{f'-{b}' if b > a else ''} {k}" for a, b, k in runs)
 
 
 def expert_formats(ck) -> list[dict]:

@@ -215,3 +215,73 @@ def test_memory_counts_the_constant_linear_state(ckpts):
     per_slot = 3 * ring * (la.num_v_heads * la.k_head_dim * la.v_head_dim * 4 + la.conv_dim * (la.conv_kernel - 1) * 4)
     assert mem["kv_cache_linear_state"] == per_slot * len(PROMPTS)
     assert mem["kv_cache"] > mem["kv_cache_linear_state"] > 0
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_moe_text"])
+def test_deltanet_layer_prefill_and_steps_match_transformers(kind, ckpts):
+    """One Gated DeltaNet layer on the same input as transformers' (its torch chunked path): a whole-prompt
+    forward, and the same tokens one forward at a time through the cache's states (the recurrent step)."""
+    from specmoe.models.decoder import BatchView
+    path, hf = ckpts(kind, 0)
+    llm = LLM(path, dtype="float32")
+    T = 11
+    x = torch.randn(1, T, llm.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = hf.model.layers[1].linear_attn(x)[0]  # [T, D]
+    layer = llm.model.layers[1].attn
+    cache = llm.runner(1, 32).cache
+
+    def run(start, xs):
+        n = xs.shape[0]
+        bv = BatchView(slots=None, positions=torch.arange(start, start + n)[None], contiguous=slice(0, 1),
+                       key_len=start + n)
+        with torch.no_grad():
+            return layer(xs, None, None, None, cache, llm.config.cache_index(1), bv)
+    whole = run(0, x[0])
+    steps = torch.cat([run(t, x[0, t:t + 1]) for t in range(T)])
+    assert (whole - ref).abs().max() <= 1e-5 and (steps - ref).abs().max() <= 1e-5
+
+
+def test_inspect_shows_layer_kinds(ckpts):
+    from specmoe.cli.inspect import describe
+    info = describe(ckpts("qwen3_next", 0)[0])
+    assert info["attention"] == "hybrid" and info["linear_attention_layers"] == 3
+    assert info["layer_kinds"] == ("0 linear_attention moe, 1 linear_attention dense, 2 linear_attention moe, "
+                                   "3 full_attention moe")
+
+
+def test_auto_and_continuous_batching_equal_plain(ckpts):
+    """`auto` (its cost model calibrates on the hybrid model) and slots reused by later requests (max_batch 2 <
+    6 requests: a slot's states restart from zeros for its next sequence)."""
+    path, _ = ckpts("qwen3_next", 0)
+    ref, _ = spec_run(path, decoding="ar")
+    out, st = spec_run(path, decoding="auto", draft_experts=3, num_draft_tokens=3)
+    assert out == ref
+    out, st = spec_run(path, decoding="specmoe", draft_experts=3, num_draft_tokens=3, max_batch=2)
+    assert out == ref and 1.0 < st["tokens_per_step"] < 4.0
+
+
+def test_eagle_drafter_equals_plain(ckpts, tmp_path):
+    """A random EAGLE-1 head over the hybrid target: drafts proposed, verified and (mostly) rejected; output
+    equal to plain greedy."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    path, _ = ckpts("qwen3_next", 0)
+    D = COMMON["hidden_size"]
+    cfg = LlamaConfig(hidden_size=D, intermediate_size=40, num_attention_heads=3, num_key_value_heads=1,
+                      num_hidden_layers=1, vocab_size=COMMON["vocab_size"], max_position_embeddings=256)
+    torch.manual_seed(0)
+    layer = LlamaDecoderLayer(cfg, 0)
+    sd = {f"layers.0.{k}": v for k, v in layer.state_dict().items() if "input_layernorm" not in k}
+    sd.update({"fc.weight": torch.randn(D, 2 * D) * 0.1, "fc.bias": torch.zeros(D)})
+    head = tmp_path / "eagle"
+    head.mkdir()
+    save_file(sd, str(head / "model.safetensors"))
+    (head / "config.json").write_text(json.dumps(json.loads(cfg.to_json_string())))
+    ref, _ = spec_run(path, decoding="ar")
+    out, st = spec_run(path, decoding="specmoe", drafter="eagle", eagle_head=str(head), num_draft_tokens=3)
+    assert out == ref
+    assert st["drafters"]["eagle"]["drafted_tokens"] > 0 and st["steps"] > 0
