@@ -220,6 +220,8 @@ class ModelConfig:
     quantization: Quantization | None = None  # weights shipped quantized (read as stored; None: floating point)
     weight_prefix: str = "model."  # prefix of the decoder's keys (a multimodal checkpoint: its language model's)
     skipped_prefixes: tuple[str, ...] = ()  # keys of parts not run here (a vision tower, MTP layers)
+    fused_experts: bool = False  # experts stored as [E, 2I, D] gate_up_proj / [E, D, I] down_proj per layer (set by
+    # the Checkpoint from its keys: transformers' own layout, as Qwen3.5 publishes it)
 
     def __post_init__(self):
         if not self.moe_layers:

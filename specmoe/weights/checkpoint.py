@@ -18,7 +18,7 @@ from specmoe.config import read_json_object, type_name
 from specmoe.errors import CheckpointError, InputError
 from specmoe.families import load_config
 from specmoe.weights.names import (ExpertPart, expert_parts, expert_tensors_per_layer, is_ignored, non_expert_keys,
-                                   stored_tensors)
+                                   stored_tensors, stores_fused_experts)
 from specmoe.weights.quantized import (assemble, cut, dequantize_fp8_blocks, dequantize_part, part_shape,
                                        stored_layout)
 
@@ -66,6 +66,7 @@ class Checkpoint:
         self._handles: dict[str, object] = {}
         self._headers: dict[str, dict] = {}
         self.key_to_file = self._index()
+        self.config.fused_experts = stores_fused_experts(self.config, self.key_to_file)
         self.validate()
 
     def _index(self) -> dict[str, str]:

@@ -36,6 +36,9 @@ FAMILY_NAMES = {
     "qwen3_5_moe_text": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
 }
 FUSED_EXPERTS = ("gpt_oss",)  # experts stored as one [E, ...] tensor per layer and projection
+# families whose checkpoints may store their experts either way: per expert (what save_pretrained writes) or as
+# transformers' fused [E, 2I, D] gate_up_proj (gate rows first) and [E, D, I] down_proj (Qwen3.5 as published)
+EITHER_LAYOUT = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 
 # Keys some exporters add that carry no weights we need.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -57,6 +60,7 @@ class ExpertPart:
     start: int = 0
     step: int = 1
     transpose: bool = False
+    rows: tuple[int, int] | None = None  # only rows [a, b) of the expert's tensor (gate / up of a fused gate_up)
     scale: str | None = None
     scale_shape: tuple[int, ...] = ()
 
@@ -67,6 +71,12 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
     n = FAMILY_NAMES[cfg.model_type]
     D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
     q = cfg.quantization
+    if cfg.fused_experts:  # transformers' layout: gate_up_proj [E, 2I, D] (gate rows, then up), down_proj [E, D, I]
+        base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
+        gu = f"{base}.gate_up_proj"
+        return {"gate": ExpertPart(gu, (E, 2 * I, D), expert, rows=(0, I)),
+                "up": ExpertPart(gu, (E, 2 * I, D), expert, rows=(I, 2 * I)),
+                "down": ExpertPart(f"{base}.down_proj", (E, D, I), expert)}
     if cfg.model_type in FUSED_EXPERTS:
         base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
         gub = f"{base}.gate_up_proj_bias"
@@ -113,7 +123,15 @@ def stored_tensors(parts: dict[str, ExpertPart]) -> list[tuple[str, int | None, 
 def expert_tensors_per_layer(cfg: ModelConfig) -> int:
     """Distinct checkpoint tensors holding one MoE layer's experts."""
     n = len(stored_tensors(expert_parts(cfg, cfg.moe_layers[0], 0)))
-    return n if cfg.model_type in FUSED_EXPERTS else n * cfg.num_experts
+    return n if cfg.model_type in FUSED_EXPERTS or cfg.fused_experts else n * cfg.num_experts
+
+
+def stores_fused_experts(cfg: ModelConfig, keys) -> bool:
+    """Whether a checkpoint of a family that may store its experts either way (`EITHER_LAYOUT`) holds them fused
+    (its key names say)."""
+    n = FAMILY_NAMES.get(cfg.model_type)
+    return (cfg.model_type in EITHER_LAYOUT and bool(cfg.moe_layers)
+            and f"{cfg.weight_prefix}layers.{cfg.moe_layers[0]}.{n.moe_prefix}.experts.gate_up_proj" in keys)
 
 
 def is_ignored(cfg: ModelConfig, key: str) -> bool:

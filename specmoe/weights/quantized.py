@@ -189,7 +189,10 @@ def dequantize_part(method: str, block: tuple[int, int], part: ExpertPart, t: to
 
 
 def cut(part: ExpertPart, t: torch.Tensor) -> torch.Tensor:
-    """A float part's values from its tensor row: every `step`-th column from `start`, then transposed."""
+    """A float part's values from its tensor row: its `rows`, every `step`-th column from `start`, then
+    transposed."""
+    if part.rows is not None:
+        t = t[part.rows[0]:part.rows[1]]
     if part.step != 1:
         t = t[..., part.start::part.step]
     return t.T if part.transpose else t

@@ -285,3 +285,50 @@ def test_eagle_drafter_equals_plain(ckpts, tmp_path):
     out, st = spec_run(path, decoding="specmoe", drafter="eagle", eagle_head=str(head), num_draft_tokens=3)
     assert out == ref
     assert st["drafters"]["eagle"]["drafted_tokens"] > 0 and st["steps"] > 0
+
+
+def test_fused_expert_layout_reads_like_per_expert(ckpts, tmp_path):
+    """Qwen3.5 as published stores each layer's experts fused (transformers' gate_up_proj [E, 2I, D], gate rows
+    first, and down_proj [E, D, I]); save_pretrained writes them per expert. Both read the same, every tier."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    src, _ = ckpts("qwen3_5_moe", 0)
+    dst = tmp_path / "fused"
+    shutil.copytree(src, dst)
+    sd = load_file(str(dst / "model.safetensors"))
+    E = COMMON["num_experts"]
+    for layer in range(COMMON["num_hidden_layers"]):
+        base = f"model.language_model.layers.{layer}.mlp.experts"
+        gate_up = [torch.cat([sd.pop(f"{base}.{e}.gate_proj.weight"), sd.pop(f"{base}.{e}.up_proj.weight")])
+                   for e in range(E)]
+        sd[f"{base}.gate_up_proj"] = torch.stack(gate_up)
+        sd[f"{base}.down_proj"] = torch.stack([sd.pop(f"{base}.{e}.down_proj.weight") for e in range(E)])
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    ref = LLM(src)
+    fused = LLM(dst)
+    assert fused.config.fused_experts and not ref.config.fused_experts
+    assert torch.equal(fused.logits(PROMPTS), ref.logits(PROMPTS))
+    disk = LLM(dst, offload="disk", cache_experts=3, cache_policy="lru")
+    assert torch.equal(disk.logits(PROMPTS), ref.logits(PROMPTS)) and disk.stats["misses"] > 0
+
+
+@pytest.mark.parametrize("kind,change,match", [
+    ("qwen3_next", {"layer_types": ["linear_attention", "attention", "linear_attention", "full_attention"]},
+     "layer_types must be a list of 4 entries"),
+    ("qwen3_next", {"layer_types": ["linear_attention"] * 4}, "at least one full_attention"),
+    ("qwen3_next", {"linear_num_value_heads": 5}, "linear_num_value_heads must be a multiple"),
+    ("qwen3_5_moe", {"text_config": None}, "text_config must be an object"),
+])
+def test_bad_hybrid_fields_are_one_clear_error(kind, change, match, ckpts, tmp_path):
+    import json
+    import shutil
+
+    from specmoe.errors import CheckpointError
+    src, _ = ckpts(kind, 0)
+    dst = tmp_path / "bad"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(CheckpointError, match=match):
+        LLM(dst)
