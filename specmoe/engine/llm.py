@@ -139,7 +139,7 @@ class LLM:
         sizes the KV cache for exactly those requests (`generate`); None sizes it for serving: slots grow on
         demand up to max_batch (or what memory holds at the full context), positions up to the context."""
         with self._lock:
-            look = lookahead(self.spec_cfg)  # KV positions a step writes past the committed length
+            look = lookahead(self.spec_cfg, self.config)  # KV positions a step writes past the committed length
             if plan is not None:
                 lengths = [len(p) + sp.max_tokens for p, sp in plan]
                 i = max(range(len(plan)), key=lambda i: lengths[i])

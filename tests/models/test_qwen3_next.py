@@ -202,6 +202,9 @@ def test_draft_tree_falls_back_to_chains(ckpts):
                        draft_tree_width=3)
     assert out == ref
     assert "draft_tree" not in st and st["steps"] > 0  # verified as chains
+    la = LLM(path).config.linear_attention  # and the states' ring is a chain's: γ + 2 rows, not 3γ + 2
+    per_row = la.num_v_heads * la.k_head_dim * la.v_head_dim * 4 + la.conv_dim * (la.conv_kernel - 1) * 4
+    assert st["memory"]["kv_cache_linear_state"] == 3 * (3 + 2) * per_row * len(SPEC_PROMPTS)
 
 
 def test_memory_counts_the_constant_linear_state(ckpts):

@@ -131,8 +131,10 @@ def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
     return EagleDrafter(runner, memo[key], head_path=path)
 
 
-def lookahead(cfg: SpecConfig) -> int:
-    """KV positions a strategy may write past a sequence's committed length in one step."""
+def lookahead(cfg: SpecConfig, mcfg=None) -> int:
+    """KV positions a strategy may write past a sequence's committed length in one step (of a model of `mcfg`:
+    one with linear-attention layers drafts chains, see `tree_width`)."""
     if cfg.decoding == "ar":
         return 1
-    return cfg.num_draft_tokens * (cfg.draft_tree_width if cfg.draft_tree else 1) + 1
+    width = tree_width(cfg, mcfg) if mcfg is not None else (cfg.draft_tree_width if cfg.draft_tree else 1)
+    return cfg.num_draft_tokens * width + 1
