@@ -7,12 +7,13 @@ recurrent state S [value heads, k_dim, v_dim] follows the gated delta rule
 
     S ← S · exp(g);  S ← S + k ⊗ (β · (v − kᵀS));  out = qᵀS
 
-and the output is RMSNorm(out) · w · silu(z) per value head, then out_proj. Prefill, decode and verification
-forwards run the same recurrence as a plain loop over their tokens (decode: one step; transformers' chunked
-prefill form computes the same sums in another order). The states live in the cache (`linear_state.py`): a
-forward reads each slot's state at its start length and keeps the states after its tokens, so a speculative
-verification of T tokens keeps all T and the commit picks the accepted one. Padding tokens of a ragged batch
-leave the state as it is (β = 0, g = 0) and are never kept.
+and the output is RMSNorm(out) · w · silu(z) per value head, then out_proj. Decode, draft and verification
+forwards run the recurrence as a plain loop over their tokens, keeping the state after each; a prefill of at
+least `CHUNK` tokens runs the chunked form (`chunked`, the triangular-solve form transformers' torch path and FLA
+use) and keeps the final state. The states live in the cache (`linear_state.py`): a forward reads each slot's
+state at its start length and keeps the states after its tokens, so a speculative verification of T tokens keeps
+all T and the commit picks the accepted one. Padding tokens of a ragged batch leave the state as it is (β = 0,
+g = 0) and are never kept.
 """
 from __future__ import annotations
 
@@ -101,35 +102,79 @@ class GatedDeltaNet(nn.Module):
         k = _l2norm(k.reshape(B, T, Hk, Dk)).repeat_interleave(r, dim=2)
         v = v.reshape(B, T, Hv, Dv)
         beta = sigmoid(b).float().view(B, T, Hv)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [N, Hv]
-        decay = g.view(B, T, Hv).exp()
+        g = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)).view(B, T, Hv)  # log decay
         lens = torch.full((B,), T, device=dev) if bv.valid is None else bv.valid.sum(1)  # real tokens per row
-        if bv.valid is not None:  # padding: state unchanged (no decay, no write)
-            beta = beta * bv.valid[..., None]
-            decay = torch.where(bv.valid[..., None], decay, torch.ones_like(decay))
-        n = min(T, states.ring - 1) if states is not None else 0  # states kept per row: after its last n tokens
+        if bv.valid is not None:  # padding leaves the state as it is: no decay, no write
+            beta, g = beta * bv.valid[..., None], g * bv.valid[..., None]
+        # a forward shorter than the ring (decode, draft, verification) keeps the state after each of its tokens; a
+        # longer one (a prefill, committed whole) keeps each row's state after its last token
+        keep_all = states is not None and T < states.ring
+        n = T if keep_all else 1  # states kept per row: after its last n tokens
         first_kept = lens - n  # [B]: token index of the first kept state per row (may be < 0: keep from 0)
-        t_keep = T - n if bv.valid is None else max(0, int(lens.min()) - n)  # no row keeps a state before this
-        out = torch.empty(B, T, Hv, Dv, device=dev)
-        for t in range(T):
-            S = S * decay[:, t, :, None, None]
-            kt = k[:, t]
-            delta = (v[:, t] - (S * kt[..., None]).sum(-2)) * beta[:, t, :, None]  # [B, Hv, Dv]
-            S = S + kt[..., None] * delta[:, :, None, :]
-            out[:, t] = (S * q[:, t, :, :, None]).sum(-2)
-            if states is not None and t >= t_keep:
-                states.write_recurrent(layer, slots, start + t + 1, S, (t >= first_kept) & (t < lens))
+        if not keep_all and T >= CHUNK:  # a long prefill: the chunked form
+            out, S = chunked(q, k, v, g, beta, S)
+        else:
+            out = torch.empty(B, T, Hv, Dv, device=dev)
+            decay = g.exp()
+            for t in range(T):
+                S = S * decay[:, t, :, None, None]
+                kt = k[:, t]
+                delta = (v[:, t] - (S * kt[..., None]).sum(-2)) * beta[:, t, :, None]  # [B, Hv, Dv]
+                S = S + kt[..., None] * delta[:, :, None, :]
+                out[:, t] = (S * q[:, t, :, :, None]).sum(-2)
+                if keep_all:
+                    states.write_recurrent(layer, slots, start + t + 1, S, (t >= first_kept) & (t < lens))
+        if states is not None and not keep_all:  # padding kept it: S is each row's state after its last token
+            states.write_recurrent(layer, slots, start + lens, S, torch.ones_like(lens, dtype=torch.bool))
         if states is not None:  # conv states after the same tokens: the last K-1 inputs through each
             j = first_kept[:, None] + torch.arange(n, device=dev)[None, :]  # [B, n] token indices
             cols = (j.clamp(min=0) + 1)[:, :, None] + torch.arange(K - 1, device=dev)  # [B, n, K-1] window columns
             conv = torch.gather(window[:, None].expand(B, n, C, -1), 3, cols[:, :, None, :].expand(B, n, C, K - 1))
             states.write_conv(layer, slots, start[:, None] + j + 1, conv, j >= 0)
-        o = out.to(x.dtype).view(-1, Dv)  # gated RMSNorm per value head, as transformers rounds it
+        o = out.to(x.dtype).reshape(-1, Dv)  # gated RMSNorm per value head, as transformers rounds it
         o = (self.norm.weight * F.rms_norm(o.float(), (Dv,), None, self.eps).to(x.dtype)) * silu(z.reshape(-1, Dv).float())
         o = o.to(x.dtype).view(B * T, Hv * Dv)
         if residual is None:
             return linear(o, self.out_proj.weight, None, self.rows)
         return addmm(residual, o, self.out_proj.weight.t(), self.rows)
+
+
+CHUNK = 64  # tokens per chunk of the chunked form
+
+
+def chunked(q, k, v, g, beta, S, chunk: int = CHUNK):
+    """The gated delta rule over T tokens in chunks (the WY / UT form transformers' torch path and FLA use): within
+    a chunk the updates are solved as one triangular system, across chunks the state carries. q, k [B, T, H, Dk]
+    (normalised, q scaled), v [B, T, H, Dv], g (log decay) and beta [B, T, H], S [B, H, Dk, Dv] fp32 →
+    (out [B, T, H, Dv], the state after the last token). Zero padding to whole chunks changes nothing (k = 0,
+    β = 0, g = 0)."""
+    B, T, H, Dk = k.shape
+    pad = -T % chunk
+    q, k, v, g, beta = (F.pad(x.transpose(1, 2), (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
+                        for x in (q, k, v, g, beta))  # [B, H, T', ...]
+    n = (T + pad) // chunk
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(B, H, n, chunk, -1) for x in (q, k, k_beta, v_beta))
+    cum = g.reshape(B, H, n, chunk).cumsum(-1)  # [B, H, n, C]
+    upper = torch.triu(torch.ones(chunk, chunk, dtype=torch.bool, device=k.device))
+    strict = torch.triu(upper, diagonal=1)
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(strict, float("-inf")).exp()  # [B, H, n, C, C]
+    attn = -((k_beta @ k.transpose(-1, -2)) * decay).masked_fill(upper, 0)
+    for i in range(1, chunk):  # forward substitution: (I + A)⁻¹ row by row
+        attn[..., i, :i] = attn[..., i, :i] + (attn[..., i, :i, None] * attn[..., :i, :i]).sum(-2)
+    attn = attn + torch.eye(chunk, device=k.device)
+    value = attn @ v_beta
+    k_cumdecay = attn @ (k_beta * cum.exp()[..., None])
+    out = torch.empty_like(value)
+    for i in range(n):
+        qi, ki = q[:, :, i], k[:, :, i]
+        inner = (qi @ ki.transpose(-1, -2) * decay[:, :, i]).masked_fill(strict, 0)
+        v_new = value[:, :, i] - k_cumdecay[:, :, i] @ S
+        out[:, :, i] = (qi * cum[:, :, i, :, None].exp()) @ S + inner @ v_new
+        last = cum[:, :, i, -1]
+        S = S * last.exp()[..., None, None] + (ki * (last[..., None] - cum[:, :, i]).exp()[..., None]).transpose(
+            -1, -2) @ v_new
+    return out.reshape(B, H, -1, out.shape[-1])[:, :, :T].transpose(1, 2), S
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -9,8 +9,9 @@ its tokens (L+1, L+2, ...). Committing n tokens is the KV cache's own length upd
 runner's `commit`): the next forward reads the state kept for the new length, so after a verification of γ+1
 tokens the state at each row's accepted length is the one that continues, and rejected drafts leave no trace.
 That holds while a step writes fewer than `ring` positions past the committed length (ring = the strategy's
-lookahead + 1, `for_lookahead`); prefill forwards of any length keep the states of their last `ring` - 1
-tokens. A slot at length 0 (a new sequence) starts from zeros, whatever its ring holds.
+lookahead + 1, `for_lookahead`): a forward of fewer than `ring` tokens (decode, draft, verification) keeps the
+state after each of its tokens; a longer one (a prefill, always committed whole) keeps each row's state after
+its last token. A slot at length 0 (a new sequence) starts from zeros, whatever its ring holds.
 
 Memory per sequence is constant in its length: ring × linear layers × (heads · k_dim · v_dim fp32 + conv
 channels · (kernel - 1) in the compute dtype).
