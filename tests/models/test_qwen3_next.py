@@ -106,7 +106,7 @@ def test_layer_types_and_interval_are_read(ckpts, tmp_path):
     assert max_logit_diff(llm, hf, PROMPTS[:2]) <= 1e-4
 
 
-@pytest.mark.parametrize("offload,policy", [("disk", "lru"), ("host", "ondemand")])
+@pytest.mark.parametrize("offload,policy", [("disk", "lru"), ("host", "ondemand"), ("host", "lfu")])
 def test_offloaded_equals_resident(offload, policy, ckpts):
     path, _ = ckpts("qwen3_next", 0)
     ref = LLM(path)
@@ -127,14 +127,28 @@ def spec_run(path, **kw):
 
 
 @pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_moe_text"])
-def test_self_draft_greedy_equals_plain_greedy(kind, ckpts):
+def test_self_draft_greedy_equals_plain_greedy(kind, ckpts, monkeypatch):
+    from specmoe.decoding.strategies.speculative import SpeculativeDecoder
     path, _ = ckpts(kind, 0)
     ref, _ = spec_run(path, decoding="ar")
+    emitted = []  # per verification: the tokens each row commits
+    commit = SpeculativeDecoder.commit
+    monkeypatch.setattr(SpeculativeDecoder, "commit", lambda self, seqs, paths, out, *a: (
+        emitted.append([len(t) for t in out]), commit(self, seqs, paths, out, *a))[1])
     out, st = spec_run(path, decoding="specmoe", draft_experts=3, num_draft_tokens=3)
     assert out == ref
     assert st["steps"] > 0 and st["draft_phase_bytes"] == 0
     acc = st["acceptance_per_position"]
     assert 1.0 < st["tokens_per_step"] < 4.0 and 0 < acc[0] < 1, "drafts were accepted and rejected"
+    assert any(len(set(n)) > 1 for n in emitted if len(n) > 1), "rows of one batch accepted different lengths"
+
+
+def test_self_draft_over_the_disk_tier_equals_resident_plain(ckpts):
+    path, _ = ckpts("qwen3_5_moe_text", 0)
+    ref, _ = spec_run(path, decoding="ar")
+    out, st = spec_run(path, decoding="specmoe", draft_experts=3, num_draft_tokens=3, offload="disk",
+                       cache_experts=5, cache_policy="lru")
+    assert out == ref and st["misses"] > 0 and 1.0 < st["tokens_per_step"] < 4.0
 
 
 def test_ngram_greedy_equals_plain_greedy_with_different_accept_lengths(ckpts):
@@ -218,6 +232,12 @@ def test_memory_counts_the_constant_linear_state(ckpts):
     per_slot = 3 * ring * (la.num_v_heads * la.k_head_dim * la.v_head_dim * 4 + la.conv_dim * (la.conv_kernel - 1) * 4)
     assert mem["kv_cache_linear_state"] == per_slot * len(PROMPTS)
     assert mem["kv_cache"] > mem["kv_cache_linear_state"] > 0
+    # what the engine's memory checks count per sequence (model_cache_bytes) is what a cache allocates
+    from specmoe.models.kv_cache import make_cache, model_cache_bytes
+    c = make_cache(cfg, max_batch=2, max_seq=256, dtype=torch.float32, ring=ring)
+    tensors = [c.k, c.v] + c.states.rec + c.states.conv
+    assert c.nbytes == model_cache_bytes(cfg, torch.float32, 2, 256, ring) == sum(
+        t.numel() * t.element_size() for t in tensors)
 
 
 @pytest.mark.parametrize("kind,T", [("qwen3_next", 11), ("qwen3_5_moe_text", 11), ("qwen3_next", 150)])
