@@ -111,19 +111,12 @@ class GatedDeltaNet(nn.Module):
         keep_all = states is not None and T < states.ring
         n = T if keep_all else 1  # states kept per row: after its last n tokens
         first_kept = lens - n  # [B]: token index of the first kept state per row (may be < 0: keep from 0)
-        if not keep_all and T >= CHUNK:  # a long prefill: the chunked form
-            out, S = chunked(q, k, v, g, beta, S)
+        if keep_all:
+            def keep(t, S_t):
+                states.write_recurrent(layer, slots, start + t + 1, S_t, (t >= first_kept) & (t < lens))
+            out, S = recurrent(q, k, v, g, beta, S, keep)
         else:
-            out = torch.empty(B, T, Hv, Dv, device=dev)
-            decay = g.exp()
-            for t in range(T):
-                S = S * decay[:, t, :, None, None]
-                kt = k[:, t]
-                delta = (v[:, t] - (S * kt[..., None]).sum(-2)) * beta[:, t, :, None]  # [B, Hv, Dv]
-                S = S + kt[..., None] * delta[:, :, None, :]
-                out[:, t] = (S * q[:, t, :, :, None]).sum(-2)
-                if keep_all:
-                    states.write_recurrent(layer, slots, start + t + 1, S, (t >= first_kept) & (t < lens))
+            out, S = prefill(q, k, v, g, beta, S, lens, min_chunked=max(CHUNK, states.ring if states else 0))
         if states is not None and not keep_all:  # padding kept it: S is each row's state after its last token
             states.write_recurrent(layer, slots, start + lens, S, torch.ones_like(lens, dtype=torch.bool))
         if states is not None:  # conv states after the same tokens: the last K-1 inputs through each
@@ -140,6 +133,49 @@ class GatedDeltaNet(nn.Module):
 
 
 CHUNK = 64  # tokens per chunk of the chunked form
+
+
+def recurrent(q, k, v, g, beta, S, keep=None):
+    """The gated delta rule token by token (the recurrent form): q, k [B, T, H, Dk] (normalised, q scaled), v
+    [B, T, H, Dv], g (log decay) and beta [B, T, H], S [B, H, Dk, Dv] fp32 → (out [B, T, H, Dv], the state after
+    the last token); `keep(t, S)` sees the state after each token t."""
+    B, T, H, Dv = v.shape
+    out = torch.empty(B, T, H, Dv, device=v.device)
+    decay = g.exp()
+    for t in range(T):
+        S = S * decay[:, t, :, None, None]
+        kt = k[:, t]
+        delta = (v[:, t] - (S * kt[..., None]).sum(-2)) * beta[:, t, :, None]  # [B, H, Dv]
+        S = S + kt[..., None] * delta[:, :, None, :]
+        out[:, t] = (S * q[:, t, :, :, None]).sum(-2)
+        if keep is not None:
+            keep(t, S)
+    return out, S
+
+
+def prefill(q, k, v, g, beta, S, lens, min_chunked: int):
+    """A prefill forward (no state kept but the last): rows of at least `min_chunked` real tokens take the chunked
+    form, the others the recurrent one over their own length; the choice is each row's own, so a row's bits do
+    not depend on the rows beside it. Padding (after a row's real tokens) leaves the state as it is."""
+    B, T = v.shape[:2]
+    if T < min_chunked:
+        return recurrent(q, k, v, g, beta, S)
+    long = lens >= min_chunked
+    idx = long.nonzero()[:, 0].tolist()
+    if len(idx) == B:
+        return chunked(q, k, v, g, beta, S)
+    out = torch.zeros(v.shape, device=v.device)  # a short row's padding past its longest stays 0
+    S_out = torch.empty_like(S)
+    short = (~long).nonzero()[:, 0]
+    Ts = int(lens[short].max())  # the short rows stop at their longest's length
+    parts = [(short, recurrent(*(x[short, :Ts] for x in (q, k, v, g, beta)), S[short]), Ts)]
+    if idx:
+        li = torch.tensor(idx, device=v.device)
+        parts.append((li, chunked(*(x[li] for x in (q, k, v, g, beta)), S[li]), T))
+    for rows, (o, s), n in parts:
+        out[rows, :n] = o
+        S_out[rows] = s
+    return out, S_out
 
 
 def chunked(q, k, v, g, beta, S, chunk: int = CHUNK):

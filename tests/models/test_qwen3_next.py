@@ -398,3 +398,16 @@ def test_long_prompts_take_the_chunked_form_and_match(ckpts):
         assert len(calls) > before and 1.0 < spec.stats["tokens_per_step"] < 4.0
     finally:
         deltanet.chunked = orig
+
+
+def test_a_rows_bits_do_not_depend_on_its_batch_in_bf16(ckpts):
+    """Each row picks the chunked or the recurrent form by its own length, so a prompt's logits are the same bits
+    alone and in a ragged batch with longer and shorter prompts (bf16; fp32 needs `deterministic`, whose
+    shared-expert gate is not batch-invariant yet for any Qwen2-MoE-style family)."""
+    path, _ = ckpts("qwen3_next", 0)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (5, 90, 17, 1, 70, 3)]
+    llm = LLM(path, dtype="bfloat16")
+    batch = llm.logits(prompts)
+    for b, p in enumerate(prompts):
+        assert torch.equal(llm.logits([p])[0], batch[b, :len(p)])
