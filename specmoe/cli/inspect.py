@@ -38,6 +38,7 @@ def describe(path) -> dict:
                                                  "hybrid" if cfg.linear_layers else "gqa"),
             "layer_kinds": layer_kinds(cfg),
             "linear_attention_layers": len(cfg.linear_layers),
+            "not_loaded": ", ".join(f"{p}*" for p in cfg.skipped_prefixes) or None,  # vision tower, MTP weights
             "shared_experts": bool(cfg.shared_expert_intermediate_size),
             "dense_layers": cfg.num_layers - len(cfg.moe_layers),
             "rope": "yarn" if cfg.yarn else "default",

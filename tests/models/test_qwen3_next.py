@@ -271,6 +271,9 @@ def test_inspect_shows_layer_kinds(ckpts):
     assert info["attention"] == "hybrid" and info["linear_attention_layers"] == 3
     assert info["layer_kinds"] == ("0 linear_attention moe, 1 linear_attention dense, 2 linear_attention moe, "
                                    "3 full_attention moe")
+    mm = describe(ckpts("qwen3_5_moe", 0)[0])
+    assert mm["family"] == "qwen3_5_moe" and mm["not_loaded"] == "mtp.*, model.visual.*"
+    assert mm["layer_kinds"] == "0-2 linear_attention moe, 3 full_attention moe"
 
 
 def test_auto_and_continuous_batching_equal_plain(ckpts):
