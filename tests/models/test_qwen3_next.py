@@ -151,6 +151,12 @@ def test_self_draft_over_the_disk_tier_equals_resident_plain(ckpts):
     assert out == ref and st["misses"] > 0 and 1.0 < st["tokens_per_step"] < 4.0
 
 
+def test_verify_expert_budget_runs_on_the_softmax_router(ckpts):
+    path, _ = ckpts("qwen3_next", 0)
+    _, st = spec_run(path, decoding="specmoe", draft_experts=3, num_draft_tokens=3, verify_expert_budget=4)
+    assert st["budget_lossy"] and st["budget_rerouted_share"] > 0
+
+
 def test_ngram_greedy_equals_plain_greedy_with_different_accept_lengths(ckpts):
     path, _ = ckpts("qwen3_next", 0, echo=4.0)  # a model that often repeats: lookups right and wrong
     prompts = [[3, 4, 5, 6] * 4, [9, 8, 7] * 5 + [9], [20, 21, 20, 21, 20, 21, 20], [40, 41, 42, 43, 40, 41]]
