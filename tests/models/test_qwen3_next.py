@@ -420,3 +420,25 @@ def test_a_rows_bits_do_not_depend_on_its_batch_in_bf16(ckpts):
     batch = llm.logits(prompts)
     for b, p in enumerate(prompts):
         assert torch.equal(llm.logits([p])[0], batch[b, :len(p)])
+
+
+def test_requests_joining_a_running_batch_equal_plain(ckpts, monkeypatch):
+    """Serving: the engine core sized for serving (slots grow on demand), requests added while others decode
+    (each new sequence's states start from zeros in its slot, the cache growing keeps the running ones')."""
+    from specmoe.engine.core import Request
+    path, _ = ckpts("qwen3_next", 0)
+    ref, _ = spec_run(path, decoding="ar")
+    from specmoe.engine import llm as llm_module
+    monkeypatch.setattr(llm_module, "SERVE_INITIAL_SLOTS", 1)  # the cache grows (1 → 2 → 4 slots) mid-run
+    llm = LLM(path, decoding="specmoe", draft_experts=3, num_draft_tokens=3)
+    with llm.engine() as core:
+        reqs = [core.add(Request(prompt_ids=p, params=sp)) for p, sp in zip(SPEC_PROMPTS[:2], SPEC_PARAMS[:2])]
+        for p, sp in zip(SPEC_PROMPTS[2:], SPEC_PARAMS[2:]):
+            core.step()
+            core.step()
+            reqs.append(core.add(Request(prompt_ids=p, params=sp)))
+        while core.has_work:
+            core.step()
+        grown = core.cache.max_batch
+    assert [r.output_ids for r in reqs] == ref
+    assert grown >= 4 and llm.stats["steps"] > 0 and llm.stats["tokens_per_step"] > 1.0
