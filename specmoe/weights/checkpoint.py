@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from specmoe.config import read_json_object, type_name
-from specmoe.errors import CheckpointError, InputError
+from specmoe.errors import CheckpointError, InputError, UnsupportedModelError
 from specmoe.families import load_config
 from specmoe.weights.names import (ExpertPart, expert_parts, expert_tensors_per_layer, is_ignored, non_expert_keys,
                                    stored_tensors, stores_fused_experts)
@@ -67,6 +67,9 @@ class Checkpoint:
         self._headers: dict[str, dict] = {}
         self.key_to_file = self._index()
         self.config.fused_experts = stores_fused_experts(self.config, self.key_to_file)
+        if self.config.fused_experts and self.config.quantization is not None:
+            raise UnsupportedModelError(f"{self.path}: quantized experts in the fused gate_up_proj / down_proj "
+                                        "layout are not supported yet (per-expert quantized tensors are)")
         self.validate()
 
     def _index(self) -> dict[str, str]:
