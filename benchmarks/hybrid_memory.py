@@ -66,7 +66,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(res, indent=1))
         return
-    print(f"{'model':<26} {'look':>4} {'positions':>9} {'hybrid MiB':>11} {'of it states':>12} {'full-attn MiB':>13} ratio")
+    print(f"{'model':<26} {'look':>4} {'positions':>9} {'hybrid MiB':>11} {'of it states':>12} "
+          f"{'full-attn MiB':>13} ratio")
     for r in res:
         print(f"{r['model']:<26} {r['lookahead']:>4} {r['positions']:>9} {r['hybrid_bytes'] / 2**20:>11.2f} "
               f"{r['hybrid_state_bytes'] / 2**20:>12.2f} {r['full_attention_bytes'] / 2**20:>13.2f} {r['ratio']:.3f}")

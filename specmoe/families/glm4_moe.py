@@ -12,7 +12,8 @@ def read(f: Fields, shape: Shape) -> dict:
     return {"expert_intermediate_size": inter, **first_dense(f, shape.num_layers, 1), **shared_experts(f, inter),
             **grouped_sigmoid_router(f, shape.num_experts, shape.top_k, n_group=1, topk_group=1, scale=1.0),
             "qkv_bias": f.bool("attention_bias", False), "qk_norm": "head" if f.bool("use_qk_norm", False) else None,
-            **partial_rope(f, shape.head_dim, shape.partial_rotary_factor), "extra_layers": f.int("num_nextn_predict_layers", default=0, lo=0)}
+            **partial_rope(f, shape.head_dim, shape.partial_rotary_factor),
+            "extra_layers": f.int("num_nextn_predict_layers", default=0, lo=0)}
 
 
 FAMILY = register(Family("glm4_moe", "GLM-4.5 MoE", read, experts_key=("n_routed_experts",),

@@ -125,7 +125,8 @@ class GatedDeltaNet(nn.Module):
             conv = torch.gather(window[:, None].expand(B, n, C, -1), 3, cols[:, :, None, :].expand(B, n, C, K - 1))
             states.write_conv(layer, slots, start[:, None] + j + 1, conv, j >= 0)
         o = out.to(x.dtype).reshape(-1, Dv)  # gated RMSNorm per value head, as transformers rounds it
-        o = (self.norm.weight * F.rms_norm(o.float(), (Dv,), None, self.eps).to(x.dtype)) * silu(z.reshape(-1, Dv).float())
+        o = self.norm.weight * F.rms_norm(o.float(), (Dv,), None, self.eps).to(x.dtype)
+        o = o * silu(z.reshape(-1, Dv).float())
         o = o.to(x.dtype).view(B * T, Hv * Dv)
         if residual is None:
             return linear(o, self.out_proj.weight, None, self.rows)

@@ -381,9 +381,10 @@ def hf_self_disagreement(hf, ids) -> float:
 
 def test_long_prompts_take_the_chunked_form_and_match(ckpts):
     """Prefill forwards of at least a chunk (64 tokens) run the chunked form (ragged rows too: padding leaves a
-    row's state as it is), keeping each row's state after its last token: logits against transformers (over a long prompt this random model amplifies rounding: the bound
-    is transformers' own disagreement between its chunked prefill and its token-by-token recurrent decode, 4e-4
-    at 150 tokens, measured here), greedy equal, and SpecMoE after such a prefill equal to plain."""
+    row's state as it is), keeping each row's state after its last token: logits against transformers (over a
+    long prompt this random model amplifies rounding: the bound is transformers' own disagreement between its
+    chunked prefill and its token-by-token recurrent decode, 4e-4 at 150 tokens, measured here), greedy equal,
+    and SpecMoE after such a prefill equal to plain."""
     from specmoe.models import deltanet
     path, hf = ckpts("qwen3_5_moe_text", 0)
     g = torch.Generator().manual_seed(1)
@@ -395,7 +396,6 @@ def test_long_prompts_take_the_chunked_form_and_match(ckpts):
         llm = LLM(path, dtype="float32")
         assert max_logit_diff(llm, hf, prompts) <= max(1e-4, hf_self_disagreement(hf, prompts[0]))
         assert {150, 70} <= set(calls)  # prefill forwards (single and ragged batch) take the chunked form
-        before = len(calls)
         params = SamplingParams(max_tokens=8, ignore_eos=True)
         for ids, out in zip(prompts, llm.generate(prompts, params)):
             with torch.no_grad():
@@ -403,7 +403,9 @@ def test_long_prompts_take_the_chunked_form_and_match(ckpts):
                                   max_new_tokens=8, min_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
             assert out.token_ids == ref
         spec = LLM(path, decoding="specmoe", draft_experts=3, num_draft_tokens=3)
-        assert [o.token_ids for o in spec.generate(prompts, params)] == [o.token_ids for o in llm.generate(prompts, params)]
+        plain = [o.token_ids for o in llm.generate(prompts, params)]
+        before = len(calls)
+        assert [o.token_ids for o in spec.generate(prompts, params)] == plain
         assert len(calls) > before and 1.0 < spec.stats["tokens_per_step"] < 4.0
     finally:
         deltanet.chunked = orig
