@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import ModelConfig
+from specmoe.errors import UnsupportedModelError
 from specmoe.models.kv_cache import KVCache
 from specmoe.models.layers import addmm, linear, sigmoid, silu
 
@@ -79,6 +80,8 @@ class GatedDeltaNet(nn.Module):
         """x [B·T, D] → residual + linear attention(x) [B·T, D]; `layer`: this layer's row in `cache.states`
         (cos, sin and mask are the attention layers' and unused here)."""
         la = self.la
+        if bv.tree is not None:  # one token order per row: draft trees fall back to chains (`factory.tree_width`)
+            raise UnsupportedModelError("linear attention verifies chains only, not token trees")
         B, T = bv.positions.shape
         C, K, Hk, Hv, Dk, Dv = la.conv_dim, la.conv_kernel, la.num_k_heads, la.num_v_heads, la.k_head_dim, la.v_head_dim
         dev = x.device
