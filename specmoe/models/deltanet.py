@@ -114,19 +114,21 @@ class GatedDeltaNet(nn.Module):
         keep_all = states is not None and T < states.ring
         n = T if keep_all else 1  # states kept per row: after its last n tokens
         first_kept = lens - n  # [B]: token index of the first kept state per row (may be < 0: keep from 0)
+        ragged = bv.valid is not None  # without padding every row keeps every state (no mask to apply)
         if keep_all:
             def keep(t, S_t):
-                states.write_recurrent(layer, slots, start + t + 1, S_t, (t >= first_kept) & (t < lens))
+                states.write_recurrent(layer, slots, start + t + 1, S_t,
+                                       (t >= first_kept) & (t < lens) if ragged else None)
             out, S = recurrent(q, k, v, g, beta, S, keep)
         else:
             out, S = prefill(q, k, v, g, beta, S, lens, min_chunked=max(CHUNK, states.ring if states else 0))
         if states is not None and not keep_all:  # padding kept it: S is each row's state after its last token
-            states.write_recurrent(layer, slots, start + lens, S, torch.ones_like(lens, dtype=torch.bool))
+            states.write_recurrent(layer, slots, start + lens, S)
         if states is not None:  # conv states after the same tokens: the last K-1 inputs through each
             j = first_kept[:, None] + torch.arange(n, device=dev)[None, :]  # [B, n] token indices
             cols = (j.clamp(min=0) + 1)[:, :, None] + torch.arange(K - 1, device=dev)  # [B, n, K-1] window columns
             conv = torch.gather(window[:, None].expand(B, n, C, -1), 3, cols[:, :, None, :].expand(B, n, C, K - 1))
-            states.write_conv(layer, slots, start[:, None] + j + 1, conv, j >= 0)
+            states.write_conv(layer, slots, start[:, None] + j + 1, conv, (j >= 0) if ragged else None)
         o = out.to(x.dtype).reshape(-1, Dv)  # gated RMSNorm per value head, as transformers rounds it
         o = self.norm.weight * F.rms_norm(o.float(), (Dv,), None, self.eps).to(x.dtype)
         o = o * silu(z.reshape(-1, Dv).float())

@@ -98,17 +98,19 @@ class LinearStates:
                 rec.masked_fill(fresh[:, None, None, None], 0))
 
     def write_recurrent(self, layer: int, slots: torch.Tensor, lengths: torch.Tensor, state: torch.Tensor,
-                        keep: torch.Tensor) -> None:
-        """Keep state[b] ([B, Hv, Dk, Dv]) as the state after lengths[b] tokens where keep[b]."""
+                        keep: torch.Tensor | None = None) -> None:
+        """Keep state[b] ([B, Hv, Dk, Dv]) as the state after lengths[b] tokens where keep[b] (None: every b)."""
         r = self.row(lengths)
         buf = self.rec[layer]
-        _index_put(buf, [slots, r], torch.where(keep[:, None, None, None], state, buf[slots, r]))
+        _index_put(buf, [slots, r], state if keep is None else
+                   torch.where(keep[:, None, None, None], state, buf[slots, r]))
 
     def write_conv(self, layer: int, slots: torch.Tensor, lengths: torch.Tensor, state: torch.Tensor,
-                   keep: torch.Tensor) -> None:
+                   keep: torch.Tensor | None = None) -> None:
         """Keep state[b, j] ([B, n, C, K-1]) as the conv state after lengths[b, j] tokens where keep[b, j]
-        (lengths distinct mod the ring within a row)."""
+        (None: every one; lengths distinct mod the ring within a row)."""
         r = self.row(lengths)  # [B, n]
         buf = self.conv[layer]
         s = slots[:, None].expand_as(r)
-        _index_put(buf, [s, r], torch.where(keep[:, :, None, None], state.to(buf.dtype), buf[s, r]))
+        state = state.to(buf.dtype)
+        _index_put(buf, [s, r], state if keep is None else torch.where(keep[:, :, None, None], state, buf[s, r]))

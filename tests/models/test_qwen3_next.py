@@ -188,8 +188,8 @@ def test_committing_the_last_state_instead_of_the_accepted_one_breaks_equality(c
     written = {}  # slot -> length after the last token a forward wrote (the last verified position)
     orig_write = LinearStates.write_recurrent
 
-    def spy(self, layer, slots, lengths, state, keep):
-        for s, n, k in zip(slots.tolist(), lengths.tolist(), keep.tolist()):
+    def spy(self, layer, slots, lengths, state, keep=None):
+        for s, n, k in zip(slots.tolist(), lengths.tolist(), [True] * len(slots) if keep is None else keep.tolist()):
             if k:
                 written[s] = n
         return orig_write(self, layer, slots, lengths, state, keep)
