@@ -120,6 +120,17 @@ class Yarn:
 
 
 @dataclass(frozen=True)
+class Llama3Rope:
+    """Llama-3-style RoPE scaling (rope_type "llama3", Llama-4's release): frequencies whose wavelength exceeds
+    original_max_position_embeddings / low_freq_factor are divided by `factor`, those under
+    original_max_position_embeddings / high_freq_factor kept, the ones between interpolated smoothly."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
 class MLA:
     """Multi-head latent attention sizes (DeepSeek-V2/V3). q_lora_rank None: a plain q_proj."""
     q_lora_rank: int | None
@@ -161,6 +172,40 @@ class LinearAttention:
         return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """NLLB-MoE's expert capacity in eval (transformers' `NllbMoeTop2Router.route_tokens`): over a group of N tokens
+    an expert takes at most C = ceil(`fraction` · N) assignments (`fraction` <= 0: `expert_capacity`), first
+    choices before second ones, in token order (`batch_prioritized`: most confident tokens first); an assignment
+    past C is dropped. `normalize_before_dropping`: the two weights are normalised before the drop (else after,
+    over what is kept)."""
+    fraction: float = 1.0
+    expert_capacity: int | None = None
+    batch_prioritized: bool = False
+    normalize_before_dropping: bool = False
+
+    def limit(self, n: int, num_experts: int) -> int:
+        if self.fraction > 0:
+            return math.ceil(self.fraction * n)
+        return self.expert_capacity if self.expert_capacity is not None else 2 * math.ceil(n / num_experts)
+
+
+@dataclass(frozen=True)
+class Seq2Seq:
+    """An encoder–decoder model (NLLB-MoE, M2M100-style): the encoder's own sizes (the `ModelConfig` sizes are the
+    decoder's), scaled embeddings, sinusoidal positions offset by the padding id, the decoder's start token, and the
+    expert capacity rule of the encoder's MoE layers. Layers are numbered encoder first: encoder layer i is layer i,
+    decoder layer j is layer `encoder_layers` + j (`ModelConfig.moe_layers` counts both stacks)."""
+    encoder_layers: int
+    encoder_heads: int
+    encoder_ffn: int  # the encoder's dense FFN width (its experts' is `expert_intermediate_size`)
+    pad_token_id: int
+    decoder_start_token_id: int
+    embed_scale: float
+    capacity: Capacity
+    layer_norm_eps: float = 1e-5
+
+
 @dataclass
 class ModelConfig:
     model_type: str
@@ -179,7 +224,9 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool = False
     norm_topk_prob: bool = True
-    qk_norm: str | None = None  # None | "head" (Qwen3: per head) | "full" (OLMoE: whole projection)
+    # None | "head" (Qwen3: per head) | "full" (OLMoE, MiniMax-M2: whole projection) | "l2" (Llama-4: per head,
+    # no weight, after the rotation, on the rotary layers only)
+    qk_norm: str | None = None
     qkv_bias: bool = False
     clip_qkv: float | None = None
     sliding_window: int | None = None
@@ -192,7 +239,7 @@ class ModelConfig:
     dtype: str = "float32"  # dtype the checkpoint was saved in
     # --- RoPE
     rope_dim: int = 0  # dims of a head that rotate (0 = head_dim); GLM-4: partial_rotary_factor · head_dim
-    rope_interleave: bool = False  # DeepSeek: rotary pairs stored interleaved (x0, x1), (x2, x3), ...
+    rope_interleave: bool = False  # DeepSeek, Llama-4: rotary pairs stored interleaved (x0, x1), (x2, x3), ...
     yarn: Yarn | None = None  # YaRN RoPE scaling (DeepSeek-V3, GPT-OSS); None = plain RoPE
     # --- attention
     mla: MLA | None = None  # DeepSeek multi-head latent attention (None = standard GQA attention)
@@ -213,19 +260,38 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0  # routed experts' weights are multiplied by this
     # --- experts
     expert_bias: bool = False  # GPT-OSS: gate/up and down biases packed after the weights
+    # "swiglu": gate, up, down (every decoder-only family); "relu": one input projection (fc1), ReLU, fc2 (NLLB-MoE)
+    expert_act: str = "swiglu"
     swiglu_limit: float | None = None  # GPT-OSS clamped SwiGLU: (clamp(up) + 1) · g·σ(α·g), g = min(gate, limit)
     swiglu_alpha: float = 1.702
     extra_layers: int = 0  # multi-token-prediction layers stored after the last layer (not used, not loaded)
     # --- storage
     quantization: Quantization | None = None  # weights shipped quantized (read as stored; None: floating point)
-    weight_prefix: str = "model."  # prefix of the decoder's keys (a multimodal checkpoint: its language model's)
-    skipped_prefixes: tuple[str, ...] = ()  # keys of parts not run here (a vision tower, MTP layers)
+    # where the weights are: `weight_prefix` before the decoder's keys (embed_tokens, layers.*, norm), `head_prefix`
+    # before lm_head.weight (a multimodal release: Llama-4 "language_model.model." / "language_model.", Qwen3.5
+    # "model.language_model." / ""); keys under `skipped_prefixes` are not loaded (a vision tower and projector,
+    # a multi-token-prediction module)
+    weight_prefix: str = "model."
+    head_prefix: str = ""
+    skipped_prefixes: tuple[str, ...] = ()
     fused_experts: bool = False  # experts stored as [E, 2I, D] gate_up_proj / [E, D, I] down_proj per layer (set by
     # the Checkpoint from its keys: transformers' own layout, as Qwen3.5 publishes it)
+    # --- Llama-4
+    llama3_rope: Llama3Rope | None = None  # rope_type "llama3" frequency scaling (None: none)
+    nope_layers: tuple[int, ...] = ()  # layers without rotary embeddings (Llama-4's NoPE layers)
+    attention_chunk_size: int | None = None  # chunked local attention: a query sees only keys of its chunk
+    chunked_layers: tuple[int, ...] = ()  # the layers attention_chunk_size applies to
+    # NoPE layers scale each query by log1p(floor((p + 1) / floor_scale)) · attn_scale + 1 at position p
+    # (attention temperature tuning); None: off
+    attn_floor_scale: float | None = None
+    attn_scale: float = 0.1
+    routed_input_scaled: bool = False  # Llama-4: the routing weight scales the expert's input, not its output
+    # --- encoder–decoder (NLLB-MoE); None: decoder-only
+    seq2seq: Seq2Seq | None = None
 
     def __post_init__(self):
         if not self.moe_layers:
-            self.moe_layers = tuple(range(self.num_layers))
+            self.moe_layers = tuple(range(self.decoder_layer0, self.decoder_layer0 + self.num_layers))
         if self.sliding_layers is None:
             self.sliding_layers = tuple(range(self.num_layers))
         # the reader checks these with the file's field names; direct construction gets the same guarantees
@@ -250,6 +316,34 @@ class ModelConfig:
         kind = self.linear_layers if layer in self.linear_layers else self.attention_layers
         return kind.index(layer)
 
+    def chunk(self, layer: int) -> int | None:
+        """The attention chunk of `layer` (None: not chunked): keys visible only within the query's chunk."""
+        return self.attention_chunk_size if layer in self.chunked_layers else None
+
+    def rotary(self, layer: int) -> bool:
+        """Whether `layer` applies rotary embeddings (False: a NoPE layer)."""
+        return layer not in self.nope_layers
+
+    @property
+    def decoder_layer0(self) -> int:
+        """The global index of the decoder's first layer (0 for a decoder-only model; see `Seq2Seq`)."""
+        return self.seq2seq.encoder_layers if self.seq2seq is not None else 0
+
+    @property
+    def draft_layers(self) -> tuple[int, ...]:
+        """The MoE layers a draft forward runs through: all of them, or an encoder–decoder model's decoder ones (the
+        encoder runs once per request and is never drafted, so it pins no draft experts)."""
+        return tuple(layer for layer in self.moe_layers if layer >= self.decoder_layer0)
+
+    def capacity(self, layer: int) -> Capacity | None:
+        """The expert capacity rule of MoE layer `layer` (NLLB-MoE's encoder layers), None: none."""
+        s = self.seq2seq
+        return s.capacity if s is not None and layer < s.encoder_layers else None
+
+    @property
+    def gated_experts(self) -> bool:
+        return self.expert_act == "swiglu"
+
     def window(self, layer: int) -> int | None:
         """The sliding window of `layer`'s attention (None: full causal attention)."""
         return self.sliding_window if self.sliding_window and layer in self.sliding_layers else None
@@ -259,6 +353,8 @@ class ModelConfig:
         """Elements of one expert packed as [gate; up; down] (3 · I · D), then, with expert biases,
         [gate bias (I); up bias (I); down bias (D)]."""
         I, D = self.expert_intermediate_size, self.hidden_size
+        if not self.gated_experts:  # [fc1 (I·D); fc2 (D·I)] (+ [fc1 bias (I); fc2 bias (D)])
+            return 2 * I * D + (I + D if self.expert_bias else 0)
         return 3 * I * D + (2 * I + D if self.expert_bias else 0)
 
     @property

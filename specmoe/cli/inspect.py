@@ -36,16 +36,21 @@ def describe(path) -> dict:
             "hidden_size": cfg.hidden_size, "expert_intermediate_size": cfg.expert_intermediate_size,
             "attention": "mla" if cfg.mla else ("sinks" if cfg.attention_sinks else
                                                  "hybrid" if cfg.linear_layers else "gqa"),
-            "layer_kinds": layer_kinds(cfg),
             "linear_attention_layers": len(cfg.linear_layers),
             "not_loaded": ", ".join(f"{p}*" for p in cfg.skipped_prefixes) or None,  # vision tower, MTP weights
             "shared_experts": bool(cfg.shared_expert_intermediate_size),
             "dense_layers": cfg.num_layers - len(cfg.moe_layers),
-            "rope": "yarn" if cfg.yarn else "default",
+            "rope": "yarn" if cfg.yarn else ("llama3" if cfg.llama3_rope else "default"),
+            "layer_kinds": layer_kinds(cfg),
             "vocab_size": cfg.vocab_size, "context_length": cfg.max_position_embeddings, "dtype": cfg.dtype,
             "quantization": cfg.quantization.method if cfg.quantization else None,
             "expert_bytes": expert_bytes, "non_expert_bytes": other,
             "bytes_per_expert": expert_bytes // max(1, len(cfg.moe_layers) * cfg.num_experts)}
+    if cfg.seq2seq is not None:  # encoder–decoder: each stack's layers and their kinds
+        Le = cfg.seq2seq.encoder_layers
+        kinds = ["moe" if cfg.is_moe_layer(i) else "dense" for i in range(Le + cfg.num_layers)]
+        info.update(layers=Le + cfg.num_layers, dense_layers=kinds.count("dense"), attention="mha+cross",
+                    rope="sinusoidal", encoder_layers=", ".join(kinds[:Le]), decoder_layers=", ".join(kinds[Le:]))
     info["expert_formats"] = expert_formats(ck)
     prof = path / "expert_profile.json"
     if prof.is_file():
@@ -58,21 +63,36 @@ def describe(path) -> dict:
     return info
 
 
-def layer_kinds(cfg) -> str:
-    """Each layer's token mixer (linear_attention: Gated DeltaNet; full_attention; sliding_attention) and
-    feed-forward (moe / dense), runs of equal kinds written once with their layer range: "0-2 linear_attention
-    moe, 3 full_attention moe, ..."."""
-    def kind(i):
-        mixer = ("linear_attention" if i in cfg.linear_layers else
-                 "sliding_attention" if cfg.window(i) else "full_attention")
-        return f"{mixer} {'moe' if cfg.is_moe_layer(i) else 'dense'}"
-    runs = []  # [first, last, kind]
+def layer_kinds(cfg) -> list[str]:
+    """Each layer's kind: "moe" or "dense", then how its token mixer differs from full causal rotary attention
+    ("linear_attention": Gated DeltaNet, a recurrent state instead of attention; "nope": no rotary embeddings;
+    "chunked N": local attention in chunks of N positions; "window N": a sliding window of N)."""
+    out = []
     for i in range(cfg.num_layers):
-        if runs and runs[-1][2] == kind(i):
-            runs[-1][1] = i
+        kind = ["moe" if cfg.is_moe_layer(i) else "dense"]
+        if i in cfg.linear_layers:
+            kind.append("linear_attention")
         else:
-            runs.append([i, i, kind(i)])
-    return ", ".join(f"{a}{f'-{b}' if b > a else ''} {k}" for a, b, k in runs)
+            if not cfg.rotary(i):
+                kind.append("nope")
+            if cfg.chunk(i):
+                kind.append(f"chunked {cfg.chunk(i)}")
+            if cfg.window(i):
+                kind.append(f"window {cfg.window(i)}")
+        out.append(" ".join(kind))
+    return out
+
+
+def runs(kinds: list[str]) -> str:
+    """Layer kinds as text, runs of equal kinds written once with their layer range: "0-2: moe linear_attention,
+    3: moe"."""
+    out = []  # [first, last, kind]
+    for i, k in enumerate(kinds):
+        if out and out[-1][2] == k:
+            out[-1][1] = i
+        else:
+            out.append([i, i, k])
+    return ", ".join(f"{a}{f'-{b}' if b > a else ''}: {k}" for a, b, k in out)
 
 
 def expert_formats(ck) -> list[dict]:
@@ -100,6 +120,8 @@ def run(args) -> int:
         return 0
     formats = info.pop("expert_formats")
     for k, v in info.items():
+        if k == "layer_kinds":
+            v = runs(v)
         if isinstance(v, int) and k.endswith("bytes"):
             v = f"{v:,} ({v / 2**20:.2f} MiB)"
         print(f"{k:>26}: {v}")

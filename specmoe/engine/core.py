@@ -63,6 +63,7 @@ class Request:
     params: SamplingParams
     prompt: str | None = None
     logprobs: int | None = None
+    source_ids: list[int] | None = None  # encoder–decoder models: the encoder's input (prompt_ids: the decoder's)
     request_id: int = -1  # set by EngineCore.add
     seq: Sequence | None = None  # while running (and after)
     finished: bool = False
@@ -188,7 +189,7 @@ class EngineCore:
             slot = self.free_slots.pop(0)
             self.cache.lengths[slot] = 0  # a freed slot's stale keys are masked until overwritten
             r.seq = Sequence(seq_id=r.request_id, prompt_ids=r.prompt_ids, params=r.params, slot=slot,
-                             generator=make_generator(r.params.seed, self.runner.device))
+                             generator=make_generator(r.params.seed, self.runner.device), source_ids=r.source_ids)
             new.append(r)
         self.cache.reserve(self.n_slots, round_positions(max(len(r.prompt_ids) for r in new) + self.look, self.cap))
         seqs = sorted((r.seq for r in new), key=lambda s: s.slot)

@@ -27,6 +27,8 @@ from specmoe.engine.prompts import normalize_params, normalize_prompts
 from specmoe.engine.stats import EngineStats, MemoryStats
 from specmoe.experts.factory import build_store
 from specmoe.memory import check_fits, device_memory
+from specmoe.engine.translation import check_translation_args, translation_requests
+from specmoe.errors import InputError, UnsupportedModelError
 from specmoe.models.kv_cache import KVCache, make_cache, model_cache_bytes, round_positions
 from specmoe.models.linear_state import for_lookahead
 from specmoe.models.loader import load_model
@@ -61,6 +63,10 @@ class LLM:
         self._lock = threading.Lock()  # one generate/logits at a time: they share the KV cache and stats
         self.ckpt = Checkpoint(self.path)
         self.config = self.ckpt.config
+        if self.config.seq2seq is not None and (self.spec_cfg.decoding == "auto" or self.spec_cfg.drafter == "eagle"):
+            raise UnsupportedModelError(f"{self.path} is an encoder–decoder model ({self.config.model_type}): "
+                                        "decoding='auto' and the eagle drafter are not supported for it; use "
+                                        "decoding='specmoe' with drafter 'self' or 'ngram'")
         self.dtype = resolve_dtype(dtype, default=self.config.dtype, device=self.device)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         self.model.set_deterministic(self.spec_cfg.deterministic)
@@ -127,7 +133,18 @@ class LLM:
 
     # ---------------------------------------------------------------- API
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, target_lang: str | int | list | None = None,
+                 source_lang: str | int | list | None = None) -> list[RequestOutput]:
+        """Complete `prompts`. An encoder–decoder (translation) model translates them instead: `target_lang` (a
+        language code such as "fra_Latn", or a token id; one for all prompts or one per prompt) is required,
+        `source_lang` defaults to eng_Latn (see engine/translation.py)."""
+        check_translation_args(self.config, target_lang, source_lang, self.path)
+        if self.config.seq2seq is not None:
+            reqs = translation_requests(prompts, target_lang, source_lang, tokenizer=self.tokenizer, cfg=self.config,
+                                        max_model_len=self.max_model_len, model_path=self.path)
+            plist = normalize_params(params, len(reqs))
+            return self._run([r.text for r in reqs], [r.prompt_ids for r in reqs], plist, use_tqdm=use_tqdm,
+                             sources=[r.source_ids for r in reqs])
         texts, prompt_ids = self._tokenize(prompts)
         plist = normalize_params(params, len(prompt_ids))
         return self._run(texts, prompt_ids, plist, use_tqdm=use_tqdm)
@@ -166,9 +183,11 @@ class LLM:
                 self._live = None
                 core.close()
 
-    def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, texts, prompt_ids, plist, *, use_tqdm: bool, sources=None) -> list[RequestOutput]:
+        sources = sources or [None] * len(prompt_ids)
         with self.engine(list(zip(prompt_ids, plist))) as core:
-            reqs = [core.add(Request(prompt_ids=p, params=sp, prompt=t)) for p, t, sp in zip(prompt_ids, texts, plist)]
+            reqs = [core.add(Request(prompt_ids=p, params=sp, prompt=t, source_ids=src))
+                    for p, t, sp, src in zip(prompt_ids, texts, plist, sources)]
             with tqdm(total=len(reqs), desc="requests", disable=not use_tqdm) as bar:
                 while core.has_work:
                     bar.update(sum(u.finished for u in core.step()))
@@ -183,6 +202,9 @@ class LLM:
         """Scoring: [B, T, V] fp32 logits for each position (right-padded with zeros); batches larger
         than max_batch run in chunks of max_batch. A prompt may fill the whole context (nothing is generated).
         Non-finite logits raise NonFiniteLogitsError."""
+        if self.config.seq2seq is not None:
+            raise InputError(f"logits (scoring) is for decoder-only models; {self.path} is an encoder–decoder "
+                             f"({self.config.model_type}) model")
         _, ids = self._tokenize(token_id_lists, scoring=True)
         T = max(len(t) for t in ids)
         with self._lock:

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import asdict, dataclass, field
 
 from specmoe.decoding.runtime.breakdown import finish, merge
+from specmoe.models.kv_cache import EncDecCache
 
 
 @dataclass
@@ -60,21 +61,25 @@ class MemoryStats:
     memory_budget: int | None
     cache_bytes: int | None
     linear_state: int = 0  # of kv_cache: hybrid models' linear-attention states (constant in the sequence length)
+    cross_kv_cache: int | None = None  # encoder–decoder models: the cross-attention K/V kept per sequence
 
     @classmethod
     def measure(cls, model, expert_memory, kv_cache) -> "MemoryStats":
         weights = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+        cross = kv_cache.cross_nbytes if isinstance(kv_cache, EncDecCache) else None
         return cls(non_expert_weights=weights, experts=dict(expert_memory.parts),
                    kv_cache=kv_cache.nbytes if kv_cache is not None else 0, experts_total=expert_memory.total,
                    memory_budget=expert_memory.memory_budget, cache_bytes=expert_memory.cache_bytes,
-                   linear_state=kv_cache.state_nbytes if kv_cache is not None else 0)
+                   linear_state=kv_cache.state_nbytes if kv_cache is not None else 0,
+                   cross_kv_cache=cross)
 
     @property
     def total(self) -> int:
-        return self.non_expert_weights + sum(self.experts.values()) + self.kv_cache
+        return self.non_expert_weights + sum(self.experts.values()) + self.kv_cache + (self.cross_kv_cache or 0)
 
     def to_dict(self) -> dict:
-        return {"non_expert_weights": self.non_expert_weights, **self.experts, "kv_cache": self.kv_cache,
+        cross = {} if self.cross_kv_cache is None else {"cross_kv_cache": self.cross_kv_cache}
+        return {"non_expert_weights": self.non_expert_weights, **self.experts, "kv_cache": self.kv_cache, **cross,
                 "kv_cache_linear_state": self.linear_state,
                 "experts_total": self.experts_total, "total": self.total, "memory_budget": self.memory_budget,
                 "cache_bytes": self.cache_bytes}

@@ -70,14 +70,16 @@ class Spill:
 
 def expert_views(packed: torch.Tensor, cfg) -> tuple:
     """Typed experts packed [S, ≥ expert numel] as [gate (I·D); up (I·D); down (D·I)] (+ [gate bias (I); up bias
-    (I); down bias (D)] with `cfg.expert_bias`) per row, row stride free → views gate_up [S, 2I, D], down
+    (I); down bias (D)] with `cfg.expert_bias`; not gated: [fc1; fc2] (+ biases), gate_up then [S, I, D]) per row, row
+    stride free → views gate_up [S, 2I, D], down
     [S, D, I], gate_up bias [S, 2I] or None, down bias [S, D] or None (no copy)."""
     D, I = cfg.hidden_size, cfg.expert_intermediate_size
-    w = 3 * I * D
-    gate_up, down = packed[:, : 2 * I * D].unflatten(1, (2 * I, D)), packed[:, 2 * I * D: w].unflatten(1, (D, I))
+    g = 2 * I if cfg.gated_experts else I  # rows of the input projection (NLLB-MoE: fc1 alone, [S, I, D])
+    w = g * D + D * I
+    gate_up, down = packed[:, : g * D].unflatten(1, (g, D)), packed[:, g * D: w].unflatten(1, (D, I))
     if not cfg.expert_bias:
         return gate_up, down, None, None
-    return gate_up, down, packed[:, w: w + 2 * I], packed[:, w + 2 * I: w + 2 * I + D]
+    return gate_up, down, packed[:, w: w + g], packed[:, w + g: w + g + D]
 
 
 def typed_rows(rows: torch.Tensor, nbytes: int, dtype: torch.dtype) -> torch.Tensor:

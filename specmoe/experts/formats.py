@@ -47,25 +47,27 @@ DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat1
 
 @dataclass(frozen=True)
 class ExpertShape:
-    """The three matrices of one expert, as (rows, cols) in packed order: gate [I, D], up [I, D], down [D, I];
-    with `bias` (GPT-OSS) the biases [gate (I); up (I); down (D)] follow them."""
+    """The matrices of one expert, as (rows, cols) in packed order: gate [I, D], up [I, D], down [D, I] (not
+    `gated`, NLLB-MoE: fc1 [I, D], fc2 [D, I]); with `bias` the biases [gate (I); up (I); down (D)] (fc1 (I); fc2 (D))
+    follow them."""
     hidden: int  # D
     inter: int  # I
     bias: bool = False
     stored: StoredLayout | None = None  # a checkpoint that ships quantized experts: how it stores one
+    gated: bool = True
 
     @property
     def mats(self) -> tuple[tuple[int, int], ...]:
         D, I = self.hidden, self.inter
-        return (I, D), (I, D), (D, I)
+        return ((I, D), (I, D), (D, I)) if self.gated else ((I, D), (D, I))
 
     @property
     def weights(self) -> int:
-        return 3 * self.hidden * self.inter
+        return sum(r * c for r, c in self.mats)
 
     @property
     def bias_numel(self) -> int:
-        return 2 * self.inter + self.hidden if self.bias else 0
+        return (2 if self.gated else 1) * self.inter + self.hidden if self.bias else 0
 
     @property
     def numel(self) -> int:
@@ -74,6 +76,7 @@ class ExpertShape:
     @classmethod
     def of(cls, cfg) -> "ExpertShape":
         return cls(hidden=cfg.hidden_size, inter=cfg.expert_intermediate_size, bias=cfg.expert_bias,
+                   gated=cfg.gated_experts,
                    stored=stored_layout(cfg))
 
 

@@ -117,7 +117,7 @@ def collect_counts(model, store, token_lists: list[list[int]], *, device: torch.
     for toks in token_lists:
         toks = toks[: cfg.max_position_embeddings]
         T = len(toks)
-        cache = make_cache(cfg, max_batch=1, max_seq=T, dtype=dtype, device=device)
+        cache = make_cache(cfg, max_batch=1, max_seq=T, dtype=dtype, device=device, sources=False)
         bv = BatchView(slots=torch.zeros(1, dtype=torch.long, device=device),
                        positions=torch.arange(T, device=device)[None], contiguous=slice(0, 1), key_len=T)
         model(torch.tensor([toks], device=device), cache, bv, ctx,

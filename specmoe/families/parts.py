@@ -2,7 +2,7 @@
 routing, DeepSeek's latent attention, Qwen's sparse-layer layout, Qwen's hybrid linear/full attention layout."""
 from __future__ import annotations
 
-from specmoe.config import MLA, Fields, LinearAttention, Yarn
+from specmoe.config import MLA, Fields, LinearAttention, Llama3Rope, Yarn
 from specmoe.errors import UnsupportedModelError
 
 
@@ -18,6 +18,20 @@ def read_yarn(f: Fields, rope: dict) -> Yarn:
                 mscale=r.float("mscale", None, positive=False), mscale_all_dim=r.float("mscale_all_dim", None,
                                                                                       positive=False),
                 attention_factor=r.float("attention_factor", None), truncate=r.bool("truncate", True))
+
+
+def read_llama3_rope(f: Fields, rope: dict) -> Llama3Rope:
+    """rope_type "llama3" (Llama-4's release): every parameter is required, as transformers requires it."""
+    key = "rope_parameters" if f.raw.get("rope_parameters") else "rope_scaling"
+    r = Fields(rope, f"{f.source} {key}")
+    lo, hi = r.float("low_freq_factor", None), r.float("high_freq_factor", None)
+    for name, v in (("factor", r.float("factor", None)), ("low_freq_factor", lo), ("high_freq_factor", hi)):
+        if v is None:
+            r.fail(name, "a finite number > 0")
+    if hi < lo:  # equal (Llama-4 Scout's release): no band is interpolated
+        r.fail("high_freq_factor", f"a number >= low_freq_factor ({lo})", hi)
+    return Llama3Rope(factor=r.float("factor", None), low_freq_factor=lo, high_freq_factor=hi,
+                      original_max_position_embeddings=r.int("original_max_position_embeddings"))
 
 
 def first_dense(f: Fields, num_layers: int, default: int) -> dict:

@@ -27,14 +27,15 @@ def read_quantization(f: Fields, family: Family, *, hidden: int, expert_intermed
         if method == "mxfp4":
             raise UnsupportedModelError(f"{f.source}: MXFP4 (quant_method \"mxfp4\") is read for "
                                         f"{' / '.join(families_reading(method))} experts only")
-        raise UnsupportedModelError(f"{f.source}: {family.name} checkpoints are read in floating point or "
-                                    f"{' / '.join(m.upper() for m in family.quantizations)}, not {method.upper()}")
+        also = "".join(f" or {m.upper()}" for m in family.quantizations)
+        raise UnsupportedModelError(f"{f.source}: {family.name} checkpoints are read in floating point{also}, "
+                                    f"not {method.upper()}")
     if method == "mxfp4":
         for key, n in (("hidden_size", hidden), ("intermediate_size", expert_intermediate)):
             if n % 32:
                 f.fail(key, "a multiple of 32 (MXFP4 stores blocks of 32 values along each projection's input)", n)
         return Quantization("mxfp4")
-    if qf.str("fmt", "e4m3") != "e4m3":
+    if qf.str("fmt", "e4m3") not in ("e4m3", "float8_e4m3fn"):  # MiniMax-M2 writes the torch dtype's name
         raise UnsupportedModelError(f"{qf.source}: fmt {q['fmt']!r} is not supported (FP8 e4m3 only)")
     if qf.str("activation_scheme", "dynamic") != "dynamic":
         raise UnsupportedModelError(f"{qf.source}: activation_scheme {q['activation_scheme']!r} is not supported "

@@ -13,7 +13,8 @@ def read(f: Fields, shape: Shape) -> dict:
     return {"expert_intermediate_size": f.int("moe_intermediate_size"), "dense_intermediate_size": 0,
             "norm_topk_prob": True, "moe_layers": tuple(range(shape.num_layers)),
             "shared_expert_intermediate_size": f.int("shared_expert_intermediate_size", default=0, lo=0),
-            **qwen_hybrid(f, shape, split_projections=True), "skipped_prefixes": ("mtp.",)}
+            **qwen_hybrid(f, shape, split_projections=True)}
 
 
-FAMILY = register(Family("qwen3_5_moe_text", "Qwen3.5-MoE", read, partial_rotary_factor=0.25))
+FAMILY = register(Family("qwen3_5_moe_text", "Qwen3.5-MoE", read, partial_rotary_factor=0.25,
+                         skipped=("mtp.",)))

@@ -11,7 +11,8 @@ from specmoe.families.registry import Family, Shape, register
 def read(f: Fields, shape: Shape) -> dict:
     return {**qwen_moe(f, shape.num_layers, "qwen3_next"), "norm_topk_prob": f.bool("norm_topk_prob", True),
             "shared_expert_intermediate_size": f.int("shared_expert_intermediate_size", default=0, lo=0),
-            **qwen_hybrid(f, shape, split_projections=False), "skipped_prefixes": ("mtp.",)}
+            **qwen_hybrid(f, shape, split_projections=False)}
 
 
-FAMILY = register(Family("qwen3_next", "Qwen3-Next", read, partial_rotary_factor=0.25))
+FAMILY = register(Family("qwen3_next", "Qwen3-Next", read, partial_rotary_factor=0.25,
+                         skipped=("mtp.",)))

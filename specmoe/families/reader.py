@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specmoe.config import _MISSING, FLOAT_DTYPES, Fields, ModelConfig, read_json_object, type_name
 from specmoe.errors import CheckpointError, UnsupportedModelError
-from specmoe.families.parts import read_yarn
+from specmoe.families.parts import read_llama3_rope, read_yarn
 from specmoe.families.quantization import read_quantization
 from specmoe.families.registry import Family, Shape, family_of
 
@@ -29,12 +29,21 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
     if not isinstance(raw, dict):
         raise CheckpointError(f"config.json must hold a JSON object, got {type_name(raw)}")
     fam = family_of(raw.get("model_type"))
-    f = Fields(_text_config(raw, fam) if fam.text_config else raw, f"config.json ({fam.model_type})")
+    outer, source = fam, f"config.json ({fam.model_type})"
+    if fam.text_family is not None:  # a multimodal release: its language model's fields are nested
+        raw, fam = _text_config(raw, fam), family_of(fam.text_family)
+        source = f"config.json text_config ({fam.model_type})"
+    f = Fields(raw, source)
     rope, rope_theta, prf = _rope(f, fam)
-    shape = _shape(f, fam, rope, prf)
-    kw = fam.read(f, shape)
-    if fam.yarn and rope.get("rope_type", rope.get("type")) == "yarn":
+    shape = fam.shape(f, rope, prf) if fam.shape is not None else _shape(f, fam, rope, prf)
+    # where the weights are (the release's own layout) and what is not loaded (the text family's and the release's)
+    kw = {**fam.read(f, shape), "weight_prefix": outer.weight_prefix, "head_prefix": outer.head_prefix,
+          "skipped_prefixes": fam.skipped + (outer.skipped if outer is not fam else ())}
+    rope_type = rope.get("rope_type", rope.get("type"))
+    if fam.yarn and rope_type == "yarn":
         kw["yarn"] = read_yarn(f, rope)
+    if fam.llama3_rope and rope_type == "llama3":
+        kw["llama3_rope"] = read_llama3_rope(f, rope)
     kw.update(_special_tokens(f, shape.vocab_size, generation_config), dtype=_dtype(f))
     kw["quantization"] = read_quantization(f, fam, hidden=shape.hidden_size,
                                            expert_intermediate=kw["expert_intermediate_size"])
@@ -43,20 +52,26 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
                        head_dim=kw.pop("head_dim", shape.head_dim), num_experts=shape.num_experts, top_k=shape.top_k,
                        rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=rope_theta,
                        max_position_embeddings=f.int("max_position_embeddings", default=4096, lo=2),
-                       tie_word_embeddings=f.bool("tie_word_embeddings", False), hidden_act="silu", **kw)
-
-
-TOP_LEVEL = ("dtype", "torch_dtype", "quantization_config", "tie_word_embeddings")  # may sit outside text_config
+                       tie_word_embeddings=kw.pop("tie_word_embeddings", None) if "tie_word_embeddings" in kw
+                       else f.bool("tie_word_embeddings", False),
+                       hidden_act="silu", **kw)
 
 
 def _text_config(raw: dict, fam: Family) -> dict:
-    """A multimodal config.json's language model: its text_config, plus the top-level keys that describe the
-    whole checkpoint (dtype, quantization, tied embeddings) where text_config does not repeat them."""
+    """The language model's fields of a multimodal config.json (`text_config`), with the wrapper's dtype and
+    quantization_config where the nested object has none, and the wrapper's tie_word_embeddings when the LM head
+    is the wrapper's own (no `head_prefix`: Qwen3.5's top-level lm_head; see `Family.text_family`)."""
     text = raw.get("text_config")
+    outer = Fields(raw, f"config.json ({fam.model_type})")
     if not isinstance(text, dict):
-        Fields(raw, f"config.json ({fam.model_type})").fail("text_config", "an object (the language model's config)",
-                                                           text)
-    return {**text, **{k: raw[k] for k in TOP_LEVEL if raw.get(k) is not None}}
+        outer.fail("text_config", "an object (the language model's config)", text if text is not None else _MISSING)
+    if text.get("model_type", fam.text_family) != fam.text_family:
+        outer.fail("text_config.model_type", repr(fam.text_family), text["model_type"])
+    inherited = {k: raw[k] for k in ("dtype", "torch_dtype", "quantization_config")
+                 if raw.get(k) is not None and text.get(k) is None}
+    own_head = {"tie_word_embeddings": raw["tie_word_embeddings"]} \
+        if not fam.head_prefix and raw.get("tie_word_embeddings") is not None else {}
+    return {**inherited, **text, **own_head, "model_type": fam.text_family}
 
 
 def _rope(f: Fields, fam: Family) -> tuple[dict, float, float]:
@@ -67,7 +82,8 @@ def _rope(f: Fields, fam: Family) -> tuple[dict, float, float]:
     if not isinstance(rope, dict):
         f.fail("rope_parameters" if raw.get("rope_parameters") else "rope_scaling", "an object or null", rope)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", None) and not (rope_type == "yarn" and fam.yarn):
+    if rope_type not in ("default", None) and not (rope_type == "yarn" and fam.yarn) \
+            and not (rope_type == "llama3" and fam.llama3_rope):
         raise UnsupportedModelError(f"rope type {rope_type!r} is not supported for {fam.model_type}")
     theta = f.float("rope_theta", fam.rope_theta, value=rope.get("rope_theta", raw.get("rope_theta")))
     prf = f.float("partial_rotary_factor", fam.partial_rotary_factor or 1.0,

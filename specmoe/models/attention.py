@@ -87,16 +87,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return F.scaled_dot_product_attention(q, k, v, scale=scale, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
-_HIDE: tuple = (None,)  # (mask, G, R, hidden-key mask in the blocked layout): the last conversion (every layer of a
-# forward passes the same mask object)
+# ((mask, G, R, hidden-key mask in the blocked layout), ...): the last few conversions, newest first (every layer of
+# a forward passes the mask object of its attention kind: one, or a few where layers differ, as Llama-4's chunked and
+# full layers)
+_HIDE: tuple = ()
+_HIDE_KEEP = 4
 
 
 def _hidden(mask: torch.Tensor, n: int, G: int, R: int) -> torch.Tensor:
     """mask [B, 1, T, S <= n·CHUNK] (True = visible) → True where hidden, [B, 1, n, R, CHUNK] (rows (g, t), then
     R - G·T padding rows that see every key)."""
-    last = _HIDE
-    if last[0] is mask and last[1] == G and last[2] == R:
-        return last[3]
+    kept = _HIDE
+    for m, g, r, hide in kept:
+        if m is mask and g == G and r == R:
+            return hide
     B, _, T, S = mask.shape
     full = F.pad(mask, (0, n * CHUNK - S), value=False) if S < n * CHUNK else mask  # keys past the mask's: hidden
     hide = ~full.reshape(B, 1, T, n, CHUNK).transpose(2, 3)  # [B, 1, n, T, CHUNK]
@@ -104,7 +108,7 @@ def _hidden(mask: torch.Tensor, n: int, G: int, R: int) -> torch.Tensor:
         hide = hide[:, :, :, None].expand(B, 1, n, G, T, CHUNK).reshape(B, 1, n, G * T, CHUNK)
     if R > G * T:
         hide = F.pad(hide, (0, 0, 0, R - G * T), value=False)
-    globals()["_HIDE"] = (mask, G, R, hide)
+    globals()["_HIDE"] = ((mask, G, R, hide),) + kept[:_HIDE_KEEP - 1]
     return hide
 
 
@@ -126,7 +130,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     qg = (q * scale).reshape(B, Hkv, M, Dh)  # rows (g, t): the query heads sharing a key head
     if R > M:
         qg = F.pad(qg, (0, 0, 0, R - M))
-    qg = qg.view(N, R, Dh) if n == 1 else qg[:, :, None].expand(B, Hkv, n, R, Dh).reshape(N, R, Dh)
+    # (reshape: with one query head per key head and no padding rows, q may still be the caller's transposed view)
+    qg = qg.reshape(N, R, Dh) if n == 1 else qg[:, :, None].expand(B, Hkv, n, R, Dh).reshape(N, R, Dh)
     s = torch.bmm(qg, k.reshape(N, CHUNK, Dh).transpose(1, 2)).view(B, Hkv, n, R, CHUNK).float()
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if mask is not None:
@@ -150,6 +155,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if sinks is not None:
         den = den + torch.exp(sink - m)[:, :, 0, :, 0]
     out = (o / den[..., None]).to(q.dtype)  # [B, Hkv, R, Dv] (computed in fp32)
-    if R > M:
-        out = out[:, :, :M]
+    if R > M:  # contiguous: with one query head per key head the reshape below would keep the padded stride
+        out = out[:, :, :M].contiguous()
     return out.reshape(B, Hq, T, Dv)

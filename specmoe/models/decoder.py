@@ -1,7 +1,8 @@
 """The generic MoE decoder: embed → [norm → attention → norm → MoE or MLP] × L → norm → lm_head.
 
 Per-family differences are config fields (q/k norm, qkv bias, clip_qkv, shared expert,
-dense layers, partial rotary, attention sinks, per-layer sliding windows); multi-head latent
+dense layers, partial rotary, attention sinks, per-layer sliding windows; Llama-4's NoPE layers with their
+attention temperature, chunked local attention and L2 q/k norm); multi-head latent
 attention is `mla.py`, RoPE `rope.py`, the MoE block and router `moe.py` and `routers.py`. Modules are
 built on the `meta` device and weights assigned by the loader. Expert weights are not
 module parameters: the MoE block gets them from an `ExpertProvider` by (layer, expert).
@@ -18,10 +19,10 @@ from specmoe.config import ModelConfig
 from specmoe.models.attention import attention, fixed_split, read_keys
 from specmoe.models.deltanet import GatedDeltaNet
 from specmoe.models.kv_cache import KVCache, round_positions
-from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear, sigmoid
+from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear, set_min_rows, sigmoid
 from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
-from specmoe.models.rope import apply_rope, inv_freq, rope_tables
+from specmoe.models.rope import apply_rope, deinterleave, inv_freq, rope_tables
 
 # B=batch, T=tokens per sequence, S=key positions, D=hidden, Hq/Hkv=heads, Dh=head dim, V=vocab
 
@@ -52,10 +53,11 @@ class BatchView:
     write_positions: torch.Tensor | None = None  # [B, T]
 
 
-def tree_attention_mask(bv: BatchView, window: int | None) -> torch.Tensor:
+def tree_attention_mask(bv: BatchView, window: int | None, chunk: int | None = None) -> torch.Tensor:
     """[B, 1, T, S] bool for a tree verification (`BatchView.tree`): key j is visible to query t iff j is in
     the committed prefix (j < start) or j = start + u with tree[b, t, u]; with a window, iff the key's RoPE
-    position (j itself in the prefix, positions[b, u] in the tree) is inside the query's window."""
+    position (j itself in the prefix, positions[b, u] in the tree) is inside the query's window; with a chunk,
+    iff that position is in the query's chunk."""
     B, T = bv.positions.shape
     dev = bv.positions.device
     keys = torch.arange(bv.key_len, device=dev)
@@ -63,19 +65,66 @@ def tree_attention_mask(bv: BatchView, window: int | None) -> torch.Tensor:
     in_tree = (rel >= 0) & (rel < T)
     node = rel.clamp(0, T - 1)
     mask = (rel < 0)[:, None, :] | (in_tree[:, None, :] & torch.gather(bv.tree, 2, node[:, None, :].expand(B, T, -1)))
-    if window:
+    if window or chunk:
         key_pos = torch.where(in_tree, torch.gather(bv.positions, 1, node), keys[None, :])  # [B, S]
-        mask &= key_pos[:, None, :] > bv.positions[:, :, None] - window
+        if window:
+            mask &= key_pos[:, None, :] > bv.positions[:, :, None] - window
+        if chunk:
+            mask &= (key_pos // chunk)[:, None, :] == (bv.positions // chunk)[:, :, None]
+        mask = see_all_if_padding(mask, bv)
     return mask[:, None]
+
+
+def see_all_if_padding(mask: torch.Tensor, bv: BatchView) -> torch.Tensor:
+    """mask [B, T, S] with padding queries (`bv.valid` False) seeing every key. Under a window or a chunk a padding
+    query past its row's keys may see none, and an empty softmax is 0/0: NaN in its row (dropped, but written into
+    the KV cache, where a later forward's p·V multiplies it by an exact 0 and still gets NaN)."""
+    return mask if bv.valid is None else mask | ~bv.valid[:, :, None]
+
+
+def temperature(positions: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """Llama-4's attention temperature of NoPE layers at positions [N]: log1p(floor((p + 1) / floor_scale)) ·
+    attn_scale + 1 → [N, 1, 1, 1] fp32 (each query is scaled by its own)."""
+    p = positions.float()
+    return (torch.log1p(torch.floor((p + 1.0) / cfg.attn_floor_scale)) * cfg.attn_scale + 1.0).view(-1, 1, 1, 1)
+
+
+def attention_mask(bv: BatchView, window: int | None, chunk: int | None = None) -> torch.Tensor | None:
+    """[B, 1, T, S] bool over S = padded_keys(key_len): key j visible to the query at position p iff j <= p
+    (and inside the window, and in p's chunk: j // chunk == p // chunk); None when every key below key_len is
+    visible (one query per row, every row at the last of the key_len positions)."""
+    if bv.tree is not None:
+        return tree_attention_mask(bv, window, chunk)
+    if bv.last_only and (not window or window >= bv.key_len) and (not chunk or chunk >= bv.key_len):
+        return None
+    keys = torch.arange(bv.key_len, device=bv.positions.device)
+    mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
+    if window:
+        mask &= keys[None, None, :] > bv.positions[:, :, None] - window
+    if chunk:
+        mask &= (keys // chunk)[None, None, :] == (bv.positions // chunk)[:, :, None]
+    if window or chunk:
+        mask = see_all_if_padding(mask, bv)
+    return mask[:, None]
+
+
+def set_write_index(bv: BatchView, cache: KVCache, device: torch.device) -> None:
+    """Where the forward's tokens write their K/V, when whoever built the view did not say (`BatchView.write_index`)."""
+    if bv.write_index is None:
+        slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
+                                                                   device=device)
+        bv.write_index = cache.write_index(slots, bv.positions if bv.write_positions is None else bv.write_positions)
 
 
 class Attention(nn.Module):
     rows = 1  # see `layers.linear`; set on a deterministic model (`Transformer.set_deterministic`)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         D, Hq, Hkv, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.cfg = cfg
+        self.rotary = cfg.rotary(layer)  # False: a NoPE layer (Llama-4)
+        self.temperature = not self.rotary and cfg.attn_floor_scale is not None
         self.q_proj = nn.Linear(D, Hq * Dh * (2 if cfg.attn_output_gate else 1), bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(D, Hkv * Dh, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(D, Hkv * Dh, bias=cfg.qkv_bias)
@@ -156,7 +205,14 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, T = bv.positions.shape
         qk, v, gate = self._qkv(x)
-        q, k = apply_rope(qk, cos, sin).split((cfg.num_heads, cfg.num_kv_heads), dim=1)  # [B·T, H, 1, Dh]
+        if self.rotary:
+            qk = apply_rope(deinterleave(qk) if cfg.rope_interleave else qk, cos, sin)
+            if cfg.qk_norm == "l2":  # Llama-4: weightless RMS norm of each rotated head (fp32, rounded)
+                qk = F.rms_norm(qk.float(), (cfg.head_dim,), None, cfg.rms_norm_eps).to(qk.dtype)
+        q, k = qk.split((cfg.num_heads, cfg.num_kv_heads), dim=1)  # [B·T, H, 1, Dh]
+        if self.temperature:
+            pos = bv.flat_positions if bv.flat_positions is not None else bv.positions.reshape(-1)
+            q = (q * temperature(pos, cfg)).to(q.dtype)
         cache.write(layer, bv.write_index, k, v)
         fixed = fixed_split(q, self.rows) or cfg.attention_sinks
         keys, values = read_keys(cache, layer, bv, fixed)  # [B, Hkv, S, Dh], S: key_len (rounded up to a block)
@@ -181,14 +237,14 @@ class DecoderLayer(nn.Module):
         self.cache_index = cfg.cache_index(layer)  # its row in the KV cache, or in the cache's linear states
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
         self.attn = (GatedDeltaNet(cfg) if self.linear else MLAttention(cfg) if cfg.mla is not None
-                     else Attention(cfg))
-        self.window = cfg.window(layer)
+                     else Attention(cfg, layer))
+        self.mask_kind = (cfg.window(layer), cfg.chunk(layer))  # (sliding window, attention chunk)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
         self.is_moe = cfg.is_moe_layer(layer)
         self.mlp = MoEBlock(cfg, layer) if self.is_moe else DenseMLP(cfg.hidden_size, cfg.dense_intermediate_size)
 
     def forward(self, x, cos, sin, masks, cache, bv, ctx: ForwardContext):
-        x = self.attn(self.input_norm(x), cos, sin, masks[self.window], cache, self.cache_index, bv, residual=x)
+        x = self.attn(self.input_norm(x), cos, sin, masks[self.mask_kind], cache, self.cache_index, bv, residual=x)
         h = self.post_attn_norm(x)
         return x + (self.mlp(h, ctx) if self.is_moe else self.mlp(h))
 
@@ -206,7 +262,7 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._inv_freq: torch.Tensor | None = None
         self._rope_tables: tuple | None = None  # (positions, device, dtype, cos, sin [P, 1, 1, R])
-        self._windows = {layer.window for layer in self.layers}
+        self._mask_kinds = {layer.mask_kind for layer in self.layers}
 
     def fuse(self) -> "Transformer":
         """After the weights are assigned: fused q/k/v projections (see `Attention.fuse`), linear attention's
@@ -224,11 +280,7 @@ class Transformer(nn.Module):
         padded to that many and fp32 attention takes the fixed split (`attention.attend`), so a row's result does not
         depend on how many rows share its forward. bf16 / fp16 need nothing: their CPU GEMMs round a row the same at
         every row count, and their attention always takes the fixed split."""
-        rows = MIN_ROWS if on else 1
-        for m in self.modules():
-            if hasattr(m, "rows"):
-                m.rows = rows
-        self.rows = rows
+        set_min_rows(self, MIN_ROWS if on else 1)
         return self
 
     def head_weight(self) -> torch.Tensor:
@@ -249,33 +301,15 @@ class Transformer(nn.Module):
             tab = self._rope_tables = (n, device, dtype, cos[0, :, None], sin[0, :, None])  # [P, 1, 1, R] each
         return tab[3][positions], tab[4][positions]
 
-    def attention_mask(self, bv: BatchView, window: int | None) -> torch.Tensor | None:
-        """[B, 1, T, S] bool over S = padded_keys(key_len): key j visible to the query at position p iff j <= p
-        (and inside the window); None when every key below key_len is visible (one query per row, every row at
-        the last of the key_len positions)."""
-        if bv.tree is not None:
-            return tree_attention_mask(bv, window)
-        if bv.last_only and (not window or window >= bv.key_len):
-            return None
-        keys = torch.arange(bv.key_len, device=bv.positions.device)
-        mask = keys[None, None, :] <= bv.positions[:, :, None]  # [B, T, S]
-        if window:
-            mask &= keys[None, None, :] > bv.positions[:, :, None] - window
-        return mask[:, None]
-
     def forward(self, tokens: torch.Tensor, cache: KVCache, bv: BatchView, ctx: ForwardContext,
                 logits_at: torch.Tensor | None = None, flat: bool = False) -> torch.Tensor:
         """tokens [B, T] → logits [B, T, V] (or [B, n, V] at the index tensor `logits_at` [B, n]; with `flat`,
         [B·T, V]). The hidden states are [B·T, D] between the layers (no reshape per layer)."""
         B, T = tokens.shape
         x = self.embed(tokens.view(-1))  # [B·T, D]
-        if bv.write_index is None:
-            slots = bv.slots if bv.slots is not None else torch.arange(bv.contiguous.start, bv.contiguous.stop,
-                                                                       device=tokens.device)
-            bv.write_index = cache.write_index(slots, bv.positions if bv.write_positions is None
-                                               else bv.write_positions)
+        set_write_index(bv, cache, tokens.device)
         cos, sin = self.rope(bv, x.dtype)
-        masks = {w: self.attention_mask(bv, w) for w in self._windows}
+        masks = {kind: attention_mask(bv, *kind) for kind in self._mask_kinds}
         ctx.padding = None if bv.valid is None else ~bv.valid.reshape(-1, 1)  # [B·T, 1]
         ctx.real_tokens = None if bv.valid is None else bv.real_tokens
         for i, layer in enumerate(self.layers):

@@ -139,21 +139,56 @@ class KVCache:
                 _index_put(t, [None, sd, None, pd], t[:, ss, :, ps])
 
 
+class EncDecCache(KVCache):
+    """An encoder–decoder model's cache: the decoder's self-attention K/V (this `KVCache`) and `cross`, a `KVCache`
+    of the decoder's layers × the same slots × source positions holding each sequence's cross-attention K/V over its
+    source, written once per request by the encoder (`cross.lengths[slot]`: its source length). Slots grow together;
+    source positions grow (`reserve_source`) when a longer source arrives."""
+
+    def __init__(self, *, source_positions: int = BLOCK, **kw):
+        self.cross: KVCache | None = None
+        self._source_positions = source_positions
+        super().__init__(**kw)
+
+    def reserve(self, slots: int, positions: int) -> None:
+        super().reserve(slots, positions)
+        if self.cross is None:
+            self.cross = KVCache(num_layers=self.num_layers, max_batch=self.max_batch,
+                                 max_seq=round_positions(self._source_positions), num_kv_heads=self.num_kv_heads,
+                                 head_dim=self.head_dim, dtype=self.dtype, device=self.device)
+        else:
+            self.cross.reserve(self.max_batch, self.cross.max_seq)
+
+    def reserve_source(self, positions: int) -> None:
+        """Hold sources of at least `positions` tokens."""
+        if positions > self.cross.max_seq:
+            self.cross.reserve(self.max_batch, round_positions(positions))
+
+    @property
+    def cross_nbytes(self) -> int:
+        return self.cross.nbytes
+
+
 def model_cache_bytes(cfg, dtype: torch.dtype, slots: int, positions: int, ring: int = 2) -> int:
     """Bytes of `make_cache(cfg, ...)` for `slots` × `positions`: K/V of the attention layers, plus the
-    linear-attention layers' states (`ring` rows per slot, see linear_state.py)."""
+    linear-attention layers' states (`ring` rows per slot, see linear_state.py), plus an encoder–decoder model's
+    cross-attention K/V over sources of up to max_position_embeddings tokens (`EncDecCache.cross`)."""
     heads, kdim, vdim = cfg.kv_cache_dims
+    cross = 0 if cfg.seq2seq is None else kv_bytes(cfg.num_layers, heads, kdim, dtype, slots,
+                                                   cfg.max_position_embeddings, vdim)
     return (kv_bytes(len(cfg.attention_layers), heads, kdim, dtype, slots, positions, vdim)
-            + state_bytes(cfg, dtype, slots, ring))
+            + state_bytes(cfg, dtype, slots, ring) + cross)
 
 
 def make_cache(cfg, *, max_batch: int, max_seq: int, dtype: torch.dtype, device: torch.device | str = "cpu",
-               ring: int = 2) -> KVCache:
+               ring: int = 2, sources: bool = True) -> KVCache:
     """The cache a model of `cfg` runs with: K/V for its attention layers (`ModelConfig.attention_layers`) and,
     for a hybrid model, its linear layers' states with `ring` rows per slot (the strategy's lookahead + 1,
-    `linear_state.for_lookahead`)."""
+    `linear_state.for_lookahead`); an encoder–decoder model's is an `EncDecCache` (+ its sequences' cross-attention
+    K/V), unless `sources` is False (a decoder-only forward, which such a model refuses: profiling)."""
     heads, kdim, vdim = cfg.kv_cache_dims
     states = (LinearStates(cfg, max_batch=max_batch, ring=ring, dtype=dtype, device=device)
               if cfg.linear_layers else None)
-    return KVCache(num_layers=len(cfg.attention_layers), max_batch=max_batch, max_seq=max_seq, num_kv_heads=heads,
-                   head_dim=kdim, v_head_dim=vdim, dtype=dtype, device=device, states=states)
+    kind = EncDecCache if cfg.seq2seq is not None and sources else KVCache
+    return kind(num_layers=len(cfg.attention_layers), max_batch=max_batch, max_seq=max_seq, num_kv_heads=heads,
+                head_dim=kdim, v_head_dim=vdim, dtype=dtype, device=device, states=states)

@@ -62,6 +62,25 @@ def addmm(acc: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, rows: int = 1) 
     return torch.addmm(F.pad(acc, (0, 0, 0, need - n)), F.pad(x, (0, 0, 0, need - n)), w_t)[:n]
 
 
+def set_min_rows(model: nn.Module, rows: int) -> None:
+    """Set `rows` (see `linear`) on every module of `model` that has one (a `deterministic` model: MIN_ROWS)."""
+    for m in model.modules():
+        if hasattr(m, "rows"):
+            m.rows = rows
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias (NLLB-MoE), built without nn.LayerNorm's init (the loader assigns both)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.empty(dim)), nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
 class RMSNorm(nn.Module):
     """`offset`: zero-centred (Qwen3-Next, Qwen3.5): the stored weight w scales by (1 + w), in fp32 before the
     result is rounded, as transformers does; the fp32 scale is made once by `fuse` after loading."""

@@ -1,4 +1,4 @@
-"""Build the decoder on `meta` and assign its non-expert weights from a checkpoint,
+"""Build the decoder (or the encoder–decoder model) on `meta` and assign its non-expert weights from a checkpoint,
 one tensor at a time (never the whole checkpoint in memory)."""
 from __future__ import annotations
 
@@ -7,15 +7,16 @@ from torch import nn
 from tqdm import tqdm
 
 from specmoe.models.decoder import Transformer
+from specmoe.models.seq2seq import Seq2SeqModel
 from specmoe.weights.checkpoint import Checkpoint
 from specmoe.weights.names import fp32_params, non_expert_keys
 
 
 def load_model(ckpt: Checkpoint, *, dtype: torch.dtype, device: torch.device | str = "cpu",
-               progress: bool = False) -> Transformer:
+               progress: bool = False) -> Transformer | Seq2SeqModel:
     cfg = ckpt.config
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = Seq2SeqModel(cfg) if cfg.seq2seq is not None else Transformer(cfg)
     names = non_expert_keys(cfg)
     keep_fp32 = fp32_params(cfg)
     for pname, (key, shape) in tqdm(names.items(), desc="weights", unit="t", disable=not progress, leave=False):

@@ -151,26 +151,36 @@ def glu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None, alpha: flo
 
 @dataclass(frozen=True)
 class ExpertMath:
-    """The family's expert activation: SwiGLU, or GPT-OSS's clamped variant (`limit`, `alpha`)."""
+    """The family's expert math: SwiGLU, GPT-OSS's clamped variant (`limit`, `alpha`), or (`act` "relu", NLLB-MoE)
+    ReLU of the one input projection (gate_up holds fc1 alone); where a routing weight applies: to the expert's
+    output, or (`scale_input`, Llama-4) to its input."""
     limit: float | None = None
     alpha: float = 1.702
+    act: str = "swiglu"
+    scale_input: bool = False
 
     @staticmethod
     def of(cfg: ModelConfig) -> "ExpertMath":
-        return ExpertMath(cfg.swiglu_limit, cfg.swiglu_alpha)
+        return ExpertMath(cfg.swiglu_limit, cfg.swiglu_alpha, cfg.expert_act, cfg.routed_input_scaled)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """The input projection's output [n, 2I] (relu: [n, I]) → the activation [n, I]."""
+        if self.act == "relu":
+            return F.relu(h)
+        g, u = h.chunk(2, dim=-1)
+        return glu(g, u, self.limit, self.alpha)
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
            down_bias: torch.Tensor | None = None, math: ExpertMath = ExpertMath()) -> torch.Tensor:
     """The expert math, in one place (one expert): x [n, D], gate_up [2I, D], down [D, I] (views, any row
     stride), optional biases [2I] and [D], the activation `glu` → [n, D]."""
-    g, u = F.linear(x, gate_up, gate_up_bias).chunk(2, dim=-1)  # [n, I] each
-    return F.linear(glu(g, u, math.limit, math.alpha), down, down_bias)
+    return F.linear(math(F.linear(x, gate_up, gate_up_bias)), down, down_bias)
 
 
 def swiglu_grouped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torch.Tensor | None,
                    math: ExpertMath, n: int | None = None, live: torch.Tensor | None = None) -> torch.Tensor:
-    """`swiglu` over a group's slots: x [n, D] rows sorted by slot, `offs` [S] int32 the end row of each slot's
+    """`swiglu` (the family's expert math) over a group's slots: x [n, D] rows sorted by slot, `offs` [S] int32 the end row of each slot's
     rows (rows past offs[-1] are left unwritten; with `n`, the rows from n on are zeroed before the activation),
     `slot` [n] the slot of each row (for the biases) → [n, D], one grouped matmul per projection. `live`: n as a
     device scalar (rows from it on zeroed likewise, without a host read)."""
@@ -183,8 +193,7 @@ def swiglu_grouped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torc
         h.masked_fill_(_arange(h.shape[0], h.device)[:, None] >= live, 0)
     if g.gate_up_bias is not None:
         h = h + g.gate_up_bias[slot.clamp(max=g.gate_up_bias.shape[0] - 1)]
-    a, b = h.chunk(2, dim=-1)
-    y = F.grouped_mm(glu(a, b, math.limit, math.alpha), g.w_out, offs=offs)  # [n, D]
+    y = F.grouped_mm(math(h), g.w_out, offs=offs)  # [n, D]
     if g.down_bias is not None:
         y = y + g.down_bias[slot.clamp(max=g.down_bias.shape[0] - 1)]
     return y
@@ -196,8 +205,9 @@ def _looped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, math: ExpertMath)
     out = torch.zeros(x.shape[0], g.down.shape[1], dtype=x.dtype, device=x.device)
     start = 0
     for s, end in enumerate(offs.tolist()):
-        if end > start:
-            out[start:end] = swiglu(x[start:end], g.gate_up[s], g.down[s],
+        if end > start:  # the rows copied to a fresh (aligned) buffer: CPU sgemm rounds a row by its input's
+            # alignment, which depends on where the slot's rows start (so on the store's slot order)
+            out[start:end] = swiglu(x[start:end].clone(), g.gate_up[s], g.down[s],
                                     None if g.gate_up_bias is None else g.gate_up_bias[s],
                                     None if g.down_bias is None else g.down_bias[s], math)
         start = end
@@ -225,7 +235,8 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
                    math: ExpertMath = ExpertMath(), rows: int = 1) -> torch.Tensor:
     """Routed-expert output [N, D] for x [N, D]: per group, its assignments sorted by slot (stable: each slot's
     tokens in token order) go through `swiglu`'s grouped form; each assignment's result lands in its own row,
-    and the K results of a token are summed in routing order, so the output does not depend on which slot
+    and the K results of a token are summed in routing order (each times its weight, or with `math.scale_input`
+    each computed from the token times its weight), so the output does not depend on which slot
     holds an expert or how the store split the experts into groups (offloaded == resident, bit for bit).
     `rows` > 1 with fp32 (a deterministic model), or experts too small for oneDNN's threshold in bf16/fp16: each
     slot's rows are padded (see `padded_groups`, `layers.min_rows`), so a token's result does not depend on how many
@@ -244,6 +255,8 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         # every group multiplies all N·K rows (the grouped matmul's blocking, hence its bits, depends on the row
         # count: the same for every store and group split), of which the first n are this group's
         rows_in = x.repeat(K, 1) if N == 1 else x[order // K]  # [N·K, D]: each sorted row's token
+        if math.scale_input:  # Llama-4: the expert reads its token times the assignment's weight
+            rows_in = rows_in * routing.weights.view(-1)[order].to(x.dtype)[:, None]
         R = min_rows(x.dtype, g.down.shape[1] * g.down.shape[2], rows)  # > 1: fp32 deterministic, or tiny experts
         if R > 1:
             ys = padded_groups(rows_in, g, slot, offs, math, R)
@@ -260,7 +273,7 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
         y.view(N * K, -1).index_copy_(0, order, ys)
     if y is None:  # nothing routed (every token is padding)
         return torch.zeros_like(x)
-    return (y * routing.weights_col(x.dtype)).sum(1)
+    return y.sum(1) if math.scale_input else (y * routing.weights_col(x.dtype)).sum(1)
 
 
 def padded_groups(rows_in: torch.Tensor, g: SlotGroup, slot: torch.Tensor, offs: torch.Tensor, math: ExpertMath,
@@ -303,6 +316,7 @@ class MoEBlock(nn.Module):
         super().__init__()
         self.cfg, self.layer = cfg, layer
         self.math = ExpertMath.of(cfg)
+        self.capacity = cfg.capacity(layer)  # NLLB-MoE's encoder layers: the capacity rule over a forward's tokens
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
         if cfg.score_correction_bias:
             self.correction_bias = nn.Parameter(torch.zeros(cfg.num_experts))
@@ -313,12 +327,13 @@ class MoEBlock(nn.Module):
 
     def route(self, x: torch.Tensor):
         """x [N, D] → logits [N, E], weights [N, K] fp32, ids [N, K]."""
-        cfg, w = self.cfg, self.router.weight
-        x = x if x.dtype == w.dtype else x.to(w.dtype)  # sigmoid routers: fp32 w
+        cfg, w, x_in = self.cfg, self.router.weight, x
+        x = x if x.dtype == w.dtype else x.to(w.dtype)  # sigmoid routers, NLLB-MoE: fp32 w
         logits = linear(x, w, self.router.bias, self.rows)
         weights, ids = route(cfg.model_type, logits, top_k=cfg.top_k, norm_topk_prob=cfg.norm_topk_prob,
                              correction_bias=self.correction_bias if cfg.score_correction_bias else None,
-                             n_group=cfg.n_group, topk_group=cfg.topk_group, scale=cfg.routed_scaling_factor)
+                             n_group=cfg.n_group, topk_group=cfg.topk_group, scale=cfg.routed_scaling_factor,
+                             input_dtype=x_in.dtype, capacity=self.capacity)
         return logits, weights, ids
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:

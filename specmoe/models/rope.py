@@ -1,8 +1,9 @@
 """Rotary position embeddings: inverse frequencies (plain or YaRN-scaled, over the rotating part of a head)
 and their application in the half-split layout transformers uses (`rotate_half`).
 
-Partial rotary (GLM-4) rotates the first `cfg.rotary_dim` dims of a head and passes the rest through;
-DeepSeek's interleaved pairs are de-interleaved by the caller (`deinterleave`) first, which gives the
+Llama-3-style scaling (Llama-4) rescales the plain frequencies by wavelength (`_llama3`). Partial rotary (GLM-4,
+MiniMax-M2) rotates the first `cfg.rotary_dim` dims of a head and passes the rest through;
+DeepSeek's and Llama-4's interleaved pairs are de-interleaved by the caller (`deinterleave`) first, which gives the
 same dot products. YaRN follows transformers' `_compute_yarn_parameters` (frequency ramp between the
 beta_fast / beta_slow correction dims, cos and sin scaled by the attention factor).
 """
@@ -12,7 +13,7 @@ import math
 
 import torch
 
-from specmoe.config import ModelConfig, Yarn
+from specmoe.config import Llama3Rope, ModelConfig, Yarn
 
 # B=batch, T=tokens, R=rotating dims of a head
 
@@ -43,12 +44,26 @@ def _yarn(y: Yarn, base: float, dim: int, device) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention_factor)
 
 
+def _llama3(r: Llama3Rope, freqs: torch.Tensor) -> torch.Tensor:
+    """transformers' `_compute_llama3_parameters` over the plain inverse frequencies."""
+    old = r.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / r.low_freq_factor, old / r.high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    scaled = torch.where(wavelen > low_wavelen, freqs / r.factor, freqs)
+    smooth = (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
 def inv_freq(cfg: ModelConfig, device) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [R/2] fp32, factor scaling cos and sin)."""
     dim = cfg.rotary_dim
     if cfg.yarn is not None:
         return _yarn(cfg.yarn, cfg.rope_theta, dim, device)
     freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+    if cfg.llama3_rope is not None:
+        freqs = _llama3(cfg.llama3_rope, freqs)
     return freqs, 1.0
 
 

@@ -115,7 +115,8 @@ def build_app(llm, config: ServeConfig | None = None):
         return await respond(request, gen)
 
     async def respond(request: HTTPRequest, gen):
-        reqs = [Request(prompt_ids=ids, params=gen.choice_params(i, j), prompt=text, logprobs=gen.logprobs)
+        reqs = [Request(prompt_ids=ids, params=gen.choice_params(i, j), prompt=text, logprobs=gen.logprobs,
+                        source_ids=gen.sources[i] if gen.sources is not None else None)
                 for i, (text, ids) in enumerate(gen.prompts) for j in range(gen.n)]
         try:
             group = engine.submit(reqs)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from specmoe.decoding.runtime.sampling import SamplingParams
+from specmoe.engine.translation import check_translation_args, translation_requests
 from specmoe.errors import InputError
 from specmoe.options import SEED_RANGE
 
@@ -53,6 +54,8 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     logprobs: int | None
+    # encoder–decoder (translation) models: each prompt's encoder input; `prompts` then hold the decoder's
+    sources: list[list[int]] | None = None
 
     def choice_params(self, i: int, j: int) -> SamplingParams:
         p = self.params[i]
@@ -220,9 +223,9 @@ def check_request_count(count: int, n: int, config) -> None:
                   code="too_many_completions")
 
 
-def completion_prompts(body: dict, llm, n: int = 1, config=None) -> list[tuple[str | None, list[int]]]:
-    """`prompt`: a string, a list of strings, a list of token ids, or a list of token-id lists. With `config`,
-    more prompts × `n` than its queue holds are refused before any is tokenized."""
+def completion_items(body: dict, n: int = 1, config=None) -> list:
+    """`prompt`: a string, a list of strings, a list of token ids, or a list of token-id lists, as one item per
+    prompt (not tokenized). With `config`, more prompts × `n` than its queue holds are refused."""
     p = body.get("prompt")
     if isinstance(p, str):
         items = [p]
@@ -237,8 +240,13 @@ def completion_prompts(body: dict, llm, n: int = 1, config=None) -> list[tuple[s
                             f"token-id lists; got {got}")
     if config is not None:
         check_request_count(len(items), n, config)
+    return items
+
+
+def completion_prompts(body: dict, llm, n: int = 1, config=None) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) per prompt (`completion_items`), each checked against the model."""
     out = []
-    for x in items:
+    for x in completion_items(body, n, config):
         ids = _encode(llm, x, "prompt") if isinstance(x, str) else list(x)
         _check_ids(ids, "prompt", llm)
         out.append((x if isinstance(x, str) else None, ids))
@@ -258,10 +266,33 @@ def completion_request(body: dict, *, llm, served: str, config) -> GenerationReq
     c = _common(body, config)
     lp = body.get("logprobs")
     logprobs = None if lp is None else _int(body, "logprobs", None, lo=0, hi=config.max_logprobs)
-    prompts = completion_prompts(body, llm, c["n"], config)
+    prompts, sources = translation_prompts(body, llm, c["n"], config)
+    if prompts is None:
+        prompts = completion_prompts(body, llm, c["n"], config)
     params = [_sampling(c, _max_tokens(body, "max_tokens", len(ids), llm.max_model_len,
                                        COMPLETION_DEFAULT_MAX_TOKENS)) for _, ids in prompts]
-    return GenerationRequest("completion", model, prompts, params, c["n"], c["stream"], c["include_usage"], logprobs)
+    return GenerationRequest("completion", model, prompts, params, c["n"], c["stream"], c["include_usage"], logprobs,
+                             sources)
+
+
+def translation_prompts(body: dict, llm, n: int, config):
+    """An encoder–decoder (translation) model's completion: `target_lang` (required) and `source_lang` (default
+    eng_Latn), language codes; (prompts as (text, decoder prompt), encoder inputs), or (None, None) for a
+    decoder-only model (which refuses the two fields)."""
+    langs = {k: body.get(k) for k in ("target_lang", "source_lang")}
+    for k, v in langs.items():
+        if v is not None and not isinstance(v, str):
+            raise bad(k, f"'{k}' must be a language code such as 'fra_Latn'")
+    try:
+        check_translation_args(llm.config, langs["target_lang"], langs["source_lang"], llm.path)
+        if llm.config.seq2seq is None:
+            return None, None
+        reqs = translation_requests(completion_items(body, n, config), langs["target_lang"], langs["source_lang"],
+                                    tokenizer=llm.tokenizer, cfg=llm.config, max_model_len=llm.max_model_len,
+                                    model_path=llm.path)
+    except InputError as e:
+        raise bad("target_lang" if "lang" in str(e) else "prompt", str(e)) from None
+    return [(r.text, r.prompt_ids) for r in reqs], [r.source_ids for r in reqs]
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -297,6 +328,9 @@ def chat_request(body: dict, *, llm, served: str, config, template) -> Generatio
     c = _common(body, config)
     msgs = chat_messages(body)
     check_request_count(1, c["n"], config)
+    if llm.config.seq2seq is not None:
+        raise bad("messages", f"{llm.path} is a translation (encoder–decoder) model: use /v1/completions with "
+                              "'target_lang'")
     if template is None:
         raise bad("messages", "this model has no chat template (tokenizer_config.json 'chat_template'); use "
                               "/v1/completions")

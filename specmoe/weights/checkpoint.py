@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -169,8 +170,9 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path} is missing {len(missing)} tensor(s): "
                                   f"{', '.join(missing[:5])}{more}")
         unexpected = [k for k in self.key_to_file if k not in expected and not is_ignored(cfg, k)]
-        if self.config.tie_word_embeddings and "lm_head.weight" in unexpected:
-            unexpected.remove("lm_head.weight")
+        head = cfg.head_prefix + "lm_head.weight"
+        if self.config.tie_word_embeddings and head in unexpected:
+            unexpected.remove(head)
         if unexpected:
             more = f" (+{len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
             hint = ""
@@ -179,6 +181,12 @@ class Checkpoint:
                         "quantization_config (quant_method \"fp8\" or \"mxfp4\")")
             raise CheckpointError(f"checkpoint {self.path} has {len(unexpected)} unexpected tensor(s) for "
                                   f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}{hint}")
+        skipped = [k for k in self.key_to_file if k.startswith(cfg.skipped_prefixes)] if cfg.skipped_prefixes else []
+        if skipped:
+            under = [p for p in cfg.skipped_prefixes if any(k.startswith(p) for k in skipped)]
+            warnings.warn(f"{self.path}: {len(skipped)} tensors under {', '.join(under)} (parts specmoe does not run: "
+                          "a multimodal release's vision tower and projector, a multi-token-prediction module) are "
+                          "not loaded; specmoe runs its language model", stacklevel=3)
         q = self.config.quantization
         for k, (_, codes) in expected.items():  # the shard map names the right file, and every dtype is expected
             fname = self.key_to_file[k]

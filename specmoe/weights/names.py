@@ -1,8 +1,10 @@
 """One explicit name map per architecture: which checkpoint key holds which weight,
 and the shape it must have. Keys are the ones Hugging Face publishes, so checkpoints are
-read exactly as released: per-expert 2-D tensors (Mixtral, Qwen, OLMoE, GLM-4, DeepSeek),
+read exactly as released: per-expert 2-D tensors (Mixtral, Qwen, OLMoE, GLM-4, DeepSeek, MiniMax-M2),
 or one fused 3-D tensor per layer (GPT-OSS: `experts.gate_up_proj` [E, D, 2I] with gate and
-up interleaved column by column, `experts.down_proj` [E, I, D], and their biases), from which
+up interleaved column by column, `experts.down_proj` [E, I, D], and their biases; Llama-4: the same shapes,
+gate the first I columns and up the last I, no biases; Qwen3-Next / Qwen3.5 when stored fused, as Qwen3.5 is
+published: transformers' `gate_up_proj` [E, 2I, D], gate the first I rows, and `down_proj` [E, D, I]), from which
 `ExpertPart` says how one expert's part is cut. Checkpoints that ship quantized experts (config
 `quantization_config`) name their stored tensors: GPT-OSS MXFP4 `experts.gate_up_proj_blocks` [E, 2I, D/32, 16]
 and `_scales` [E, 2I, D/32] (and the same for `down_proj`, [E, D, I/32, ...]), FP8 `experts.{e}.gate_proj.weight`
@@ -17,9 +19,12 @@ from specmoe.config import ModelConfig
 
 @dataclass(frozen=True)
 class FamilyNames:
-    moe_prefix: str          # "block_sparse_moe" (Mixtral) or "mlp"
+    moe_prefix: str          # "block_sparse_moe" (Mixtral, MiniMax-M2), "feed_forward" (Llama-4) or "mlp"
     expert_proj: tuple[str, str, str]  # (gate, up, down) projection names inside experts.{e}
     router: str = "gate"     # the router's module name inside the MoE block
+    dense_prefix: str = "mlp"  # the dense MLP's module name in a dense layer
+    shared: str | None = None  # the shared expert's module name (None: "shared_expert" if gated, else "shared_experts")
+    correction_bias: str | None = None  # e_score_correction_bias's name in the MoE block (None: under the router)
 
 
 FAMILY_NAMES = {
@@ -31,14 +36,17 @@ FAMILY_NAMES = {
     "deepseek_v2": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "deepseek_v3": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "gpt_oss": FamilyNames("mlp", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router"),
+    "llama4_text": FamilyNames("feed_forward", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router",
+                               dense_prefix="feed_forward", shared="shared_expert"),
+    "minimax_m2": FamilyNames("block_sparse_moe", ("w1", "w3", "w2"), correction_bias="e_score_correction_bias"),
+    "nllb_moe": FamilyNames("ffn", ("fc1", "fc1", "fc2"), router="router.classifier"),
     "qwen3_next": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-    "qwen3_5_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
     "qwen3_5_moe_text": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
 }
-FUSED_EXPERTS = ("gpt_oss",)  # experts stored as one [E, ...] tensor per layer and projection
+FUSED_EXPERTS = ("gpt_oss", "llama4_text")  # experts stored as one [E, ...] tensor per layer and projection
 # families whose checkpoints may store their experts either way: per expert (what save_pretrained writes) or as
 # transformers' fused [E, 2I, D] gate_up_proj (gate rows first) and [E, D, I] down_proj (Qwen3.5 as published)
-EITHER_LAYOUT = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
+EITHER_LAYOUT = ("qwen3_next", "qwen3_5_moe_text")
 
 # Keys some exporters add that carry no weights we need.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -48,8 +56,9 @@ _LAYER = re.compile(r"layers\.(\d+)\.")
 @dataclass(frozen=True)
 class ExpertPart:
     """One part of one expert: checkpoint `key` (a tensor of `tensor_shape`), cut as row `expert` of a fused
-    tensor (None: the tensor is this expert's alone), then every `step`-th column from `start` (the
-    interleaved gate/up of GPT-OSS; step 1: all), then transposed if `transpose`.
+    tensor (None: the tensor is this expert's alone), transposed if `transpose` (to the [out, in] the model
+    multiplies by), then its rows `start`:`stop`:`step` (a fused gate_up's gate or up: GPT-OSS's interleaved,
+    step 2; Llama-4's and transformers' [E, 2I, D] layout's halves, stop; from 0, step 1, no stop: all).
 
     A quantized part (`scale` set: the key of its scales, a tensor of `scale_shape`, the same row `expert`) is
     first dequantised (weights/quantized.py) into the tensor transformers' dequantised model holds (GPT-OSS:
@@ -60,9 +69,9 @@ class ExpertPart:
     start: int = 0
     step: int = 1
     transpose: bool = False
-    rows: tuple[int, int] | None = None  # only rows [a, b) of the expert's tensor (gate / up of a fused gate_up)
     scale: str | None = None
     scale_shape: tuple[int, ...] = ()
+    stop: int | None = None
 
 
 def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertPart]:
@@ -74,9 +83,19 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
     if cfg.fused_experts:  # transformers' layout: gate_up_proj [E, 2I, D] (gate rows, then up), down_proj [E, D, I]
         base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
         gu = f"{base}.gate_up_proj"
-        return {"gate": ExpertPart(gu, (E, 2 * I, D), expert, rows=(0, I)),
-                "up": ExpertPart(gu, (E, 2 * I, D), expert, rows=(I, 2 * I)),
+        return {"gate": ExpertPart(gu, (E, 2 * I, D), expert, 0, stop=I),
+                "up": ExpertPart(gu, (E, 2 * I, D), expert, I, stop=2 * I),
                 "down": ExpertPart(f"{base}.down_proj", (E, D, I), expert)}
+    if cfg.model_type == "llama4_text":  # [E, D, 2I]: gate columns [0, I), up [I, 2I); down [E, I, D]
+        base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
+        gu = f"{base}.gate_up_proj"
+        return {"gate": ExpertPart(gu, (E, D, 2 * I), expert, 0, transpose=True, stop=I),
+                "up": ExpertPart(gu, (E, D, 2 * I), expert, I, transpose=True, stop=2 * I),
+                "down": ExpertPart(f"{base}.down_proj", (E, I, D), expert, transpose=True)}
+    if cfg.seq2seq is not None:  # NLLB-MoE: fc1 [I, D], fc2 [D, I], fc1 bias [I], fc2 bias [D]
+        base = f"{_stack_prefix(cfg, layer)}.{n.moe_prefix}.experts.expert_{expert}"
+        return {"gate": ExpertPart(f"{base}.fc1.weight", (I, D)), "down": ExpertPart(f"{base}.fc2.weight", (D, I)),
+                "gate_bias": ExpertPart(f"{base}.fc1.bias", (I,)), "down_bias": ExpertPart(f"{base}.fc2.bias", (D,))}
     if cfg.model_type in FUSED_EXPERTS:
         base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
         gub = f"{base}.gate_up_proj_bias"
@@ -136,17 +155,32 @@ def stores_fused_experts(cfg: ModelConfig, keys) -> bool:
 
 def is_ignored(cfg: ModelConfig, key: str) -> bool:
     """Keys that carry nothing the model uses: rotary caches, the multi-token-prediction layers
-    (GLM-4, DeepSeek-V3) stored after the last decoder layer, the parts a family skips (`skipped_prefixes`:
-    Qwen3-Next's MTP module, Qwen3.5's vision tower)."""
+    (GLM-4, DeepSeek-V3) stored after the last decoder layer, and the parts a family or a multimodal release
+    skips (`skipped_prefixes`: a vision tower and projector, Qwen3-Next's MTP module)."""
     if key.endswith(IGNORED_SUFFIXES) or key.startswith(cfg.skipped_prefixes):
         return True
+    if cfg.seq2seq is not None:  # tied: copies of the shared embedding some exporters write; untied: the unused
+        # shared one; the position table
+        unused = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight") \
+            if cfg.tie_word_embeddings else ("model.shared.weight",)
+        return key in unused or ".embed_positions." in key
     m = _LAYER.match(key[len(cfg.weight_prefix):]) if key.startswith(cfg.weight_prefix) else None
     return bool(cfg.extra_layers and m and cfg.num_layers <= int(m.group(1)) < cfg.num_layers + cfg.extra_layers)
 
 
+def _stack_prefix(cfg: ModelConfig, layer: int) -> str:
+    """An encoder–decoder model's checkpoint prefix of global layer `layer` (encoder layers first)."""
+    Le = cfg.seq2seq.encoder_layers
+    return f"model.encoder.layers.{layer}" if layer < Le else f"model.decoder.layers.{layer - Le}"
+
+
 def fp32_params(cfg: ModelConfig) -> set[str]:
     """Module parameters kept in fp32 whatever the compute dtype (transformers keeps the sigmoid routers'
-    weight and e_score_correction_bias in fp32: the correction bias decides which experts are picked)."""
+    weight and e_score_correction_bias in fp32: the correction bias decides which experts are picked; NLLB-MoE's
+    routers run in router_dtype, float32)."""
+    if cfg.seq2seq is not None:
+        return {f"layers.{i}.mlp.router.{p}" for i in cfg.moe_layers
+                for p in (("weight", "bias") if cfg.router_bias else ("weight",))}
     if not cfg.score_correction_bias:
         return set()
     return {f"layers.{i}.mlp.{p}" for i in cfg.moe_layers for p in ("router.weight", "correction_bias")}
@@ -218,14 +252,15 @@ def _attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tu
 
 def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{module parameter name: (checkpoint key, shape)} for every weight kept resident."""
-    D, V = cfg.hidden_size, cfg.vocab_size
+    D, V, pre = cfg.hidden_size, cfg.vocab_size, cfg.weight_prefix
     n = FAMILY_NAMES[cfg.model_type]
-    P = cfg.weight_prefix
-    out = {"embed.weight": (P + "embed_tokens.weight", (V, D)), "norm.weight": (P + "norm.weight", (D,))}
+    if cfg.seq2seq is not None:
+        return _seq2seq_keys(cfg)
+    out = {"embed.weight": (pre + "embed_tokens.weight", (V, D)), "norm.weight": (pre + "norm.weight", (D,))}
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = ("lm_head.weight", (V, D))
+        out["lm_head.weight"] = (cfg.head_prefix + "lm_head.weight", (V, D))
     for i in range(cfg.num_layers):
-        p, m = f"{P}layers.{i}.", f"layers.{i}."
+        p, m = f"{pre}layers.{i}.", f"layers.{i}."
         out[m + "input_norm.weight"] = (p + "input_layernorm.weight", (D,))
         out[m + "post_attn_norm.weight"] = (p + "post_attention_layernorm.weight", (D,))
         if i in cfg.linear_layers:
@@ -238,10 +273,11 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
             if cfg.router_bias:
                 out[m + "mlp.router.bias"] = (mp + n.router + ".bias", (cfg.num_experts,))
             if cfg.score_correction_bias:
-                out[m + "mlp.correction_bias"] = (mp + n.router + ".e_score_correction_bias", (cfg.num_experts,))
+                out[m + "mlp.correction_bias"] = (mp + (n.correction_bias or n.router + ".e_score_correction_bias"),
+                                                  (cfg.num_experts,))
             if cfg.shared_expert_intermediate_size:
                 S = cfg.shared_expert_intermediate_size
-                sp = mp + ("shared_expert." if cfg.shared_expert_gate else "shared_experts.")
+                sp = mp + (n.shared or ("shared_expert" if cfg.shared_expert_gate else "shared_experts")) + "."
                 out[m + "mlp.shared.gate_proj.weight"] = (sp + "gate_proj.weight", (S, D))
                 out[m + "mlp.shared.up_proj.weight"] = (sp + "up_proj.weight", (S, D))
                 out[m + "mlp.shared.down_proj.weight"] = (sp + "down_proj.weight", (D, S))
@@ -249,7 +285,48 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
                     out[m + "mlp.shared_gate.weight"] = (mp + "shared_expert_gate.weight", (1, D))
         else:
             I = cfg.dense_intermediate_size
-            out[m + "mlp.gate_proj.weight"] = (p + "mlp.gate_proj.weight", (I, D))
-            out[m + "mlp.up_proj.weight"] = (p + "mlp.up_proj.weight", (I, D))
-            out[m + "mlp.down_proj.weight"] = (p + "mlp.down_proj.weight", (D, I))
+            dp = p + n.dense_prefix + "."
+            out[m + "mlp.gate_proj.weight"] = (dp + "gate_proj.weight", (I, D))
+            out[m + "mlp.up_proj.weight"] = (dp + "up_proj.weight", (I, D))
+            out[m + "mlp.down_proj.weight"] = (dp + "down_proj.weight", (D, I))
+    return out
+
+
+def _linear(out: dict, m: str, key: str, rows: int, cols: int) -> None:
+    out[m + ".weight"] = (key + ".weight", (rows, cols))
+    out[m + ".bias"] = (key + ".bias", (rows,))
+
+
+def _seq2seq_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """NLLB-MoE's non-expert weights (module names of `models.seq2seq.Seq2SeqModel`): the shared embedding, per
+    layer (global index, encoder first) the biased attention(s), LayerNorms and the dense FFN or the router, the
+    two final LayerNorms."""
+    D, V, s2s = cfg.hidden_size, cfg.vocab_size, cfg.seq2seq
+    if cfg.tie_word_embeddings:  # transformers ties both stacks' embeddings and the LM head to model.shared
+        out = {"embed.weight": ("model.shared.weight", (V, D))}
+    else:  # untied, each stack reads its own embedding (model.shared is then unused)
+        out = {"embed.weight": ("model.decoder.embed_tokens.weight", (V, D)),
+               "encoder_embed.weight": ("model.encoder.embed_tokens.weight", (V, D)),
+               "lm_head.weight": ("lm_head.weight", (V, D))}
+    for stack in ("encoder", "decoder"):
+        out[f"{stack}_norm.weight"] = (f"model.{stack}.layer_norm.weight", (D,))
+        out[f"{stack}_norm.bias"] = (f"model.{stack}.layer_norm.bias", (D,))
+    for i in range(s2s.encoder_layers + cfg.num_layers):
+        p, m = _stack_prefix(cfg, i) + ".", f"layers.{i}."
+        enc = i < s2s.encoder_layers
+        norms = ("self_attn_layer_norm", "ff_layer_norm") + (() if enc else ("cross_attention_layer_norm",))
+        for norm in norms:
+            out[m + norm + ".weight"] = (p + norm + ".weight", (D,))
+            out[m + norm + ".bias"] = (p + norm + ".bias", (D,))
+        for attn in ("self_attn",) + (() if enc else ("cross_attention",)):
+            for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                _linear(out, m + f"{attn}.{proj}", p + f"{attn}.{proj}", D, D)
+        if cfg.is_moe_layer(i):
+            out[m + "mlp.router.weight"] = (p + "ffn.router.classifier.weight", (cfg.num_experts, D))
+            if cfg.router_bias:
+                out[m + "mlp.router.bias"] = (p + "ffn.router.classifier.bias", (cfg.num_experts,))
+        else:
+            inter = s2s.encoder_ffn if enc else cfg.dense_intermediate_size
+            _linear(out, m + "mlp.fc1", p + "ffn.fc1", inter, D)
+            _linear(out, m + "mlp.fc2", p + "ffn.fc2", D, inter)
     return out

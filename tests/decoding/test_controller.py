@@ -11,6 +11,7 @@ import pytest
 from specmoe import LLM
 from specmoe.decoding.control import costmodel as cmod
 from specmoe.decoding.control.controller import Controller
+from specmoe.decoding.control.learning import Realized
 from specmoe.decoding.control.costmodel import Coefficients, CostModel, RoutingStats
 from specmoe.engine.auto import controller_of
 
@@ -128,6 +129,7 @@ def test_controller_speculates_exactly_when_fetches_dominate():
     fast, _, _ = synthetic(read_s=1e-6, ne=10e-3, exp=1e-5)  # experts almost free: drafting is pure overhead
     for ctl in (slow, fast):
         ctl.acc.record(list(range(8)), [4] * 8, [3] * 8, [[0.9] * 4] * 8)  # good acceptance measured
+        ctl.MIN_TRIALS = 0  # the model's choice (no exploration of an untried drafter)
     p = slow.plan(list(range(8)), [4] * 8, res, spec_res)
     assert p.kind == "spec" and p.spec_rate > p.plain_rate and max(p.gammas) >= 2
     q = fast.plan(list(range(8)), [4] * 8, res, spec_res)
@@ -170,3 +172,41 @@ def test_mixed_steps_equal_ar_on_families_with_expert_biases_and_mla(tiny_ckpt, 
     ctl.schedule = lambda i: ("spec", "plain")[i % 2]
     assert [o.token_ids for o in llm.generate(ps, sp)] == ref
     assert ctl.choices["spec"] > 0 and ctl.choices["plain"] > 0 and ctl.cost.c.ne_fixed > 0
+
+
+def test_a_drafter_that_lost_on_a_few_unlucky_rows_is_tried_again():
+    """Acceptance estimates are upper-confidence ones whose bonus grows with the steps taken: a drafter whose
+    first rows were all rejected is not written off for good (the choice that left `auto` all-plain)."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ids, lim = list(range(8)), [4] * 8
+    ctl.acc.record(ids, [4] * 8, [0] * 8, [[0.9] * 4] * 8)  # eight unlucky rows
+    first = ctl.plan(ids, lim, res, spec_res)
+    assert first.kind == "plain" and first.reason == "model"
+    ctl.steps, ctl.coasting = 5000, (0, 0)  # many steps later, the drafter unused since
+    again = ctl.plan(ids, lim, res, spec_res)
+    assert again.kind == "spec" and again.spec_rate > first.spec_rate
+    for _ in range(200):  # once it has drafted many rows and keeps failing, it stays out
+        ctl.acc.record(ids, [4] * 8, [0] * 8, [[0.9] * 4] * 8)
+    ctl.coasting = (0, 0)
+    assert ctl.plan(ids, lim, res, spec_res).kind == "plain"
+
+
+
+def test_an_arm_whose_steps_measure_slower_than_predicted_is_priced_so_until_it_fades():
+    """The measured / predicted step time of an arm (here the self draft's speculation) scales its predicted
+    rate once it has Realized.MIN_STEPS steps; a correction not refreshed fades back to the model's."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ids, lim = list(range(8)), [4] * 8
+    ctl.acc.record(ids, [4] * 8, [3] * 8, [[0.9] * 4] * 8)
+    p = ctl.plan(ids, lim, res, spec_res)
+    assert p.kind == "spec" and p.arm == "self"
+    for k in range(Realized.MIN_STEPS):
+        ctl.realized.record("self", 8, 6 * p.predicted_s, p.predicted_s, ctl.steps)  # 6x slower than modelled
+        ctl.realized.record("plain", 8, 1.0, 1.0, ctl.steps)
+    assert ctl.realized.slowdown("self", 8, ctl.steps) == pytest.approx(6.0)
+    ctl.coasting = (0, 0)
+    q = ctl.plan(ids, lim, res, spec_res)
+    assert q.kind == "plain" and q.spec_rate == pytest.approx(p.spec_rate / 6, rel=0.05)
+    ctl.steps += 20 * int(Realized.FADE)  # long unused: back to the model's price
+    ctl.coasting = (0, 0)
+    assert ctl.plan(ids, lim, res, spec_res).kind == "spec"

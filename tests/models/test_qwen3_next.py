@@ -275,11 +275,11 @@ def test_inspect_shows_layer_kinds(ckpts):
     from specmoe.cli.inspect import describe
     info = describe(ckpts("qwen3_next", 0)[0])
     assert info["attention"] == "hybrid" and info["linear_attention_layers"] == 3
-    assert info["layer_kinds"] == ("0 linear_attention moe, 1 linear_attention dense, 2 linear_attention moe, "
-                                   "3 full_attention moe")
-    mm = describe(ckpts("qwen3_5_moe", 0)[0])
-    assert mm["family"] == "qwen3_5_moe" and mm["not_loaded"] == "mtp.*, model.visual.*"
-    assert mm["layer_kinds"] == "0-2 linear_attention moe, 3 full_attention moe"
+    assert info["layer_kinds"] == ["moe linear_attention", "dense linear_attention", "moe linear_attention", "moe"]
+    assert info["not_loaded"] == "mtp.*"
+    mm = describe(ckpts("qwen3_5_moe", 0)[0])  # the multimodal release: its language model, qwen3_5_moe_text
+    assert mm["family"] == "qwen3_5_moe_text" and mm["not_loaded"] == "mtp.*, model.visual.*"
+    assert mm["layer_kinds"] == ["moe linear_attention"] * 3 + ["moe"]
 
 
 def test_auto_and_continuous_batching_equal_plain(ckpts):
@@ -343,6 +343,23 @@ def test_fused_expert_layout_reads_like_per_expert(ckpts, tmp_path):
     assert torch.equal(fused.logits(PROMPTS), ref.logits(PROMPTS))
     disk = LLM(dst, offload="disk", cache_experts=3, cache_policy="lru")
     assert torch.equal(disk.logits(PROMPTS), ref.logits(PROMPTS)) and disk.stats["misses"] > 0
+
+
+def test_multimodal_releases_read_the_head_tie_where_the_head_is():
+    """One text_config reader for both multimodal releases: Qwen3.5's LM head is the top-level module's (its
+    tie_word_embeddings wins), Llama-4's belongs to the nested language model (text_config's wins), as transformers
+    ties them; the weights' prefixes and the skipped parts come from the release, the MTP module from the text
+    family."""
+    import transformers as tf
+
+    from specmoe.families import read_config
+    from tests.tiny_llama4_minimax import LLAMA4
+    q = read_config(tf.Qwen3_5MoeConfig(text_config=dict(COMMON), tie_word_embeddings=True).to_dict())
+    assert (q.model_type, q.tie_word_embeddings, q.weight_prefix, q.head_prefix, q.skipped_prefixes) == (
+        "qwen3_5_moe_text", True, "model.language_model.", "", ("mtp.", "model.visual."))
+    llama = read_config(tf.Llama4Config(text_config={**LLAMA4, "tie_word_embeddings": True}).to_dict())
+    assert (llama.model_type, llama.tie_word_embeddings, llama.weight_prefix, llama.head_prefix) == (
+        "llama4_text", True, "language_model.model.", "language_model.")
 
 
 @pytest.mark.parametrize("kind,change,match", [

@@ -24,6 +24,7 @@ def test_every_family_module_registers_its_family():
 
 def test_family_of_model_types_and_aliases():
     assert [family_of(mt).model_type for mt in FAMILIES] == list(FAMILIES)
-    assert ALIASES == {"kimi_k2": "deepseek_v3"} and family_of("kimi_k2") is FAMILIES["deepseek_v3"]
+    assert ALIASES == {"kimi_k2": "deepseek_v3", "nllb-moe": "nllb_moe"} and family_of("kimi_k2") is FAMILIES["deepseek_v3"]
+    assert family_of("nllb-moe") is FAMILIES["nllb_moe"]  # transformers writes it with a hyphen
     with pytest.raises(UnsupportedModelError, match="unsupported model_type 'gpt2'; supported: mixtral, qwen2_moe"):
         family_of("gpt2")

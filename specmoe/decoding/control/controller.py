@@ -17,8 +17,8 @@ acceptance estimate follows the workload.
 
 While drafting, each greedy sequence's running P is updated from the draft's own confidence (its softmax
 probability of the drafted token, mapped to an acceptance probability calibrated online by confidence
-bin, per drafter), and the sequence stops drafting once the running P falls below the plan's θ or the
-confidence below `p_min`.
+bin (log-spaced), per drafter), and the sequence stops drafting once the running P falls below the plan's θ or
+the calibrated probability of the token just drafted below `p_min`.
 """
 from __future__ import annotations
 
@@ -28,80 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specmoe.decoding.control.costmodel import CostModel, bucket
+from specmoe.decoding.control.costmodel import CostModel
+from specmoe.decoding.control.learning import Acceptance, Realized
 
 THETAS = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.12, 0.06])
-CONF_BINS = 10
 PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
 LOOKUP = ("ngram",)  # drafters whose proposal is known before the step (free to make)
-
-
-class Acceptance:
-    """Online acceptance statistics, decayed so they follow the workload."""
-
-    def __init__(self, gamma_max: int, *, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 1 / 256):
-        self.g, self.prior, self.w, self.decay = gamma_max, prior, prior_weight, decay
-        self.acc = np.zeros(gamma_max)      # steps in which draft j was accepted
-        self.drafted = np.zeros(gamma_max)  # steps that drafted position j
-        self.conf_acc = np.zeros(CONF_BINS)  # conditional acceptance (all before accepted) by draft confidence
-        self.conf_n = np.zeros(CONF_BINS)
-        self.seq: dict[int, list[float]] = {}  # seq_id -> [accepted, drafted]
-
-    def position(self, optimism: float = 0.0) -> np.ndarray:
-        """P_j: probability that draft j is accepted, j = 0..γ_max-1 (non-increasing); with `optimism` c, the
-        upper confidence estimate p + c·sqrt(p(1−p)/(n + w)) (n: drafts seen at j), so a drafter seen on few rows
-        is tried until its estimate is measured rather than left at a pessimistic prior."""
-        prior = self.prior ** np.arange(1, self.g + 1)
-        n = self.drafted + self.w
-        p = (self.acc + self.w * prior) / n
-        if optimism:
-            p = np.minimum(p + optimism * np.sqrt(p * (1 - p) / n), 1.0)
-        return np.minimum.accumulate(p)
-
-    def rate(self) -> float:
-        d = self.drafted.sum()
-        return float((self.acc.sum() + self.w * self.prior) / (d + self.w))
-
-    def seq_factor(self, seq_ids: list[int]) -> np.ndarray:
-        g = self.rate()
-        out = np.ones(len(seq_ids))
-        for i, s in enumerate(seq_ids):
-            a = self.seq.get(s)
-            if a is not None:
-                out[i] = (a[0] + 4 * g) / (a[1] + 4) / g
-        return out
-
-    def by_confidence(self, conf: np.ndarray) -> np.ndarray:
-        """Conditional acceptance probability of drafts with these confidences (prior: the confidence)."""
-        b = np.minimum((conf * CONF_BINS).astype(int), CONF_BINS - 1)
-        return (self.conf_acc[b] + 2 * conf) / (self.conf_n[b] + 2)
-
-    def record(self, seq_ids: list[int], gammas: list[int], accepted: list[int],
-               confidences: list[list[float]]) -> None:
-        keep = 1 - self.decay
-        self.acc *= keep
-        self.drafted *= keep
-        self.conf_acc *= keep
-        self.conf_n *= keep
-        for s, g, n, conf in zip(seq_ids, gammas, accepted, confidences):
-            if g == 0:
-                continue
-            self.drafted[:g] += 1
-            self.acc[:n] += 1
-            a = self.seq.setdefault(s, [0.0, 0.0])
-            a[0], a[1] = 0.9 * a[0] + n, 0.9 * a[1] + g
-            for j, c in enumerate(conf[:min(g, n + 1)]):  # observations conditional on all before accepted
-                b = min(int(c * CONF_BINS), CONF_BINS - 1)
-                self.conf_n[b] += 1
-                self.conf_acc[b] += j < n
-        if len(self.seq) > 4096:
-            live = set(seq_ids)
-            self.seq = {s: v for s, v in self.seq.items() if s in live}
-
-    def stats(self) -> dict:
-        return {"acceptance_calibrated": self.position().tolist(),
-                "acceptance_by_confidence": [float(a / n) if n > 0.5 else None
-                                             for a, n in zip(self.conf_acc, self.conf_n)]}
 
 
 @dataclass
@@ -118,18 +50,23 @@ class Plan:
     spec_gammas: list[int] | None = None  # the best speculative plan's γ_b, chosen or not
     drafter_of: list[str | None] | None = None  # per sequence (spec)
     spec_drafters: list[str | None] | None = None  # the best speculative plan's drafters, chosen or not
+    arm: str = "plain"           # "plain" or the chosen speculative plan's drafter (mix), e.g. "eagle+ngram"
+    raw_rate: float = 0.0        # the chosen arm's predicted tokens/s before its realized correction
 
 
 class Controller:
-    """Chooses each step (module docstring). A drafter predicted within 0.8× of the best choice is first tried on
-    `MIN_TRIALS` rows (its acceptance is only a prior before; the estimates are upper-confidence ones while
-    few rows are seen). `force` ("plain" / "spec", None = choose) and `schedule` (a
+    """Chooses each step (module docstring). Every choice is an *arm*: a plain step, or a speculative plan named by
+    its drafter (mix). Its step time is the cost model's (refined per component, `CostModel.refine`) times what
+    that arm's steps measured against it (`Realized.slowdown`). Acceptance estimates are upper-confidence ones
+    (UCB: the bonus shrinks with the rows a drafter has drafted and grows slowly with the steps taken, so an arm
+    that lost on a few unlucky rows is tried again), and a drafter predicted within `EXPLORE_WITHIN` of the best
+    choice is first tried on `MIN_TRIALS` rows. `force` ("plain" / "spec", None = choose) and `schedule` (a
     callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
     drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
     floor (0 turns it off)."""
 
-    MIN_TRIALS = 4
-    RATE_ALPHA = 0.2  # EMA weight of the realized / predicted rate correction
+    MIN_TRIALS = 4  # rows a drafter first drafts when predicted within EXPLORE_WITHIN of the best choice
+    EXPLORE_WITHIN = 0.8
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
 
     def __init__(self, cost: CostModel, gamma_max: int, drafters: tuple[str, ...] = ("self",), *,
@@ -152,13 +89,15 @@ class Controller:
         self.reasons: dict[str, int] = {}
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
         self.decoder = None
-        self.rate_ratio: dict[tuple[str, int], float] = {}  # (kind, batch bucket) → realized / predicted tok/s
-        self.spec_resident = None  # [L, E] the last plan's resident experts with the self draft's set
+        self.realized = Realized()  # per arm and batch bucket: realized / predicted tok/s
+        self.resident = self.spec_resident = None  # [L, E] the last plan's resident experts without / with the
+        # self draft's set
         self.catchup: dict[str, np.ndarray] = {}  # the last plan's catch-up entries per drafter and row
         self.controller_s = 0.0
         self.conf: dict[int, list[float]] = {}
         # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
         self.predictions: list[tuple] = []
+        self.arm_rates: dict[str, float] = {}  # the last planned step's predicted tokens/s per arm (corrected)
 
     @property
     def acc(self) -> Acceptance:
@@ -194,9 +133,9 @@ class Controller:
         return True
 
     # ------------------------------------------------------------ the choice, over arrays
-    def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray) -> np.ndarray:
+    def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float) -> np.ndarray:
         acc = self.accs[name]
-        P = acc.position(self.optimism)[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
+        P = acc.position(optimism)[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
         return np.where(np.arange(self.g)[None, :] < np.asarray(avail)[:, None], P, 0.0)
 
@@ -253,8 +192,10 @@ class Controller:
         cm = self.cost
         t_plain_raw, t_plain = cm.plain_parts(B, resident)
         t_plain += cm.overhead("plain", B)
-        plain_rate = B / t_plain * self.realized("plain", B)
-        P = {n: self._probs(n, seq_ids, avail[n]) for n in names}
+        plain_raw = B / t_plain
+        plain_rate = plain_raw / self.realized.slowdown("plain", B, self.steps)
+        opt = self.optimism * np.sqrt(np.log(2.0 + self.steps))  # UCB: an arm left unused grows more optimistic
+        P = {n: self._probs(n, seq_ids, avail[n], opt) for n in names}
         ar = np.arange(self.g)
         K = len(THETAS) + 1  # thresholds θ, then "everything available"
         Ls, gains = {}, {}
@@ -300,27 +241,29 @@ class Controller:
             Gm = np.stack([r[1] for r in rows])
             gains = np.array([r[2] for r in rows])
             d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
-            rates = (B + gains) / t * self.realized("spec", B)
+            raw = (B + gains) / t
             tag_arr = np.array([r[4] for r in rows])
             for tag in dict.fromkeys(tag_arr.tolist()):  # the best candidate of each drafter (mix)
-                c = int(np.flatnonzero(tag_arr == tag)[np.argmax(rates[tag_arr == tag])])
+                c = int(np.flatnonzero(tag_arr == tag)[np.argmax(raw[tag_arr == tag])])
                 who, gam, _, th, _ = rows[c]
-                by_drafter[tag] = (float(rates[c]), who, gam, th, tag, float(d_raw[c]), float(v_raw[c]), float(t[c]),
-                                   float(miss[c]))
+                slow = self.realized.slowdown(tag, B, self.steps)
+                by_drafter[tag] = (float(raw[c]) / slow, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
+                                   float(t[c]) * slow, float(miss[c]), float(raw[c]))
             best = max(by_drafter.values(), key=lambda row: row[0])
         spec_rate = best[0] if best is not None else 0.0
+        self.arm_rates = {"plain": plain_rate, **{tag: row[0] for tag, row in by_drafter.items()}}
         if want is None:
             want = "spec" if best is not None and spec_rate > self.spec_margin * plain_rate else "plain"
             top = max(spec_rate, plain_rate)
             untried = [tag for tag in by_drafter if "+" not in tag and self.accs[tag].drafted[0] < self.MIN_TRIALS
-                       and by_drafter[tag][0] >= 0.8 * top]
+                       and by_drafter[tag][0] >= self.EXPLORE_WITHIN * top]
             if untried:  # a drafter's acceptance is its prior until it drafts: try it on a few rows first
                 best, want, reason = by_drafter[untried[0]], "spec", "explore"
             elif best is not None and self.steps and self.steps % self.explore_every == 0:
                 # a drafter not used for a while: try its best plan when it is predicted close to the best
                 stale = [tag for tag in by_drafter if "+" not in tag
                          and self.steps - self.last_used.get(tag, 0) >= self.explore_every
-                         and by_drafter[tag][0] >= 0.8 * max(spec_rate, plain_rate)]
+                         and by_drafter[tag][0] >= self.EXPLORE_WITHIN * max(spec_rate, plain_rate)]
                 if stale:
                     best = by_drafter[min(stale, key=lambda tag: self.last_used.get(tag, 0))]
                     want, reason = "spec", "explore"
@@ -337,16 +280,16 @@ class Controller:
             if reason == "forced" or (reason == "model" and spec_rate < self.coast_below * plain_rate):
                 self.coasting = (B, self.coast_steps)  # a clear call: the next steps reuse it without planning
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
-            return Plan("plain", None, 1.0, t_plain, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
-                        spec_g, None, spec_d)
-        rate, who, gam, th, tag, d_raw, v_raw, t, miss = best
+            return Plan("plain", None, 1.0, B / plain_rate, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
+                        spec_g, None, spec_d, "plain", plain_raw)
+        rate, who, gam, th, tag, d_raw, v_raw, t, miss, raw_rate = best
         self.since_spec = 0
         theta = 0.0 if reason in ("forced", "schedule") or th is None else float(th)
         drafter_of = [names[i] if g else None for i, g in zip(who, gam)]
         for n in set(d for d in drafter_of if d):
             self.last_used[n] = self.steps
         return Plan("spec", gam.astype(int).tolist(), theta, t, d_raw + v_raw, miss, plain_rate, rate, reason,
-                    spec_g, drafter_of, spec_d)
+                    spec_g, drafter_of, spec_d, tag, raw_rate)
 
     def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
              setup_s: float = 0.0) -> Plan:
@@ -393,7 +336,7 @@ class Controller:
                     spec_res = res | cm.routing.hottest(ex.n)
                 if sd.needs_setup:  # the draft set's experts not resident now load first
                     setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * L
-            self.spec_resident = spec_res
+            self.resident, self.spec_resident = res, spec_res
             avail = {n: d.available(seqs, limits) for n, d in dec.drafters.items()}
             self.catchup = {n: np.asarray(d.catchup(seqs)) for n, d in dec.drafters.items()}
             plan = self.choose([s.seq_id for s in seqs], avail, res, spec_res, setup, self.catchup)
@@ -410,7 +353,7 @@ class Controller:
     def stopper(self, splan, name: str, rows: list[int], seqs, gammas: list[int]):
         """The draft hook of drafter `name` over its rows (batch rows `rows`, local gammas): records each greedy
         row's confidence and stops it once its running acceptance probability falls below the plan's θ or its
-        confidence below p_min."""
+        calibrated acceptance probability below p_min."""
         plan = splan.decision
         if plan is None:
             return None
@@ -422,10 +365,11 @@ class Controller:
 
         def hook(j: int, local: list[int], logits: torch.Tensor) -> None:
             c = torch.softmax(logits.float(), dim=-1).amax(-1).tolist()  # the draft's own confidence, one host read
-            run[local] *= acc.by_confidence(np.asarray(c))
+            here = acc.by_confidence(np.asarray(c))  # calibrated: P(accepted | all before accepted)
+            run[local] *= here
             for i, b in enumerate(local):
                 conf[rows[b]].append(c[i])
-                if greedy[b] and gammas[b] > j + 1 and (c[i] < self.p_min or run[b] < theta):
+                if greedy[b] and gammas[b] > j + 1 and (here[i] < self.p_min or run[b] < theta):
                     gammas[b] = j + 1
                     self.stops += 1
         return hook
@@ -443,7 +387,7 @@ class Controller:
             cm.refine_misses("plain", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
             cm.refine("fwd", B, clock.wall("verify"), plan.raw_s)
             cm.refine_overhead("plain", B, measured - clock.wall("verify"))
-            self._realize("plain", B, plan.plain_rate, B, measured)
+            self.realized.record("plain", B, measured, B / plan.raw_rate, self.steps)
             self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
             return
         names = self.names
@@ -466,27 +410,10 @@ class Controller:
         cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
         drafted = sum(clock.wall(f"draft:{n}") for n in names)
         cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"))
-        self._realize("spec", B, plan.spec_rate, sum(len(t) for t in out), measured + clock.wall("setup"))
+        W, Gm = np.where(who >= 0, who, 0)[None], np.where(who >= 0, gam, 0)[None]
+        actual = float(self._costs(W, Gm, names, self.resident, res, {}, self.catchup)[2][0])
+        self.realized.record(plan.arm, B, measured, actual, self.steps)
         self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))
-
-    def realized(self, kind: str, B: int) -> float:
-        """Realized / predicted tokens per second of recent steps of this kind at B's batch bucket (nearest
-        bucket until measured, 1 before any): corrects what the step-time model and the acceptance estimates
-        get wrong together, so the choice follows what each kind of step really delivers here."""
-        t = self.rate_ratio
-        b = bucket(B)
-        if (kind, b) in t:
-            return t[(kind, b)]
-        near = [k for k in t if k[0] == kind]
-        return t[min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))] if near else 1.0
-
-    def _realize(self, kind: str, B: int, predicted_rate: float, tokens: int, seconds: float) -> None:
-        if predicted_rate <= 0 or seconds <= 0:
-            return
-        ratio = min(max(tokens / seconds / (predicted_rate / self.realized(kind, B)), 0.25), 4.0)
-        key = (kind, bucket(B))
-        old = self.rate_ratio.get(key)
-        self.rate_ratio[key] = ratio if old is None else (1 - self.RATE_ALPHA) * old + self.RATE_ALPHA * ratio
 
     def _log(self, plan: Plan, B: int, predicted: float, raw: float, measured: float) -> None:
         if len(self.predictions) < 20000:
@@ -499,5 +426,6 @@ class Controller:
               "step_predictions": [list(p) for p in self.predictions],
               **self.acc.stats(), **self.cost.stats()}
         st["acceptance_calibrated_by_drafter"] = {n: a.position().tolist() for n, a in self.accs.items()}
-        st["realized_rate_ratio"] = {f"{k}@{b}": v for (k, b), v in sorted(self.rate_ratio.items())}
+        st["realized_rate_ratio"] = self.realized.stats()
+        st["controller_arm_rates"] = {k: round(v, 2) for k, v in self.arm_rates.items()}
         return st

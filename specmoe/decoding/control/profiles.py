@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specmoe.decoding.control.controller import Acceptance, Controller
+from specmoe.decoding.control.controller import Controller
+from specmoe.decoding.control.learning import Acceptance
 from specmoe.decoding.control.costmodel import Coefficients, CostModel, RoutingStats
 
 

@@ -36,13 +36,13 @@ def cache_paths(ckpt: Checkpoint) -> list[Path]:
 
 def compute_affinity(ckpt: Checkpoint) -> dict[int, torch.Tensor]:
     """{layer: distances [E, E] fp32}. Accumulates the Gram matrix one expert part (gate, up,
-    down) at a time, in fp64, so only E·I·D values of a layer are in memory at once."""
+    down; fc1, fc2) at a time, in fp64, so only E·I·D values of a layer are in memory at once."""
     cfg = ckpt.config
     E = cfg.num_experts
     out = {}
     for layer in cfg.moe_layers:
         gram = torch.zeros(E, E, dtype=torch.float64)
-        for part in ("gate", "up", "down"):
+        for part in ("gate", "up", "down") if cfg.gated_experts else ("gate", "down"):  # NLLB-MoE: fc1, fc2
             w = torch.stack([ckpt.read_part(expert_parts(cfg, layer, e)[part], torch.float64).reshape(-1)
                              for e in range(E)])  # [E, P]
             gram += w @ w.T

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from specmoe.decoding.runtime.sampling import probs_from_logits
+from specmoe.decoding.runtime.sampling import coupled_pick, probs_from_logits
 from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.decoding.trees.tree import DraftTree
 
@@ -125,3 +125,60 @@ def siblings(s: Sequence, logits: torch.Tensor, chosen: int, n: int, noise: torc
     score = logits.float() if noise is None else torch.log(probs_from_logits(logits, s.params)) + noise
     top = torch.topk(score, min(n + 1, score.numel()))
     return [t for v, t in zip(top.values.tolist(), top.indices.tolist()) if t != chosen and v != float("-inf")][:n]
+
+
+class RowPicks:
+    """The draft tokens of the rows that do not take the argmax, at each depth of a model drafter's chain:
+    seeded sampled rows b take the coupled pick with `noise[b]`, unseeded sampled rows draw from q (kept as
+    `q` [B, G, V] for acceptance; None until such a row drafts). Greedy rows keep the argmax."""
+
+    def __init__(self, seqs: list[Sequence], G: int, noise: dict[int, torch.Tensor]):
+        self.seqs, self.G, self.noise = seqs, G, noise
+        self.q: torch.Tensor | None = None
+        self.sampled = any(not s.params.greedy for s in seqs)
+
+    def apply(self, j: int, rows: list[int], logits: torch.Tensor, nxt: torch.Tensor, *, by_row: bool) -> None:
+        """Overwrite `nxt` for the sampled rows among `rows` (batch rows drafting at depth j). `logits` / `nxt` are
+        indexed by batch row (by_row) or by position in `rows`."""
+        for i, b in enumerate(rows):
+            s = self.seqs[b]
+            if s.params.greedy:
+                continue
+            k = b if by_row else i
+            if b in self.noise:
+                nxt[k] = coupled_pick(logits[k], s.params, self.noise[b][j])
+                continue
+            if self.q is None:
+                self.q = torch.zeros(len(self.seqs), self.G, logits.shape[-1], device=logits.device)
+            self.q[b, j] = probs_from_logits(logits[k], s.params)
+            nxt[k] = torch.multinomial(self.q[b, j], 1, generator=s.generator)[0]
+
+
+def chain_trees(seqs: list[Sequence], gammas: list[int], chain: list[list[int]] | None, width: int,
+                seen: dict[int, tuple[list[int], torch.Tensor]], noise: dict[int, torch.Tensor],
+                q: torch.Tensor | None) -> list[tuple[list[int], list[int], list[torch.Tensor], list[int], int]]:
+    """Each row's draft tree from its chain (chain[b][j]; None: placeholders, the tokens stay on the device) plus
+    up to width − 1 sibling leaves per depth from the draft's logits there (`seen[j]` = (rows, logits [len(rows),
+    V])). Per row: (tokens, parents, q rows of its unseeded nodes, the chain's node index per depth, siblings)."""
+    out = []
+    for b, (s, g) in enumerate(zip(seqs, gammas)):
+        tokens, parents, qrows, chain_nodes, n_sib, prev = [], [], [], [], 0, -1
+        unseeded = not s.params.greedy and b not in noise
+        for j in range(g):
+            tok = chain[b][j] if chain is not None else 0
+            sib = []
+            if width > 1:
+                rows, logits = seen[j]
+                sib = siblings(s, logits[rows.index(b)], tok, width - 1, noise[b][j] if b in noise else None,
+                               q[b, j] if unseeded else None)
+            here = len(tokens)
+            chain_nodes.append(here)
+            for t in [tok] + sib:
+                tokens.append(t)
+                parents.append(prev)
+                if unseeded:
+                    qrows.append(q[b, j])
+            n_sib += len(sib)
+            prev = here  # the chain continues from its own node (siblings are leaves)
+        out.append((tokens, parents, qrows, chain_nodes, n_sib))
+    return out

@@ -92,7 +92,7 @@ class DraftExperts:
     # ------------------------------------------------------------ draft set
     @property
     def ready(self) -> bool:
-        return len(self.ids) == len(self.cfg.moe_layers)
+        return len(self.ids) == len(self.cfg.draft_layers)
 
     def _bytes(self) -> int:
         return self.provider.bytes_moved
@@ -121,7 +121,7 @@ class DraftExperts:
         every draft phase (`draft_setup_bytes`)."""
         self.resolve_counts()
         b0 = self._bytes()
-        ids = {layer: self.initial_ids(layer) for layer in self.cfg.moe_layers}
+        ids = {layer: self.initial_ids(layer) for layer in self.cfg.draft_layers}
         for layer, lids in ids.items():
             self.provider.pin(layer, [])  # drop a pinned set left by an earlier run: the cache may evict it for ours
             self._pin(layer, lids)

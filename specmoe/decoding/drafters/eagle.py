@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specmoe.decoding.drafters.base import Drafter, DraftHook, siblings
+from specmoe.decoding.drafters.base import Drafter, DraftHook, RowPicks, chain_trees
 from specmoe.decoding.runtime.runner import ModelRunner
-from specmoe.decoding.runtime.sampling import coupled_pick, probs_from_logits
 from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.decoding.trees.tree import DraftTree
 from specmoe.models.decoder import BatchView
@@ -220,10 +219,11 @@ class EagleDrafter(Drafter):
         x = self._catch_up(seqs, [r.cache.lengths[s.slot] for s in seqs])  # [B, D]
         # 2. the drafts: one entry per row per step (the previous draft, the head's own feature)
         out = torch.zeros(B, G, dtype=torch.long, device=dev)
-        q = None
+        picks = RowPicks(seqs, G, noise)
         head_w = r.model.head_weight()
         pos = [r.cache.lengths[s.slot] for s in seqs]
         seen: dict[int, tuple[list[int], torch.Tensor]] = {}
+        every = list(range(B))
         for j in range(G):
             rows = [b for b in range(B) if gammas[b] > j]
             if not rows:
@@ -241,42 +241,19 @@ class EagleDrafter(Drafter):
             logits = None
             if width > 1 or any(not seqs[b].params.greedy for b in rows):
                 logits = self.head.logits(x, head_w).float()  # [B, V], -inf outside the draft vocabulary
-            for b in rows:
-                s = seqs[b]
-                if s.params.greedy:
-                    continue
-                if b in noise:
-                    nxt[b] = coupled_pick(logits[b], s.params, noise[b][j])
-                    continue
-                if q is None:
-                    q = torch.zeros(B, G, logits.shape[-1], device=dev)
-                q[b, j] = probs_from_logits(logits[b], s.params)
-                nxt[b] = torch.multinomial(q[b, j], 1, generator=s.generator)[0]
+            if picks.sampled:
+                picks.apply(j, rows, logits, nxt, by_row=True)
             out[rows, j] = nxt[rows]
             if width > 1:
-                seen[j] = (rows, logits)
+                seen[j] = (every, logits)
             if hook is not None:  # the draft's confidence: the reduced vocabulary's softmax is the full one's
                 hook(j, rows, dl[rows] if len(rows) < B else dl)
         asked = sum(gammas)
         self.asked += asked
         self.proposed += asked
-        chain = out.tolist()
-        trees = []
-        for b, (s, g) in enumerate(zip(seqs, gammas)):
-            tokens, parents, qrows, prev = [], [], [], -1
-            unseeded = not s.params.greedy and b not in noise
-            for j in range(g):
-                sib = (siblings(s, seen[j][1][b], chain[b][j], width - 1, noise[b][j] if b in noise else None,
-                                q[b, j] if unseeded else None) if width > 1 else [])
-                here = len(tokens)
-                for tok in [chain[b][j]] + sib:
-                    tokens.append(tok)
-                    parents.append(prev)
-                    if unseeded:
-                        qrows.append(q[b, j])
-                prev = here
-            trees.append(DraftTree(tokens, parents, torch.stack(qrows) if qrows else None))
-        return trees
+        return [DraftTree(tokens, parents, torch.stack(qrows) if qrows else None)
+                for tokens, parents, qrows, _, _ in chain_trees(seqs, gammas, out.tolist(), width, seen, noise,
+                                                                picks.q)]
 
     def stats(self) -> dict:
         hc = self.head.hc

@@ -24,9 +24,8 @@ from __future__ import annotations
 import torch
 
 from specmoe.decoding.drafters.draft_experts import DraftExperts
-from specmoe.decoding.drafters.base import Drafter, DraftHook, siblings
+from specmoe.decoding.drafters.base import Drafter, DraftHook, RowPicks, chain_trees
 from specmoe.decoding.runtime.runner import ModelRunner
-from specmoe.decoding.runtime.sampling import coupled_pick, probs_from_logits
 from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.decoding.trees.tree import DraftTree
 
@@ -49,7 +48,7 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
     if G == 0:
         return out, None
     base = [cache.lengths[s.slot] for s in seqs]
-    q = None
+    picks = RowPicks(seqs, G, noise)
     tok = torch.tensor([[s.output_ids[-1]] for s in seqs], device=dev)  # [B, 1]
     ctx = drafter.context()
     try:
@@ -66,17 +65,8 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
             nxt = logits.argmax(-1)  # [b]
             if on_logits is not None:
                 on_logits(j, rows, logits)
-            for i, b in enumerate(rows):
-                s = seqs[b]
-                if s.params.greedy:
-                    continue
-                if b in noise:
-                    nxt[i] = coupled_pick(logits[i], s.params, noise[b][j])
-                    continue
-                if q is None:
-                    q = torch.zeros(B, G, logits.shape[-1], device=dev)
-                q[b, j] = probs_from_logits(logits[i], s.params)
-                nxt[i] = torch.multinomial(q[b, j], 1, generator=s.generator)[0]
+            if picks.sampled:
+                picks.apply(j, rows, logits, nxt, by_row=False)
             if idx is None:
                 out[:, j] = nxt
                 tok = nxt[:, None]
@@ -90,7 +80,7 @@ def draft(runner: ModelRunner, drafter: DraftExperts, seqs: list[Sequence], gamm
         for s, length in zip(seqs, base):
             runner.rollback(s, length)
         runner.expert_s += ctx.expert_s
-    return out, q
+    return out, picks.q
 
 
 
@@ -130,7 +120,7 @@ class SelfDrafter(Drafter):
         """A step without the self draft; a long stretch unpins the draft set (its slots serve the cache)."""
         self.idle_steps += 1
         if self.idle_steps >= self.IDLE_AFTER and self.experts.ready and not self.dormant:
-            for layer in self.experts.cfg.moe_layers:
+            for layer in self.experts.cfg.draft_layers:
                 self.runner.provider.pin(layer, [])
             self.dormant, self.unpins = True, self.unpins + 1
 
@@ -161,27 +151,16 @@ class SelfDrafter(Drafter):
         deferred = width == 1
         chain = drafts.tolist() if not deferred else None
         trees = []
-        for b, (s, g) in enumerate(zip(seqs, gammas)):
-            tokens, parents, qrows, ex = [], [], [], []
-            unseeded = not s.params.greedy and b not in noise
-            prev = -1
-            for j in range(g):
-                sib = []
-                if width > 1:
-                    rows, logits = seen[j]
-                    sib = siblings(s, logits[rows.index(b)], chain[b][j], width - 1,
-                                   noise[b][j] if b in noise else None, q[b, j] if unseeded else None)
-                here = len(tokens)
-                for k, tok in enumerate([chain[b][j] if chain is not None else 0] + sib):
-                    tokens.append(tok)
-                    parents.append(prev)
-                    ex.append(picks.get(j + 1, {}).get(b) if k == 0 else None)  # the chain node: forward j + 1
-                    if unseeded:
-                        qrows.append(q[b, j])
-                self.siblings += len(sib)
-                prev = here  # the chain continues from its own node (siblings are leaves)
-            trees.append(DraftTree(tokens, parents, torch.stack(qrows) if qrows else None, ex if picks else None,
-                                   picks.get(0, {}).get(b), src=(drafts, b) if deferred and g else None))
+        for b, (tokens, parents, qrows, nodes, n_sib) in enumerate(chain_trees(seqs, gammas, chain, width, seen,
+                                                                               noise, q)):
+            self.siblings += n_sib
+            ex = None
+            if picks:  # the chain node at depth j: the target's picks of draft forward j + 1
+                ex = [None] * len(tokens)
+                for j, k in enumerate(nodes):
+                    ex[k] = picks.get(j + 1, {}).get(b)
+            trees.append(DraftTree(tokens, parents, torch.stack(qrows) if qrows else None, ex,
+                                   picks.get(0, {}).get(b), src=(drafts, b) if deferred and gammas[b] else None))
         return trees
 
     @staticmethod

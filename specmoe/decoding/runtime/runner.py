@@ -44,6 +44,17 @@ class ModelRunner:
                               observers=list(self.observers) + list(observers or []),
                               layer_hooks=list(self.layer_hooks))
 
+    @torch.inference_mode()
+    def encode(self, seq: Sequence) -> None:
+        """Encoder–decoder models: run the encoder over the sequence's source and keep its cross-attention K/V in
+        the cache at its slot (the model's `encode`); its experts come through the provider, observed like a
+        forward's."""
+        ctx = self.context()
+        try:
+            self.model.encode(torch.tensor(seq.source_ids, device=self.device), self.cache, seq.slot, ctx)
+        finally:
+            self.expert_s += ctx.expert_s
+
     def batch_view(self, slots: list[int], new_lens: list[int]) -> BatchView:
         """Where the forward's tokens sit, built from the host's lengths in one upload: positions [B, T] and where
         their K/V go (see `KVCache.write_index`)."""

@@ -21,6 +21,9 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
+    # encoder–decoder models: the source the encoder reads (its special tokens included), encoded at admission
+    # (`ModelRunner.encode`); `prompt_ids` are then the decoder's prompt
+    source_ids: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -12,8 +12,12 @@ MAX_PREFILL_TOKENS = 4096  # tokens per prefill forward; bounds activation memor
 
 
 def prefill(runner: ModelRunner, seqs: list[Sequence], stats: dict) -> dict[int, list[int]]:
-    """Write every prompt into the cache; return {seq_id: [first sampled token]}."""
+    """Write every prompt into the cache (an encoder–decoder model's sequences: their source through the encoder
+    first); return {seq_id: [first sampled token]}."""
     t0 = time.perf_counter()
+    for s in seqs:
+        if s.source_ids is not None:
+            runner.encode(s)
     out: dict[int, list[int]] = {}
     i = 0
     while i < len(seqs):

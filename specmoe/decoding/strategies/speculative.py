@@ -135,8 +135,8 @@ class SpeculativeDecoder:
         for d in self.drafters.values():
             d.retire(live)
         clock = PhaseClock(self.runner)
-        if new:
-            with clock.phase("setup"):
+        if new:  # whatever this step does: not charged to its plan
+            with clock.phase("admit"):
                 for d in self.drafters.values():
                     d.admit(new)
         with clock.phase("plan"):
@@ -265,8 +265,8 @@ class SpeculativeDecoder:
     def _account(self, clock: PhaseClock, refresh_s: float = 0.0) -> None:
         bd = self.breakdown
         sp = clock.spans
-        if "setup" in sp:
-            bd.setup(sp["setup"][0])
+        if "setup" in sp or "admit" in sp:  # the breakdown's setup: admitting new sequences and drafters' prepare
+            bd.setup(sp.get("setup", (0.0,))[0] + sp.get("admit", (0.0,))[0])
         if "draft" in sp:
             bd.draft(sp["draft"][0] + sp.get("select", (0.0,))[0], sp["draft"][1])
         w, e, f = sp["verify"]

@@ -1,0 +1,142 @@
+"""What `auto`'s controller learns online: acceptance per drafter (`Acceptance`: per draft position, per
+sequence, by draft confidence) and what each arm's steps really take (`Realized`: measured over predicted step time, per arm — a plain step, or a
+speculative plan's drafter or drafter mix — and batch bucket)."""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from specmoe.decoding.control.costmodel import bucket
+
+CONF_BINS = 12  # over log10(confidence) in [-3, 0]: a head whose softmax is flat (confidences ~0.01) still
+# spreads over bins
+
+
+def conf_bin(conf: np.ndarray) -> np.ndarray:
+    """The calibration bin of draft confidences (softmax probability of the drafted token)."""
+    x = (np.log10(np.maximum(conf, 1e-3)) + 3.0) / 3.0
+    return np.minimum((x * CONF_BINS).astype(int), CONF_BINS - 1)
+
+
+class Acceptance:
+    """Online acceptance statistics, decayed so they follow the workload."""
+
+    def __init__(self, gamma_max: int, *, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 1 / 256):
+        self.g, self.prior, self.w, self.decay = gamma_max, prior, prior_weight, decay
+        self.acc = np.zeros(gamma_max)      # steps in which draft j was accepted
+        self.drafted = np.zeros(gamma_max)  # steps that drafted position j
+        self.conf_acc = np.zeros(CONF_BINS)  # conditional acceptance (all before accepted) by draft confidence
+        self.conf_n = np.zeros(CONF_BINS)
+        self.seq: dict[int, list[float]] = {}  # seq_id -> [accepted, drafted]
+
+    def position(self, optimism: float = 0.0) -> np.ndarray:
+        """P_j: probability that draft j is accepted, j = 0..γ_max-1 (non-increasing); with `optimism` c, the
+        upper confidence estimate p + c·sqrt(p(1−p)/(n + w)) (n: drafts seen at j), so a drafter seen on few rows
+        is tried until its estimate is measured rather than left at a pessimistic prior."""
+        prior = self.prior ** np.arange(1, self.g + 1)
+        n = self.drafted + self.w
+        p = (self.acc + self.w * prior) / n
+        if optimism:
+            p = np.minimum(p + optimism * np.sqrt(p * (1 - p) / n), 1.0)
+        return np.minimum.accumulate(p)
+
+    def rate(self) -> float:
+        d = self.drafted.sum()
+        return float((self.acc.sum() + self.w * self.prior) / (d + self.w))
+
+    def seq_factor(self, seq_ids: list[int]) -> np.ndarray:
+        g = self.rate()
+        out = np.ones(len(seq_ids))
+        for i, s in enumerate(seq_ids):
+            a = self.seq.get(s)
+            if a is not None:
+                out[i] = (a[0] + 4 * g) / (a[1] + 4) / g
+        return out
+
+    def by_confidence(self, conf: np.ndarray) -> np.ndarray:
+        """Conditional acceptance probability of drafts with these confidences (prior: the drafter's overall rate,
+        so an uncalibrated head's low confidences do not stop its drafts before anything is measured)."""
+        b = conf_bin(np.asarray(conf))
+        return (self.conf_acc[b] + 2 * self.rate()) / (self.conf_n[b] + 2)
+
+    def record(self, seq_ids: list[int], gammas: list[int], accepted: list[int],
+               confidences: list[list[float]]) -> None:
+        keep = 1 - self.decay
+        self.acc *= keep
+        self.drafted *= keep
+        self.conf_acc *= keep
+        self.conf_n *= keep
+        for s, g, n, conf in zip(seq_ids, gammas, accepted, confidences):
+            if g == 0:
+                continue
+            self.drafted[:g] += 1
+            self.acc[:n] += 1
+            a = self.seq.setdefault(s, [0.0, 0.0])
+            a[0], a[1] = 0.9 * a[0] + n, 0.9 * a[1] + g
+            seen = conf[:min(g, n + 1)]  # observations conditional on all before accepted
+            if seen:
+                bins = conf_bin(np.asarray(seen))
+                np.add.at(self.conf_n, bins, 1)
+                np.add.at(self.conf_acc, bins, (np.arange(len(seen)) < n).astype(float))
+        if len(self.seq) > 4096:
+            live = set(seq_ids)
+            self.seq = {s: v for s, v in self.seq.items() if s in live}
+
+    def stats(self) -> dict:
+        return {"acceptance_calibrated": self.position().tolist(),
+                "acceptance_by_confidence": [float(a / n) if n > 0.5 else None
+                                             for a, n in zip(self.conf_acc, self.conf_n)]}
+
+
+class Realized:
+    """Measured / predicted step time per arm (a plain step, or a speculative plan's drafter or drafter mix) and
+    batch bucket: what the step-time model, refined per component, still gets wrong for that arm (e.g. a verify
+    forward of many drafted rows on a loaded machine). Over the arm's last `WINDOW` steps at the bucket, the
+    ratio of their summed seconds, leaving out stalls (a step over 4× the window's median ratio: the machine,
+    not the arm). It prices time only (acceptance is learned apart, so a few unlucky rows do not write an arm
+    off), counts from `MIN_STEPS` steps, and fades back to 1 over `FADE` steps in which the arm is not used (a
+    correction measured under other load does not stick)."""
+
+    WINDOW = 8
+    MIN_STEPS = 3
+    FADE = 256.0
+    LO, HI = 0.25, 8.0
+
+    def __init__(self):
+        self.win: dict[tuple[str, int], deque] = {}  # (arm, bucket) -> (measured s, predicted s) of recent steps
+        self.last: dict[tuple[str, int], int] = {}  # the step it was last measured at
+        self.n: dict[tuple[str, int], int] = {}
+
+    def record(self, arm: str, B: int, measured_s: float, predicted_s: float, step: int) -> None:
+        if measured_s <= 0 or predicted_s <= 0:
+            return
+        key = (arm, bucket(B))
+        self.win.setdefault(key, deque(maxlen=self.WINDOW)).append((measured_s, predicted_s))
+        self.n[key] = self.n.get(key, 0) + 1
+        self.last[key] = step
+
+    def steps(self, arm: str, B: int) -> int:
+        return self.n.get((arm, bucket(B)), 0)
+
+    def _of(self, key) -> float:
+        w = np.array(self.win[key])
+        r = w[:, 0] / w[:, 1]
+        keep = r <= 4 * np.median(r)
+        return float(min(max(w[keep, 0].sum() / w[keep, 1].sum(), self.LO), self.HI))
+
+    def slowdown(self, arm: str, B: int, step: int) -> float:
+        """Measured / predicted seconds of this arm at B's bucket (the nearest bucket with MIN_STEPS steps until
+        this one has them; 1 before any), faded toward 1 by the steps since it was last measured."""
+        b = bucket(B)
+        key = (arm, b)
+        if len(self.win.get(key, ())) < self.MIN_STEPS:
+            near = [k for k, w in self.win.items() if k[0] == arm and len(w) >= self.MIN_STEPS]
+            if not near:
+                return 1.0
+            key = min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))
+        fade = float(np.exp(-(step - self.last[key]) / self.FADE))
+        return 1.0 + (self._of(key) - 1.0) * fade
+
+    def stats(self) -> dict:
+        return {f"{a}@{b}": round(self._of((a, b)), 4) for (a, b) in sorted(self.win)}
