@@ -153,6 +153,26 @@ class Quantization:
 
 
 @dataclass(frozen=True)
+class LinearAttention:
+    """Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): key heads of k_head_dim, value heads of v_head_dim
+    (num_v_heads a multiple of num_k_heads, each key head serving num_v_heads / num_k_heads value heads), a causal
+    depthwise conv of conv_kernel taps over q, k and v. `split_projections`: the checkpoint stores in_proj_qkv /
+    in_proj_z / in_proj_b / in_proj_a (Qwen3.5) rather than in_proj_qkvz / in_proj_ba grouped per key head
+    (Qwen3-Next)."""
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+    split_projections: bool = False
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv (and of its state): q and k (num_k_heads · k_head_dim each) and v."""
+        return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+
+
+@dataclass(frozen=True)
 class Capacity:
     """NLLB-MoE's expert capacity in eval (transformers' `NllbMoeTop2Router.route_tokens`): over a group of N tokens
     an expert takes at most C = ceil(`fraction` · N) assignments (`fraction` <= 0: `expert_capacity`), first
@@ -226,6 +246,12 @@ class ModelConfig:
     o_proj_bias: bool = False  # GPT-OSS
     attention_sinks: bool = False  # GPT-OSS: a learned per-head logit that joins every softmax
     sliding_layers: tuple[int, ...] | None = None  # layers using sliding_window (None: all of them)
+    attn_output_gate: bool = False  # Qwen3-Next / Qwen3.5: q_proj also yields a per-head gate, out · σ(gate)
+    # --- linear attention (hybrid models: these layers mix tokens with a recurrent state instead of a KV cache)
+    linear_attention: LinearAttention | None = None
+    linear_layers: tuple[int, ...] = ()  # layers with Gated DeltaNet linear attention (the rest: full attention)
+    # --- norms
+    norm_offset: bool = False  # zero-centred RMSNorm: the stored weight w scales by (1 + w) (Qwen3-Next, Qwen3.5)
     # --- routing (the rule itself is per family: models/routers.py)
     router_bias: bool = False  # GPT-OSS: the router linear has a bias
     score_correction_bias: bool = False  # GLM-4 / DeepSeek-V3: e_score_correction_bias picks, weights don't use it
@@ -241,8 +267,15 @@ class ModelConfig:
     extra_layers: int = 0  # multi-token-prediction layers stored after the last layer (not used, not loaded)
     # --- storage
     quantization: Quantization | None = None  # weights shipped quantized (read as stored; None: floating point)
-    weight_prefix: str = ""  # prefix of every language-model key (Llama-4's multimodal release: "language_model.")
-    skipped_prefixes: tuple[str, ...] = ()  # keys not loaded (a multimodal release's vision tower and projector)
+    # where the weights are: `weight_prefix` before the decoder's keys (embed_tokens, layers.*, norm), `head_prefix`
+    # before lm_head.weight (a multimodal release: Llama-4 "language_model.model." / "language_model.", Qwen3.5
+    # "model.language_model." / ""); keys under `skipped_prefixes` are not loaded (a vision tower and projector,
+    # a multi-token-prediction module)
+    weight_prefix: str = "model."
+    head_prefix: str = ""
+    skipped_prefixes: tuple[str, ...] = ()
+    fused_experts: bool = False  # experts stored as [E, 2I, D] gate_up_proj / [E, D, I] down_proj per layer (set by
+    # the Checkpoint from its keys: transformers' own layout, as Qwen3.5 publishes it)
     # --- Llama-4
     llama3_rope: Llama3Rope | None = None  # rope_type "llama3" frequency scaling (None: none)
     nope_layers: tuple[int, ...] = ()  # layers without rotary embeddings (Llama-4's NoPE layers)
@@ -272,6 +305,17 @@ class ModelConfig:
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
 
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Layers with (full or sliding-window) attention: the layers the KV cache holds."""
+        return tuple(i for i in range(self.num_layers) if i not in self.linear_layers)
+
+    def cache_index(self, layer: int) -> int:
+        """`layer`'s row in the cache of its kind: the KV cache (attention layers) or the linear-attention
+        state cache (linear layers)."""
+        kind = self.linear_layers if layer in self.linear_layers else self.attention_layers
+        return kind.index(layer)
+
     def chunk(self, layer: int) -> int | None:
         """The attention chunk of `layer` (None: not chunked): keys visible only within the query's chunk."""
         return self.attention_chunk_size if layer in self.chunked_layers else None
@@ -279,6 +323,7 @@ class ModelConfig:
     def rotary(self, layer: int) -> bool:
         """Whether `layer` applies rotary embeddings (False: a NoPE layer)."""
         return layer not in self.nope_layers
+
     @property
     def decoder_layer0(self) -> int:
         """The global index of the decoder's first layer (0 for a decoder-only model; see `Seq2Seq`)."""

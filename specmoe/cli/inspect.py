@@ -34,7 +34,10 @@ def describe(path) -> dict:
     info = {"path": str(path), "family": cfg.model_type, "layers": cfg.num_layers,
             "moe_layers": len(cfg.moe_layers), "experts_per_layer": cfg.num_experts, "top_k": cfg.top_k,
             "hidden_size": cfg.hidden_size, "expert_intermediate_size": cfg.expert_intermediate_size,
-            "attention": "mla" if cfg.mla else ("sinks" if cfg.attention_sinks else "gqa"),
+            "attention": "mla" if cfg.mla else ("sinks" if cfg.attention_sinks else
+                                                 "hybrid" if cfg.linear_layers else "gqa"),
+            "linear_attention_layers": len(cfg.linear_layers),
+            "not_loaded": ", ".join(f"{p}*" for p in cfg.skipped_prefixes) or None,  # vision tower, MTP weights
             "shared_experts": bool(cfg.shared_expert_intermediate_size),
             "dense_layers": cfg.num_layers - len(cfg.moe_layers),
             "rope": "yarn" if cfg.yarn else ("llama3" if cfg.llama3_rope else "default"),
@@ -61,20 +64,35 @@ def describe(path) -> dict:
 
 
 def layer_kinds(cfg) -> list[str]:
-    """Each layer's kind: "moe" or "dense", then its attention's differences from full causal rotary attention
-    ("nope": no rotary embeddings; "chunked N": local attention in chunks of N positions; "window N": a sliding
-    window of N)."""
+    """Each layer's kind: "moe" or "dense", then how its token mixer differs from full causal rotary attention
+    ("linear_attention": Gated DeltaNet, a recurrent state instead of attention; "nope": no rotary embeddings;
+    "chunked N": local attention in chunks of N positions; "window N": a sliding window of N)."""
     out = []
     for i in range(cfg.num_layers):
         kind = ["moe" if cfg.is_moe_layer(i) else "dense"]
-        if not cfg.rotary(i):
-            kind.append("nope")
-        if cfg.chunk(i):
-            kind.append(f"chunked {cfg.chunk(i)}")
-        if cfg.window(i):
-            kind.append(f"window {cfg.window(i)}")
+        if i in cfg.linear_layers:
+            kind.append("linear_attention")
+        else:
+            if not cfg.rotary(i):
+                kind.append("nope")
+            if cfg.chunk(i):
+                kind.append(f"chunked {cfg.chunk(i)}")
+            if cfg.window(i):
+                kind.append(f"window {cfg.window(i)}")
         out.append(" ".join(kind))
     return out
+
+
+def runs(kinds: list[str]) -> str:
+    """Layer kinds as text, runs of equal kinds written once with their layer range: "0-2: moe linear_attention,
+    3: moe"."""
+    out = []  # [first, last, kind]
+    for i, k in enumerate(kinds):
+        if out and out[-1][2] == k:
+            out[-1][1] = i
+        else:
+            out.append([i, i, k])
+    return ", ".join(f"{a}{f'-{b}' if b > a else ''}: {k}" for a, b, k in out)
 
 
 def expert_formats(ck) -> list[dict]:
@@ -103,7 +121,7 @@ def run(args) -> int:
     formats = info.pop("expert_formats")
     for k, v in info.items():
         if k == "layer_kinds":
-            v = ", ".join(f"{i}: {kind}" for i, kind in enumerate(v))
+            v = runs(v)
         if isinstance(v, int) and k.endswith("bytes"):
             v = f"{v:,} ({v / 2**20:.2f} MiB)"
         print(f"{k:>26}: {v}")

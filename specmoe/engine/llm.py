@@ -29,7 +29,8 @@ from specmoe.experts.factory import build_store
 from specmoe.memory import check_fits, device_memory
 from specmoe.engine.translation import check_translation_args, translation_requests
 from specmoe.errors import InputError, UnsupportedModelError
-from specmoe.models.kv_cache import EncDecCache, KVCache, kv_bytes, round_positions
+from specmoe.models.kv_cache import KVCache, make_cache, model_cache_bytes, round_positions
+from specmoe.models.linear_state import for_lookahead
 from specmoe.models.loader import load_model
 from specmoe.options import check_llm_args, resolve_device, split_options
 from specmoe.tokenizer import Tokenizer
@@ -88,20 +89,18 @@ class LLM:
         self.draft_memo: dict = {}  # SpecMoE parts that outlive a generate call (see decoding.factory)
 
     # ---------------------------------------------------------------- helpers
-    def _cache_for(self, slots: int, positions: int, cap: int) -> KVCache:
+    def _cache_for(self, slots: int, positions: int, cap: int, look: int = 1) -> KVCache:
         """A KV cache of at least `slots` slots × `positions` positions (rounded up to a block, at most `cap`,
-        the most positions the run can write). The previous cache is reused only if it covers that and is at
+        the most positions the run can write), with linear-attention states for steps writing up to `look`
+        positions past the committed length. The previous cache is reused only if it covers that and is at
         most twice its size, so KV memory follows the admitted requests, not max_batch × the context."""
-        want = round_positions(positions, cap)
+        want, ring = round_positions(positions, cap), for_lookahead(look)
         c = self._cache
-        if c is None or c.max_batch < slots or c.max_seq < want or c.nbytes > 2 * c.bytes_for(slots, want):
-            cfg = self.config
+        if (c is None or c.max_batch < slots or c.max_seq < want or c.nbytes > 2 * c.bytes_for(slots, want)
+                or (c.states is not None and c.states.ring < ring)):
             self._cache = None  # free the old one first
-            heads, kdim, vdim = cfg.kv_cache_dims
-            kind = EncDecCache if cfg.seq2seq is not None else KVCache  # + the cross-attention K/V per sequence
-            self._cache = kind(num_layers=cfg.num_layers, max_batch=slots, max_seq=want,
-                               num_kv_heads=heads, head_dim=kdim, v_head_dim=vdim, dtype=self.dtype,
-                               device=self.device)
+            self._cache = make_cache(self.config, max_batch=slots, max_seq=want, dtype=self.dtype,
+                                     device=self.device, ring=ring)
         self._cache.lengths = [0] * self._cache.max_batch
         return self._cache
 
@@ -112,10 +111,7 @@ class LLM:
         refused before any work."""
         cfg = self.config
         n = min(self.max_model_len, longest) + look
-        heads, kdim, vdim = cfg.kv_cache_dims
-        one = kv_bytes(cfg.num_layers, heads, kdim, self.dtype, 1, n, vdim)
-        if cfg.seq2seq is not None:  # the cross-attention K/V over a source of up to max_position_embeddings
-            one += kv_bytes(cfg.num_layers, heads, kdim, self.dtype, 1, cfg.max_position_embeddings, vdim)
+        one = model_cache_bytes(cfg, self.dtype, 1, n, for_lookahead(look))
         check_fits(f"the KV cache of {what} + {look} lookahead = {n} positions × {cfg.num_layers} layers)", one,
                    self.device)
         room = device_memory(self.device)[1] + (self._cache.nbytes if self._cache is not None else 0)
@@ -160,19 +156,19 @@ class LLM:
         sizes the KV cache for exactly those requests (`generate`); None sizes it for serving: slots grow on
         demand up to max_batch (or what memory holds at the full context), positions up to the context."""
         with self._lock:
-            look = lookahead(self.spec_cfg)  # KV positions a step writes past the committed length
+            look = lookahead(self.spec_cfg, self.config)  # KV positions a step writes past the committed length
             if plan is not None:
                 lengths = [len(p) + sp.max_tokens for p, sp in plan]
                 i = max(range(len(plan)), key=lambda i: lengths[i])
                 cap = min(self.max_model_len, lengths[i]) + look
                 what = f"request {i} ({len(plan[i][0])} prompt + {plan[i][1].max_tokens} max_tokens"
                 slots = self._kv_slots(lengths[i], len(plan), look, what)  # requests that can be active at once
-                cache = self._cache_for(slots, max(len(p) for p, _ in plan[:slots]) + look, cap)
+                cache = self._cache_for(slots, max(len(p) for p, _ in plan[:slots]) + look, cap, look)
             else:
                 cap = self.max_model_len + look
                 what = f"one sequence at the full context ({self.max_model_len} positions"
                 slots = self._kv_slots(self.max_model_len, self.max_batch, look, what)
-                cache = self._cache_for(min(slots, SERVE_INITIAL_SLOTS), look + 1, cap)
+                cache = self._cache_for(min(slots, SERVE_INITIAL_SLOTS), look + 1, cap, look)
             runner = wired_runner(self.model, self.store, cache, self.device)
             controller = controller_of(self) if self.spec_cfg.decoding == "auto" else None
             strategy = make_strategy(runner, self.spec_cfg, ckpt=self.ckpt, max_model_len=self.max_model_len,

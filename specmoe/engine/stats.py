@@ -60,6 +60,7 @@ class MemoryStats:
     experts_total: int
     memory_budget: int | None
     cache_bytes: int | None
+    linear_state: int = 0  # of kv_cache: hybrid models' linear-attention states (constant in the sequence length)
     cross_kv_cache: int | None = None  # encoder–decoder models: the cross-attention K/V kept per sequence
 
     @classmethod
@@ -69,6 +70,7 @@ class MemoryStats:
         return cls(non_expert_weights=weights, experts=dict(expert_memory.parts),
                    kv_cache=kv_cache.nbytes if kv_cache is not None else 0, experts_total=expert_memory.total,
                    memory_budget=expert_memory.memory_budget, cache_bytes=expert_memory.cache_bytes,
+                   linear_state=kv_cache.state_nbytes if kv_cache is not None else 0,
                    cross_kv_cache=cross)
 
     @property
@@ -78,5 +80,6 @@ class MemoryStats:
     def to_dict(self) -> dict:
         cross = {} if self.cross_kv_cache is None else {"cross_kv_cache": self.cross_kv_cache}
         return {"non_expert_weights": self.non_expert_weights, **self.experts, "kv_cache": self.kv_cache, **cross,
+                "kv_cache_linear_state": self.linear_state,
                 "experts_total": self.experts_total, "total": self.total, "memory_budget": self.memory_budget,
                 "cache_bytes": self.cache_bytes}

@@ -104,7 +104,7 @@ def collect_counts(model, store, token_lists: list[list[int]], *, device: torch.
                    dtype: torch.dtype) -> list[list[int]]:
     """Prefill each token list alone (no padding to pollute the counts) and count routed assignments."""
     from specmoe.models.decoder import BatchView
-    from specmoe.models.kv_cache import KVCache
+    from specmoe.models.kv_cache import make_cache
     from specmoe.models.moe import ForwardContext
     cfg = model.cfg
     counts = [[0] * cfg.num_experts for _ in cfg.moe_layers]
@@ -117,9 +117,7 @@ def collect_counts(model, store, token_lists: list[list[int]], *, device: torch.
     for toks in token_lists:
         toks = toks[: cfg.max_position_embeddings]
         T = len(toks)
-        heads, kdim, vdim = cfg.kv_cache_dims
-        cache = KVCache(num_layers=cfg.num_layers, max_batch=1, max_seq=T, num_kv_heads=heads,
-                        head_dim=kdim, v_head_dim=vdim, dtype=dtype, device=device)
+        cache = make_cache(cfg, max_batch=1, max_seq=T, dtype=dtype, device=device, sources=False)
         bv = BatchView(slots=torch.zeros(1, dtype=torch.long, device=device),
                        positions=torch.arange(T, device=device)[None], contiguous=slice(0, 1), key_len=T)
         model(torch.tensor([toks], device=device), cache, bv, ctx,

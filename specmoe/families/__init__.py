@@ -10,7 +10,8 @@ from __future__ import annotations
 
 # each module registers its family, in this order (the order messages list them in)
 from specmoe.families import (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v2,  # noqa: F401,I001
-                              deepseek_v3, gpt_oss, llama4_text, llama4, minimax_m2, nllb_moe)
+                              deepseek_v3, gpt_oss, llama4_text, llama4, minimax_m2, nllb_moe, qwen3_next,
+                              qwen3_5_moe_text, qwen3_5_moe)
 from specmoe.families.reader import load_config, read_config
 from specmoe.families.registry import ALIASES, FAMILIES, Family, family_of
 

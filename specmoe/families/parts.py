@@ -1,8 +1,8 @@
 """config.json readers that several families share: YaRN, dense-first layouts, shared experts, group-limited
-routing, DeepSeek's latent attention, Qwen's sparse-layer layout."""
+routing, DeepSeek's latent attention, Qwen's sparse-layer layout, Qwen's hybrid linear/full attention layout."""
 from __future__ import annotations
 
-from specmoe.config import MLA, Fields, Llama3Rope, Yarn
+from specmoe.config import MLA, Fields, LinearAttention, Llama3Rope, Yarn
 from specmoe.errors import UnsupportedModelError
 
 
@@ -100,3 +100,38 @@ def qwen_moe(f: Fields, num_layers: int, model_type: str) -> dict:
     if f.bool("use_sliding_window", False):
         raise UnsupportedModelError(f"{model_type} with use_sliding_window=true is not supported yet")
     return kw
+
+
+def partial_rope(f: Fields, head_dim: int, prf: float) -> dict:
+    """Partial rotary embeddings: the first head_dim · partial_rotary_factor dims of a head rotate."""
+    rope_dim = int(head_dim * prf)
+    if rope_dim < 2 or rope_dim % 2:
+        f.fail("partial_rotary_factor", f"a factor that leaves an even number >= 2 of the {head_dim} head dims "
+                                        "rotating", prf)
+    return {"rope_dim": rope_dim}
+
+
+def qwen_hybrid(f: Fields, shape, *, split_projections: bool) -> dict:
+    """Qwen3-Next / Qwen3.5 hybrid attention: `layer_types` (or every full_attention_interval-th layer full
+    attention, the rest Gated DeltaNet linear attention), gated full attention with partial rotary, zero-centred
+    RMSNorms."""
+    L = shape.num_layers
+    types = f.raw.get("layer_types")
+    if types is None:
+        every = f.int("full_attention_interval", default=4)
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(L)]
+    if (not isinstance(types, list) or len(types) != L
+            or any(t not in ("linear_attention", "full_attention") for t in types)):
+        f.fail("layer_types", f"a list of {L} entries, each linear_attention or full_attention", types)
+    linear = tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    if len(linear) == L:
+        f.fail("layer_types", "a list with at least one full_attention layer", types)
+    la = LinearAttention(num_k_heads=f.int("linear_num_key_heads"), num_v_heads=f.int("linear_num_value_heads"),
+                         k_head_dim=f.int("linear_key_head_dim"), v_head_dim=f.int("linear_value_head_dim"),
+                         conv_kernel=f.int("linear_conv_kernel_dim", default=4), split_projections=split_projections)
+    if la.num_v_heads % la.num_k_heads:
+        f.fail("linear_num_value_heads", f"a multiple of linear_num_key_heads ({la.num_k_heads})", la.num_v_heads)
+    bias = f.bool("attention_bias", False)
+    return {"linear_attention": la, "linear_layers": linear, "attn_output_gate": True, "norm_offset": True,
+            "qk_norm": "head", "qkv_bias": bias, "o_proj_bias": bias,
+            **partial_rope(f, shape.head_dim, shape.partial_rotary_factor)}

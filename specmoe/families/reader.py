@@ -29,15 +29,16 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
     if not isinstance(raw, dict):
         raise CheckpointError(f"config.json must hold a JSON object, got {type_name(raw)}")
     fam = family_of(raw.get("model_type"))
-    source, wrapper = f"config.json ({fam.model_type})", {}
+    outer, source = fam, f"config.json ({fam.model_type})"
     if fam.text_family is not None:  # a multimodal release: its language model's fields are nested
-        wrapper = {"weight_prefix": fam.weight_prefix, "skipped_prefixes": fam.skipped}
         raw, fam = _text_config(raw, fam), family_of(fam.text_family)
         source = f"config.json text_config ({fam.model_type})"
     f = Fields(raw, source)
     rope, rope_theta, prf = _rope(f, fam)
     shape = fam.shape(f, rope, prf) if fam.shape is not None else _shape(f, fam, rope, prf)
-    kw = {**fam.read(f, shape), **wrapper}
+    # where the weights are (the release's own layout) and what is not loaded (the text family's and the release's)
+    kw = {**fam.read(f, shape), "weight_prefix": outer.weight_prefix, "head_prefix": outer.head_prefix,
+          "skipped_prefixes": fam.skipped + (outer.skipped if outer is not fam else ())}
     rope_type = rope.get("rope_type", rope.get("type"))
     if fam.yarn and rope_type == "yarn":
         kw["yarn"] = read_yarn(f, rope)
@@ -58,7 +59,8 @@ def read_config(raw: dict, generation_config: dict | None = None) -> ModelConfig
 
 def _text_config(raw: dict, fam: Family) -> dict:
     """The language model's fields of a multimodal config.json (`text_config`), with the wrapper's dtype and
-    quantization_config where the nested object has none."""
+    quantization_config where the nested object has none, and the wrapper's tie_word_embeddings when the LM head
+    is the wrapper's own (no `head_prefix`: Qwen3.5's top-level lm_head; see `Family.text_family`)."""
     text = raw.get("text_config")
     outer = Fields(raw, f"config.json ({fam.model_type})")
     if not isinstance(text, dict):
@@ -67,7 +69,9 @@ def _text_config(raw: dict, fam: Family) -> dict:
         outer.fail("text_config.model_type", repr(fam.text_family), text["model_type"])
     inherited = {k: raw[k] for k in ("dtype", "torch_dtype", "quantization_config")
                  if raw.get(k) is not None and text.get(k) is None}
-    return {**inherited, **text, "model_type": fam.text_family}
+    own_head = {"tie_word_embeddings": raw["tie_word_embeddings"]} \
+        if not fam.head_prefix and raw.get("tie_word_embeddings") is not None else {}
+    return {**inherited, **text, **own_head, "model_type": fam.text_family}
 
 
 def _rope(f: Fields, fam: Family) -> tuple[dict, float, float]:

@@ -41,12 +41,19 @@ class Family:
     partial_rotary_factor: float | None = None  # its default when only part of a head rotates (None: all does)
     quantizations: tuple[str, ...] = ("fp8",)  # quant_methods its quantized checkpoints may use
     llama3_rope: bool = False  # rope_type "llama3" scaling is read
-    # a multimodal release of a text family: config.json nests the language model's fields under "text_config"
-    # (its model_type `text_family`), its weights carry `weight_prefix`, and the tensors under `skipped` (the
-    # vision tower, the projector) are not loaded
-    text_family: str | None = None
-    weight_prefix: str = ""
+    # where the language model's weights are: `weight_prefix` before the decoder's keys (embed_tokens, layers.*,
+    # norm), `head_prefix` before lm_head.weight; the tensors under `skipped` are not loaded (a vision tower and
+    # projector, a multi-token-prediction module: parts specmoe does not run)
+    weight_prefix: str = "model."
+    head_prefix: str = ""
     skipped: tuple[str, ...] = ()
+    # a multimodal release of a text family: config.json nests the language model's fields under "text_config"
+    # (its model_type `text_family`, whose reader reads them); this family's weight_prefix / head_prefix say where
+    # the language model's weights are, its `skipped` adds the vision tower's tensors to the text family's.
+    # The LM head's tie (tie_word_embeddings) is read from the config of the module that holds the head: the
+    # language model's (text_config) when the head is under it (head_prefix set: Llama-4), else the release's own
+    # (a top-level lm_head: Qwen3.5)
+    text_family: str | None = None
     # reads the `Shape` itself (config.json names its sizes its own way: NLLB-MoE's d_model, decoder_layers, ...);
     # None: the shared reader (`reader._shape`)
     shape: Callable[[Fields, dict, float], Shape] | None = None

@@ -17,8 +17,9 @@ from torch import nn
 
 from specmoe.config import ModelConfig
 from specmoe.models.attention import attention, fixed_split, read_keys
+from specmoe.models.deltanet import GatedDeltaNet
 from specmoe.models.kv_cache import KVCache, round_positions
-from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear, set_min_rows
+from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear, set_min_rows, sigmoid
 from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
 from specmoe.models.rope import apply_rope, deinterleave, inv_freq, rope_tables
@@ -124,7 +125,7 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.rotary = cfg.rotary(layer)  # False: a NoPE layer (Llama-4)
         self.temperature = not self.rotary and cfg.attn_floor_scale is not None
-        self.q_proj = nn.Linear(D, Hq * Dh, bias=cfg.qkv_bias)
+        self.q_proj = nn.Linear(D, Hq * Dh * (2 if cfg.attn_output_gate else 1), bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(D, Hkv * Dh, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(D, Hkv * Dh, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(Hq * Dh, D, bias=cfg.o_proj_bias)
@@ -151,8 +152,7 @@ class Attention(nn.Module):
                 p.bias = nn.Parameter(self.qkv_bias[start:start + n], requires_grad=False)
             start += n
         if cfg.qk_norm == "head":
-            self.qk_norm_weight = torch.cat((self.q_norm.weight.expand(cfg.num_heads, -1),
-                                             self.k_norm.weight.expand(cfg.num_kv_heads, -1)))[:, None]  # [Hq + Hkv, 1, Dh]
+            self.qk_norm_weight = self._qk_norm_table()  # [Hq + Hkv, 1, Dh]
         self.o_weight_t = None if cfg.o_proj_bias else self.o_proj.weight.t()  # residual + out @ Wᵀ in one addmm
 
     def _fused(self):
@@ -163,27 +163,40 @@ class Attention(nn.Module):
         cfg, projs = self.cfg, (self.q_proj, self.k_proj, self.v_proj)
         w = torch.cat([p.weight for p in projs])
         b = torch.cat([p.bias for p in projs]) if cfg.qkv_bias else None
-        n = torch.cat((self.q_norm.weight.expand(cfg.num_heads, -1), self.k_norm.weight.expand(cfg.num_kv_heads, -1)))[
-            :, None] if cfg.qk_norm == "head" else None
-        return w, b, n
+        return w, b, self._qk_norm_table() if cfg.qk_norm == "head" else None
+
+    def _qk_norm_table(self) -> torch.Tensor:
+        """The per-head q/k norm weights as one [Hq + Hkv, 1, Dh] table (zero-centred norms: 1 + w in fp32)."""
+        cfg = self.cfg
+        t = torch.cat((self.q_norm.weight.expand(cfg.num_heads, -1), self.k_norm.weight.expand(cfg.num_kv_heads, -1)))
+        return (1.0 + t.float() if cfg.norm_offset else t)[:, None]
 
     def _qkv(self, x):
         """x [N, D] → q and k as one [N, Hq + Hkv, 1, Dh] tensor (normed as the family does, not yet rotated),
-        v [N, Hkv, 1, Dh] (the 1: at one token per row, q is already SDPA's [B, Hq, T, Dh])."""
+        v [N, Hkv, 1, Dh] (the 1: at one token per row, q is already SDPA's [B, Hq, T, Dh]), and the output gate
+        [N, Hq·Dh] (None without `attn_output_gate`)."""
         cfg = self.cfg
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         w_qkv, b_qkv, w_norm = self._fused()
-        qkv = linear(x, w_qkv, b_qkv, self.rows)  # [N, (Hq + 2·Hkv)·Dh]
+        qkv = linear(x, w_qkv, b_qkv, self.rows)  # [N, (Hq + 2·Hkv)·Dh] (gated: [N, (2·Hq + 2·Hkv)·Dh])
+        gate = None
+        if cfg.attn_output_gate:  # q_proj's rows are [query; gate] per head
+            qg, kv = qkv.split((2 * Hq * Dh, 2 * Hkv * Dh), dim=-1)
+            qg = qg.view(-1, Hq, 2, Dh)
+            gate = qg[:, :, 1].reshape(-1, Hq * Dh)
+            qkv = torch.cat((qg[:, :, 0].reshape(-1, Hq * Dh), kv), dim=-1)
         if cfg.qk_norm == "full":  # OLMoE: norm over the whole projection, before the head split
             q, k, v = qkv.split((Hq * Dh, Hkv * Dh, Hkv * Dh), dim=-1)
             qkv = torch.cat((self.q_norm(q), self.k_norm(k), v), dim=-1)
         if cfg.clip_qkv is not None:
             qkv = qkv.clamp(-cfg.clip_qkv, cfg.clip_qkv)
         qk, v = qkv.view(x.shape[0], Hq + 2 * Hkv, 1, Dh).split((Hq + Hkv, Hkv), dim=1)
-        if cfg.qk_norm == "head":  # Qwen3: per-head norm (transformers: normalise in fp32, round, scale)
+        if cfg.qk_norm == "head" and cfg.norm_offset:  # zero-centred (Qwen3-Next): scale in fp32, then round
+            qk = (F.rms_norm(qk.float(), (Dh,), None, cfg.rms_norm_eps) * w_norm).to(qk.dtype)
+        elif cfg.qk_norm == "head":  # Qwen3: per-head norm (transformers: normalise in fp32, round, scale)
             qk = (F.rms_norm(qk, (Dh,), None, cfg.rms_norm_eps) * w_norm if qk.dtype == torch.float32
                   else w_norm * F.rms_norm(qk.float(), (Dh,), None, cfg.rms_norm_eps).to(qk.dtype))
-        return qk, v
+        return qk, v, gate
 
     def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, bv: BatchView,
                 residual: torch.Tensor | None = None):
@@ -191,7 +204,7 @@ class Attention(nn.Module):
         [B·T, 1, 1, R] (see `Transformer.rope`)."""
         cfg = self.cfg
         B, T = bv.positions.shape
-        qk, v = self._qkv(x)
+        qk, v, gate = self._qkv(x)
         if self.rotary:
             qk = apply_rope(deinterleave(qk) if cfg.rope_interleave else qk, cos, sin)
             if cfg.qk_norm == "l2":  # Llama-4: weightless RMS norm of each rotated head (fp32, rounded)
@@ -208,6 +221,8 @@ class Attention(nn.Module):
         out = attention(q, keys, values, mask, cfg.head_dim ** -0.5, bv.key_len,
                         self.sinks if cfg.attention_sinks else None, invariant=fixed)  # [B, Hq, T, Dh]
         out = out.view(B, -1) if T == 1 else out.transpose(1, 2).reshape(B * T, -1)  # [B·T, Hq·Dh]
+        if gate is not None:
+            out = out * sigmoid(gate)
         if residual is None or self.o_weight_t is None:
             o = linear(out, self.o_proj.weight, self.o_proj.bias, self.rows)
             return o if residual is None else residual + o
@@ -218,15 +233,18 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = MLAttention(cfg) if cfg.mla is not None else Attention(cfg, layer)
+        self.linear = layer in cfg.linear_layers  # Gated DeltaNet instead of attention (hybrid models)
+        self.cache_index = cfg.cache_index(layer)  # its row in the KV cache, or in the cache's linear states
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
+        self.attn = (GatedDeltaNet(cfg) if self.linear else MLAttention(cfg) if cfg.mla is not None
+                     else Attention(cfg, layer))
         self.mask_kind = (cfg.window(layer), cfg.chunk(layer))  # (sliding window, attention chunk)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
         self.is_moe = cfg.is_moe_layer(layer)
         self.mlp = MoEBlock(cfg, layer) if self.is_moe else DenseMLP(cfg.hidden_size, cfg.dense_intermediate_size)
 
     def forward(self, x, cos, sin, masks, cache, bv, ctx: ForwardContext):
-        x = self.attn(self.input_norm(x), cos, sin, masks[self.mask_kind], cache, self.layer, bv, residual=x)
+        x = self.attn(self.input_norm(x), cos, sin, masks[self.mask_kind], cache, self.cache_index, bv, residual=x)
         h = self.post_attn_norm(x)
         return x + (self.mlp(h, ctx) if self.is_moe else self.mlp(h))
 
@@ -239,7 +257,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._inv_freq: torch.Tensor | None = None
@@ -247,10 +265,14 @@ class Transformer(nn.Module):
         self._mask_kinds = {layer.mask_kind for layer in self.layers}
 
     def fuse(self) -> "Transformer":
-        """After the weights are assigned: fused q/k/v projections (see `Attention.fuse`)."""
+        """After the weights are assigned: fused q/k/v projections (see `Attention.fuse`), linear attention's
+        one input projection (`GatedDeltaNet.fuse`), zero-centred norms' fp32 scales (`RMSNorm.fuse`)."""
         for layer in self.layers:
-            if isinstance(layer.attn, Attention):
+            if isinstance(layer.attn, (Attention, GatedDeltaNet)):
                 layer.attn.fuse()
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.fuse()
         return self
 
     def set_deterministic(self, on: bool) -> "Transformer":

@@ -9,6 +9,9 @@ The cache holds `max_batch` slots × `max_seq` positions, both set by the engine
 requests it admits; `reserve` grows either (positions in blocks of `BLOCK`), keeping the
 contents. The layout is head-major ([slot, head, position, dim] per layer), so a sequence's keys of one head
 are one contiguous run and attention reads [B, Hkv, S, Dh] without a transpose.
+
+A hybrid model's cache holds K/V for its attention layers only and, in `states`, the recurrent states of its
+linear-attention layers (`linear_state.LinearStates`), slot for slot: the same lengths commit both.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import torch
 
 from specmoe.errors import MemoryBudgetError
 from specmoe.memory import check_fits, fmt_bytes
+from specmoe.models.linear_state import LinearStates, state_bytes
 
 # L=layers, Bmax=slots, S=positions, Hkv=kv heads, Dh=head dim
 
@@ -40,19 +44,26 @@ def kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dty
 
 class KVCache:
     def __init__(self, *, num_layers: int, max_batch: int, max_seq: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu", v_head_dim: int | None = None):
+                 dtype: torch.dtype, device: torch.device | str = "cpu", v_head_dim: int | None = None,
+                 states: LinearStates | None = None):
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.v_head_dim = head_dim if v_head_dim is None else v_head_dim  # 0: keys only (MLA's latent cache)
         self.dtype, self.device = dtype, torch.device(device)
         self.max_batch = self.max_seq = 0
         self.k = self.v = None
         self.lengths: list[int] = []  # committed tokens per slot (host side, the scheduler's truth)
+        self.states = states  # linear-attention layers' recurrent states (None: no such layers)
         self.reserve(max_batch, max_seq)
 
     def bytes_for(self, slots: int, positions: int) -> int:
-        """Bytes of keys + values for `slots` × `positions`."""
+        """Bytes of keys + values for `slots` × `positions`, plus the linear layers' states of `slots`."""
         return kv_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, slots, positions,
-                        self.v_head_dim)
+                        self.v_head_dim) + (self.states.bytes_for(slots) if self.states is not None else 0)
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of the linear layers' states (constant in the sequences' lengths)."""
+        return self.states.nbytes if self.states is not None else 0
 
     @property
     def nbytes(self) -> int:
@@ -61,6 +72,8 @@ class KVCache:
     def reserve(self, slots: int, positions: int) -> None:
         """Hold at least `slots` × `positions`, growing (and copying the contents) when smaller."""
         slots, positions = max(slots, self.max_batch), max(positions, self.max_seq)
+        if self.states is not None:
+            self.states.reserve(slots)
         if slots == self.max_batch and positions == self.max_seq:
             return
         need = self.bytes_for(slots, positions)
@@ -154,3 +167,28 @@ class EncDecCache(KVCache):
     @property
     def cross_nbytes(self) -> int:
         return self.cross.nbytes
+
+
+def model_cache_bytes(cfg, dtype: torch.dtype, slots: int, positions: int, ring: int = 2) -> int:
+    """Bytes of `make_cache(cfg, ...)` for `slots` × `positions`: K/V of the attention layers, plus the
+    linear-attention layers' states (`ring` rows per slot, see linear_state.py), plus an encoder–decoder model's
+    cross-attention K/V over sources of up to max_position_embeddings tokens (`EncDecCache.cross`)."""
+    heads, kdim, vdim = cfg.kv_cache_dims
+    cross = 0 if cfg.seq2seq is None else kv_bytes(cfg.num_layers, heads, kdim, dtype, slots,
+                                                   cfg.max_position_embeddings, vdim)
+    return (kv_bytes(len(cfg.attention_layers), heads, kdim, dtype, slots, positions, vdim)
+            + state_bytes(cfg, dtype, slots, ring) + cross)
+
+
+def make_cache(cfg, *, max_batch: int, max_seq: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+               ring: int = 2, sources: bool = True) -> KVCache:
+    """The cache a model of `cfg` runs with: K/V for its attention layers (`ModelConfig.attention_layers`) and,
+    for a hybrid model, its linear layers' states with `ring` rows per slot (the strategy's lookahead + 1,
+    `linear_state.for_lookahead`); an encoder–decoder model's is an `EncDecCache` (+ its sequences' cross-attention
+    K/V), unless `sources` is False (a decoder-only forward, which such a model refuses: profiling)."""
+    heads, kdim, vdim = cfg.kv_cache_dims
+    states = (LinearStates(cfg, max_batch=max_batch, ring=ring, dtype=dtype, device=device)
+              if cfg.linear_layers else None)
+    kind = EncDecCache if cfg.seq2seq is not None and sources else KVCache
+    return kind(num_layers=len(cfg.attention_layers), max_batch=max_batch, max_seq=max_seq, num_kv_heads=heads,
+                head_dim=kdim, v_head_dim=vdim, dtype=dtype, device=device, states=states)

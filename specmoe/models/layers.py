@@ -82,14 +82,25 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """`offset`: zero-centred (Qwen3-Next, Qwen3.5): the stored weight w scales by (1 + w), in fp32 before the
+    result is rounded, as transformers does; the fp32 scale is made once by `fuse` after loading."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.offset = eps, offset
+        self.scale: torch.Tensor | None = None  # offset: 1 + weight in fp32 (set by `fuse`)
+
+    def fuse(self) -> None:
+        if self.offset:
+            self.scale = 1.0 + self.weight.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x·rsqrt(mean(x²) + eps)·weight in fp32 (one fused op); in another dtype normalised in fp32, rounded,
-        then scaled by the weight, as transformers does."""
+        then scaled by the weight, as transformers does (zero-centred: scaled in fp32, then rounded)."""
+        if self.offset:
+            scale = self.scale if self.scale is not None else 1.0 + self.weight.float()
+            return F.rms_norm(x.float(), self.weight.shape, scale, self.eps).to(x.dtype)
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)

@@ -128,7 +128,7 @@ def route(model_type: str, logits: torch.Tensor, *, top_k: int, norm_topk_prob: 
         return top2_capacity(logits, input_dtype, capacity, scale)
     if model_type == "mixtral":
         return softmax_topk(logits, top_k, True)
-    if model_type in ("qwen2_moe", "qwen3_moe", "olmoe"):
+    if model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "qwen3_next", "qwen3_5_moe_text"):
         return softmax_topk(logits, top_k, norm_topk_prob)
     if model_type in ("glm4_moe", "deepseek_v3", "minimax_m2"):
         return sigmoid_group_topk(logits, top_k, correction_bias=correction_bias, n_group=n_group,

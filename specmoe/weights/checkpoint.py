@@ -16,10 +16,10 @@ import torch
 from safetensors import safe_open
 
 from specmoe.config import read_json_object, type_name
-from specmoe.errors import CheckpointError, InputError
+from specmoe.errors import CheckpointError, InputError, UnsupportedModelError
 from specmoe.families import load_config
 from specmoe.weights.names import (ExpertPart, expert_parts, expert_tensors_per_layer, is_ignored, non_expert_keys,
-                                   stored_tensors)
+                                   stored_tensors, stores_fused_experts)
 from specmoe.weights.quantized import (assemble, cut, dequantize_fp8_blocks, dequantize_part, part_shape,
                                        stored_layout)
 
@@ -67,6 +67,10 @@ class Checkpoint:
         self._handles: dict[str, object] = {}
         self._headers: dict[str, dict] = {}
         self.key_to_file = self._index()
+        self.config.fused_experts = stores_fused_experts(self.config, self.key_to_file)
+        if self.config.fused_experts and self.config.quantization is not None:
+            raise UnsupportedModelError(f"{self.path}: quantized experts in the fused gate_up_proj / down_proj "
+                                        "layout are not supported yet (per-expert quantized tensors are)")
         self.validate()
 
     def _index(self) -> dict[str, str]:
@@ -166,7 +170,7 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path} is missing {len(missing)} tensor(s): "
                                   f"{', '.join(missing[:5])}{more}")
         unexpected = [k for k in self.key_to_file if k not in expected and not is_ignored(cfg, k)]
-        head = cfg.weight_prefix + "lm_head.weight"
+        head = cfg.head_prefix + "lm_head.weight"
         if self.config.tie_word_embeddings and head in unexpected:
             unexpected.remove(head)
         if unexpected:
@@ -177,11 +181,12 @@ class Checkpoint:
                         "quantization_config (quant_method \"fp8\" or \"mxfp4\")")
             raise CheckpointError(f"checkpoint {self.path} has {len(unexpected)} unexpected tensor(s) for "
                                   f"{self.config.model_type}: {', '.join(unexpected[:5])}{more}{hint}")
-        skipped = sum(k.startswith(cfg.skipped_prefixes) for k in self.key_to_file) if cfg.skipped_prefixes else 0
+        skipped = [k for k in self.key_to_file if k.startswith(cfg.skipped_prefixes)] if cfg.skipped_prefixes else []
         if skipped:
-            warnings.warn(f"{self.path}: {skipped} tensors under {', '.join(cfg.skipped_prefixes)} (the vision tower "
-                          "and projector of a multimodal release) are not loaded; specmoe runs its language model",
-                          stacklevel=3)
+            under = [p for p in cfg.skipped_prefixes if any(k.startswith(p) for k in skipped)]
+            warnings.warn(f"{self.path}: {len(skipped)} tensors under {', '.join(under)} (parts specmoe does not run: "
+                          "a multimodal release's vision tower and projector, a multi-token-prediction module) are "
+                          "not loaded; specmoe runs its language model", stacklevel=3)
         q = self.config.quantization
         for k, (_, codes) in expected.items():  # the shard map names the right file, and every dtype is expected
             fname = self.key_to_file[k]

@@ -3,7 +3,8 @@ and the shape it must have. Keys are the ones Hugging Face publishes, so checkpo
 read exactly as released: per-expert 2-D tensors (Mixtral, Qwen, OLMoE, GLM-4, DeepSeek, MiniMax-M2),
 or one fused 3-D tensor per layer (GPT-OSS: `experts.gate_up_proj` [E, D, 2I] with gate and
 up interleaved column by column, `experts.down_proj` [E, I, D], and their biases; Llama-4: the same shapes,
-gate the first I columns and up the last I, no biases), from which
+gate the first I columns and up the last I, no biases; Qwen3-Next / Qwen3.5 when stored fused, as Qwen3.5 is
+published: transformers' `gate_up_proj` [E, 2I, D], gate the first I rows, and `down_proj` [E, D, I]), from which
 `ExpertPart` says how one expert's part is cut. Checkpoints that ship quantized experts (config
 `quantization_config`) name their stored tensors: GPT-OSS MXFP4 `experts.gate_up_proj_blocks` [E, 2I, D/32, 16]
 and `_scales` [E, 2I, D/32] (and the same for `down_proj`, [E, D, I/32, ...]), FP8 `experts.{e}.gate_proj.weight`
@@ -39,20 +40,25 @@ FAMILY_NAMES = {
                                dense_prefix="feed_forward", shared="shared_expert"),
     "minimax_m2": FamilyNames("block_sparse_moe", ("w1", "w3", "w2"), correction_bias="e_score_correction_bias"),
     "nllb_moe": FamilyNames("ffn", ("fc1", "fc1", "fc2"), router="router.classifier"),
+    "qwen3_next": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "qwen3_5_moe_text": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
 }
 FUSED_EXPERTS = ("gpt_oss", "llama4_text")  # experts stored as one [E, ...] tensor per layer and projection
+# families whose checkpoints may store their experts either way: per expert (what save_pretrained writes) or as
+# transformers' fused [E, 2I, D] gate_up_proj (gate rows first) and [E, D, I] down_proj (Qwen3.5 as published)
+EITHER_LAYOUT = ("qwen3_next", "qwen3_5_moe_text")
 
 # Keys some exporters add that carry no weights we need.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_LAYER = re.compile(r"layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
 class ExpertPart:
     """One part of one expert: checkpoint `key` (a tensor of `tensor_shape`), cut as row `expert` of a fused
-    tensor (None: the tensor is this expert's alone), then every `step`-th column from `start` up to `stop` (the
-    interleaved gate/up of GPT-OSS: step 2; Llama-4's gate and up halves: stop; step 1 and no stop from 0: all),
-    then transposed if `transpose`.
+    tensor (None: the tensor is this expert's alone), transposed if `transpose` (to the [out, in] the model
+    multiplies by), then its rows `start`:`stop`:`step` (a fused gate_up's gate or up: GPT-OSS's interleaved,
+    step 2; Llama-4's and transformers' [E, 2I, D] layout's halves, stop; from 0, step 1, no stop: all).
 
     A quantized part (`scale` set: the key of its scales, a tensor of `scale_shape`, the same row `expert`) is
     first dequantised (weights/quantized.py) into the tensor transformers' dequantised model holds (GPT-OSS:
@@ -74,8 +80,14 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
     n = FAMILY_NAMES[cfg.model_type]
     D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
     q = cfg.quantization
+    if cfg.fused_experts:  # transformers' layout: gate_up_proj [E, 2I, D] (gate rows, then up), down_proj [E, D, I]
+        base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
+        gu = f"{base}.gate_up_proj"
+        return {"gate": ExpertPart(gu, (E, 2 * I, D), expert, 0, stop=I),
+                "up": ExpertPart(gu, (E, 2 * I, D), expert, I, stop=2 * I),
+                "down": ExpertPart(f"{base}.down_proj", (E, D, I), expert)}
     if cfg.model_type == "llama4_text":  # [E, D, 2I]: gate columns [0, I), up [I, 2I); down [E, I, D]
-        base = f"{cfg.weight_prefix}model.layers.{layer}.{n.moe_prefix}.experts"
+        base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
         gu = f"{base}.gate_up_proj"
         return {"gate": ExpertPart(gu, (E, D, 2 * I), expert, 0, transpose=True, stop=I),
                 "up": ExpertPart(gu, (E, D, 2 * I), expert, I, transpose=True, stop=2 * I),
@@ -85,7 +97,7 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
         return {"gate": ExpertPart(f"{base}.fc1.weight", (I, D)), "down": ExpertPart(f"{base}.fc2.weight", (D, I)),
                 "gate_bias": ExpertPart(f"{base}.fc1.bias", (I,)), "down_bias": ExpertPart(f"{base}.fc2.bias", (D,))}
     if cfg.model_type in FUSED_EXPERTS:
-        base = f"{cfg.weight_prefix}model.layers.{layer}.{n.moe_prefix}.experts"
+        base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
         gub = f"{base}.gate_up_proj_bias"
         if q is not None and q.method == "mxfp4":  # [E, out, in/32, 16] blocks, [E, out, in/32] scales
             gu = dict(key=f"{base}.gate_up_proj_blocks", tensor_shape=(E, 2 * I, D // 32, 16), expert=expert,
@@ -101,7 +113,7 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
                 "gate_bias": ExpertPart(gub, (E, 2 * I), expert, 0, 2),
                 "up_bias": ExpertPart(gub, (E, 2 * I), expert, 1, 2),
                 "down_bias": ExpertPart(f"{base}.down_proj_bias", (E, D), expert)}
-    base = f"{cfg.weight_prefix}model.layers.{layer}.{n.moe_prefix}.experts.{expert}"
+    base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts.{expert}"
     g, u, d = n.expert_proj
 
     def part(name: str, rows: int, cols: int) -> ExpertPart:
@@ -130,13 +142,21 @@ def stored_tensors(parts: dict[str, ExpertPart]) -> list[tuple[str, int | None, 
 def expert_tensors_per_layer(cfg: ModelConfig) -> int:
     """Distinct checkpoint tensors holding one MoE layer's experts."""
     n = len(stored_tensors(expert_parts(cfg, cfg.moe_layers[0], 0)))
-    return n if cfg.model_type in FUSED_EXPERTS else n * cfg.num_experts
+    return n if cfg.model_type in FUSED_EXPERTS or cfg.fused_experts else n * cfg.num_experts
+
+
+def stores_fused_experts(cfg: ModelConfig, keys) -> bool:
+    """Whether a checkpoint of a family that may store its experts either way (`EITHER_LAYOUT`) holds them fused
+    (its key names say)."""
+    n = FAMILY_NAMES.get(cfg.model_type)
+    return (cfg.model_type in EITHER_LAYOUT and bool(cfg.moe_layers)
+            and f"{cfg.weight_prefix}layers.{cfg.moe_layers[0]}.{n.moe_prefix}.experts.gate_up_proj" in keys)
 
 
 def is_ignored(cfg: ModelConfig, key: str) -> bool:
     """Keys that carry nothing the model uses: rotary caches, the multi-token-prediction layers
-    (GLM-4, DeepSeek-V3) stored after the last decoder layer, and a multimodal release's tensors outside its
-    language model (`skipped_prefixes`)."""
+    (GLM-4, DeepSeek-V3) stored after the last decoder layer, and the parts a family or a multimodal release
+    skips (`skipped_prefixes`: a vision tower and projector, Qwen3-Next's MTP module)."""
     if key.endswith(IGNORED_SUFFIXES) or key.startswith(cfg.skipped_prefixes):
         return True
     if cfg.seq2seq is not None:  # tied: copies of the shared embedding some exporters write; untied: the unused
@@ -144,7 +164,7 @@ def is_ignored(cfg: ModelConfig, key: str) -> bool:
         unused = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight") \
             if cfg.tie_word_embeddings else ("model.shared.weight",)
         return key in unused or ".embed_positions." in key
-    m = _LAYER.match(key.removeprefix(cfg.weight_prefix))
+    m = _LAYER.match(key[len(cfg.weight_prefix):]) if key.startswith(cfg.weight_prefix) else None
     return bool(cfg.extra_layers and m and cfg.num_layers <= int(m.group(1)) < cfg.num_layers + cfg.extra_layers)
 
 
@@ -164,6 +184,24 @@ def fp32_params(cfg: ModelConfig) -> set[str]:
     if not cfg.score_correction_bias:
         return set()
     return {f"layers.{i}.mlp.{p}" for i in cfg.moe_layers for p in ("router.weight", "correction_bias")}
+
+
+def _linear_attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Gated DeltaNet (models/deltanet.py): Qwen3.5's in_proj_qkv / z / b / a or Qwen3-Next's grouped
+    in_proj_qkvz / in_proj_ba, the depthwise conv, the decay parameters, the gated norm and out_proj."""
+    la, D = cfg.linear_attention, cfg.hidden_size
+    Hv, Dv = la.num_v_heads, la.v_head_dim
+    if la.split_projections:
+        projs = {"in_proj_qkv": la.conv_dim, "in_proj_z": Hv * Dv, "in_proj_b": Hv, "in_proj_a": Hv}
+    else:
+        projs = {"in_proj_qkvz": la.conv_dim + Hv * Dv, "in_proj_ba": 2 * Hv}
+    out = {m + f"{p}.weight": (a + f"{p}.weight", (n, D)) for p, n in projs.items()}
+    out[m + "conv1d.weight"] = (a + "conv1d.weight", (la.conv_dim, 1, la.conv_kernel))
+    out[m + "A_log"] = (a + "A_log", (Hv,))
+    out[m + "dt_bias"] = (a + "dt_bias", (Hv,))
+    out[m + "norm.weight"] = (a + "norm.weight", (Dv,))
+    out[m + "out_proj.weight"] = (a + "out_proj.weight", (D, Hv * Dv))
+    return out
 
 
 def _attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -190,12 +228,13 @@ def _attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tu
         if cfg.o_proj_bias:
             out[m + "o_proj.bias"] = (a + "o_proj.bias", (D,))
         return out
-    out[m + "q_proj.weight"] = (a + "q_proj.weight", (Hq * Dh, D))
+    Q = Hq * Dh * (2 if cfg.attn_output_gate else 1)  # with the output gate: [query; gate] per head
+    out[m + "q_proj.weight"] = (a + "q_proj.weight", (Q, D))
     out[m + "k_proj.weight"] = (a + "k_proj.weight", (Hkv * Dh, D))
     out[m + "v_proj.weight"] = (a + "v_proj.weight", (Hkv * Dh, D))
     out[m + "o_proj.weight"] = (a + "o_proj.weight", (D, Hq * Dh))
     if cfg.qkv_bias:
-        out[m + "q_proj.bias"] = (a + "q_proj.bias", (Hq * Dh,))
+        out[m + "q_proj.bias"] = (a + "q_proj.bias", (Q,))
         out[m + "k_proj.bias"] = (a + "k_proj.bias", (Hkv * Dh,))
         out[m + "v_proj.bias"] = (a + "v_proj.bias", (Hkv * Dh,))
     if cfg.o_proj_bias:
@@ -217,15 +256,17 @@ def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     n = FAMILY_NAMES[cfg.model_type]
     if cfg.seq2seq is not None:
         return _seq2seq_keys(cfg)
-    out = {"embed.weight": (pre + "model.embed_tokens.weight", (V, D)),
-           "norm.weight": (pre + "model.norm.weight", (D,))}
+    out = {"embed.weight": (pre + "embed_tokens.weight", (V, D)), "norm.weight": (pre + "norm.weight", (D,))}
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = (pre + "lm_head.weight", (V, D))
+        out["lm_head.weight"] = (cfg.head_prefix + "lm_head.weight", (V, D))
     for i in range(cfg.num_layers):
-        p, m = f"{pre}model.layers.{i}.", f"layers.{i}."
+        p, m = f"{pre}layers.{i}.", f"layers.{i}."
         out[m + "input_norm.weight"] = (p + "input_layernorm.weight", (D,))
         out[m + "post_attn_norm.weight"] = (p + "post_attention_layernorm.weight", (D,))
-        out.update(_attention_keys(cfg, p + "self_attn.", m + "attn."))
+        if i in cfg.linear_layers:
+            out.update(_linear_attention_keys(cfg, p + "linear_attn.", m + "attn."))
+        else:
+            out.update(_attention_keys(cfg, p + "self_attn.", m + "attn."))
         if cfg.is_moe_layer(i):
             mp = p + n.moe_prefix + "."
             out[m + "mlp.router.weight"] = (mp + n.router + ".weight", (cfg.num_experts, D))

@@ -166,8 +166,8 @@ def stored_layout(cfg: ModelConfig) -> StoredLayout | None:
 
 def part_shape(method: str, part: ExpertPart, t: torch.Tensor) -> tuple[int, int]:
     """The packed shape of a quantized part, from its stored tensor row `t`."""
-    if method == "mxfp4":  # blocks [out, in/32, 16]: the part is every step-th output row
-        return t.shape[0] // part.step, t.shape[1] * 32
+    if method == "mxfp4":  # blocks [out, in/32, 16]: the part is the output rows start:stop:step
+        return len(range(*slice(part.start, part.stop, part.step).indices(t.shape[0]))), t.shape[1] * 32
     return tuple(t.shape)
 
 
@@ -175,25 +175,25 @@ def dequantize_part(method: str, block: tuple[int, int], part: ExpertPart, t: to
                     out: torch.Tensor) -> None:
     """Write a quantized part into `out` (its packed shape, any float dtype): the values transformers'
     dequantised model holds, cut as `part` says. MXFP4 parts are transposed views of the dequantised
-    [out, in] blocks (GPT-OSS's [in, out] parameters): the part is the blocks' rows start::step, dequantised
+    [out, in] blocks (GPT-OSS's [in, out] parameters): the part is the blocks' rows start:stop:step, dequantised
     straight into `out`; FP8 parts are whole tensors."""
     if method == "mxfp4":
         if not part.transpose:
             raise InputError(f"an MXFP4 part is cut from a transposed parameter; {part.key} is not")
-        sl = slice(part.start, None, part.step)
+        sl = slice(part.start, part.stop, part.step)
         dequantize_mxfp4(t[sl], scales[sl], out=out)
     else:
-        if part.step != 1 or part.transpose:
+        if part.step != 1 or part.start or part.stop is not None or part.transpose:
             raise InputError(f"an FP8 part is a whole stored tensor; {part.key} is cut")
         dequantize_fp8_blocks(t, scales, block, out=out)
 
 
 def cut(part: ExpertPart, t: torch.Tensor) -> torch.Tensor:
-    """A float part's values from its tensor row: every `step`-th column from `start` up to `stop`, then
-    transposed."""
+    """A float part's values from its tensor row: transposed if `transpose`, then its rows start:stop:step."""
+    t = t.T if part.transpose else t
     if part.step != 1 or part.start or part.stop is not None:
-        t = t[..., part.start:part.stop:part.step]
-    return t.T if part.transpose else t
+        t = t[part.start:part.stop:part.step]
+    return t
 
 
 def assemble(layout: StoredLayout, tensors: list[torch.Tensor], out: torch.Tensor) -> None:

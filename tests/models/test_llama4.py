@@ -78,7 +78,8 @@ def test_multimodal_release_reads_its_language_model_and_skips_the_vision_tower(
     with pytest.warns(UserWarning, match=r"tensors under vision_model\., multi_modal_projector\. .* not loaded"):
         llm = LLM(path, dtype="float32")
     cfg = llm.config
-    assert cfg.model_type == "llama4_text" and cfg.weight_prefix == "language_model."
+    assert cfg.model_type == "llama4_text" and cfg.weight_prefix == "language_model.model."
+    assert cfg.head_prefix == "language_model." and cfg.skipped_prefixes == ("vision_model.", "multi_modal_projector.")
     assert cfg.nope_layers == (1, 4) and cfg.chunked_layers == (0, 2, 3)
     # one expert cut from the fused tensors under language_model.: gate columns [0, I), up [I, 2I), transposed
     sd = load_file(path / "model.safetensors")

@@ -124,6 +124,9 @@ class ModelRunner:
             self._record.update({s.seq_id: logits[b, r] for b, (s, r) in enumerate(zip(seqs, rows))})
 
     def commit(self, seq: Sequence, n: int) -> None:
+        """Advance the sequence's committed length by n: its K/V up to there and, for a model with linear
+        attention, the recurrent states the cache kept for that length (`models.linear_state`) are what the
+        next forward continues from."""
         self.cache.lengths[seq.slot] += n
 
     def rollback(self, seq: Sequence, length: int) -> None:

@@ -19,7 +19,7 @@ from specmoe.errors import InputError
 
 # N=tokens, E=experts, K=top-k
 
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "qwen3_next", "qwen3_5_moe_text")
 
 
 def budget_set(weights: torch.Tensor, ids: torch.Tensor, num_experts: int, budget: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, ckpt=None, max_model_
     drafters = {name: make_drafter(name, runner, cfg, ckpt=ckpt, memo=memo)
                 for name in drafter_names(cfg, ckpt)}
     budget = ExpertBudget(ckpt.config, cfg.verify_expert_budget) if cfg.verify_expert_budget is not None else None
-    width = cfg.draft_tree_width if cfg.draft_tree else 1
+    width = tree_width(cfg, ckpt.config)
     ctl = memo.get("controller")  # a calibrated cost model, when the engine has one: its read time
     sel = (TreeSelector(cfg.num_draft_tokens, width, experts=cfg.draft_selection == "cost",
                         read_s=ctl.cost.c.read_s if ctl is not None else None)
@@ -32,6 +32,13 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, ckpt=None, max_model_
     return SpeculativeDecoder(runner, drafters, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                               width=width, selector=sel, budget=budget,
                               controller=controller if cfg.decoding == "auto" else None)
+
+
+def tree_width(cfg: SpecConfig, mcfg) -> int:
+    """Branches per draft tree: `draft_tree_width` with `draft_tree`, else 1 (chains). A model with
+    linear-attention layers always drafts chains: its recurrent state follows one token order, so a verified
+    row must continue its predecessor (no per-node states); `draft_tree=True` falls back to chains there."""
+    return cfg.draft_tree_width if cfg.draft_tree and not mcfg.linear_layers else 1
 
 
 def drafter_names(cfg: SpecConfig, ckpt) -> list[str]:
@@ -124,8 +131,10 @@ def make_eagle(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict):
     return EagleDrafter(runner, memo[key], head_path=path)
 
 
-def lookahead(cfg: SpecConfig) -> int:
-    """KV positions a strategy may write past a sequence's committed length in one step."""
+def lookahead(cfg: SpecConfig, mcfg=None) -> int:
+    """KV positions a strategy may write past a sequence's committed length in one step (of a model of `mcfg`:
+    one with linear-attention layers drafts chains, see `tree_width`)."""
     if cfg.decoding == "ar":
         return 1
-    return cfg.num_draft_tokens * (cfg.draft_tree_width if cfg.draft_tree else 1) + 1
+    width = tree_width(cfg, mcfg) if mcfg is not None else (cfg.draft_tree_width if cfg.draft_tree else 1)
+    return cfg.num_draft_tokens * width + 1
