@@ -168,3 +168,16 @@ def test_readme_auto_block_is_generated_from_the_auto_bench_results():
     block = text[text.index(bench.BEGIN): text.index(bench.END) + len(bench.END)]
     assert block == bench.readme_block([json.loads(f.read_text()) for f in files]), \
         "README.md's auto-bench block is stale or hand-edited: run benchmarks/auto_bench.py --readme-only"
+
+
+def test_readme_over_ram_block_is_generated_from_the_over_ram_results():
+    """README's over-RAM block is exactly what benchmarks/over_ram.py writes from results/over_ram.json."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("over_ram", REPO / "benchmarks" / "over_ram.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = json.loads((REPO / "benchmarks" / "results" / "over_ram.json").read_text())
+    text = (REPO / "README.md").read_text()
+    block = text[text.index(bench.BEGIN): text.index(bench.END) + len(bench.END)]
+    assert block == bench.readme_block(res), \
+        "README.md's over-RAM block is stale or hand-edited: run benchmarks/over_ram.py --readme-only"
