@@ -426,6 +426,6 @@ class Controller:
               "step_predictions": [list(p) for p in self.predictions],
               **self.acc.stats(), **self.cost.stats()}
         st["acceptance_calibrated_by_drafter"] = {n: a.position().tolist() for n, a in self.accs.items()}
-        st["realized_rate_ratio"] = self.realized.stats()
+        st["arm_slowdown"] = self.realized.stats()  # measured / predicted step seconds per arm@bucket
         st["controller_arm_rates"] = {k: round(v, 2) for k, v in self.arm_rates.items()}
         return st
