@@ -361,6 +361,9 @@ class Controller:
         run = np.ones(len(seqs))
         greedy = [s.params.greedy for s in seqs]
         theta = plan.theta if plan.reason not in ("forced", "schedule") else 0.0  # forced: the p_min floor only
+        # θ was chosen on upper-confidence P; the running product is an unbiased estimate, so θ is taken on the
+        # same scale at each depth (else an optimistic plan's drafts stop short of the lengths it chose)
+        scale = acc.position(0.0) / np.maximum(acc.position(self.optimism * np.sqrt(np.log(2.0 + self.steps))), 1e-9)
         conf = {b: self.conf.setdefault(b, []) for b in rows}
 
         def hook(j: int, local: list[int], logits: torch.Tensor) -> None:
@@ -369,7 +372,7 @@ class Controller:
             run[local] *= here
             for i, b in enumerate(local):
                 conf[rows[b]].append(c[i])
-                if greedy[b] and gammas[b] > j + 1 and (here[i] < self.p_min or run[b] < theta):
+                if greedy[b] and gammas[b] > j + 1 and (here[i] < self.p_min or run[b] < theta * scale[j]):
                     gammas[b] = j + 1
                     self.stops += 1
         return hook

@@ -45,6 +45,13 @@ class Acceptance:
         d = self.drafted.sum()
         return float((self.acc.sum() + self.w * self.prior) / (d + self.w))
 
+    def conditional(self) -> float:
+        """P(a draft is accepted | every draft before it in the row was): accepted drafts over drafts whose
+        predecessors were all accepted (position 0: every row that drafted; position j: at most the rows that
+        accepted j − 1)."""
+        seen = self.drafted[0] + np.minimum(self.drafted[1:], self.acc[:-1]).sum()
+        return float((self.acc.sum() + self.w * self.prior) / (seen + self.w))
+
     def seq_factor(self, seq_ids: list[int]) -> np.ndarray:
         g = self.rate()
         out = np.ones(len(seq_ids))
@@ -55,10 +62,11 @@ class Acceptance:
         return out
 
     def by_confidence(self, conf: np.ndarray) -> np.ndarray:
-        """Conditional acceptance probability of drafts with these confidences (prior: the drafter's overall rate,
-        so an uncalibrated head's low confidences do not stop its drafts before anything is measured)."""
+        """Conditional acceptance probability of drafts with these confidences (prior: the drafter's conditional
+        acceptance, so an uncalibrated head's low confidences do not stop its drafts before anything is
+        measured)."""
         b = conf_bin(np.asarray(conf))
-        return (self.conf_acc[b] + 2 * self.rate()) / (self.conf_n[b] + 2)
+        return (self.conf_acc[b] + 2 * self.conditional()) / (self.conf_n[b] + 2)
 
     def record(self, seq_ids: list[int], gammas: list[int], accepted: list[int],
                confidences: list[list[float]]) -> None:
