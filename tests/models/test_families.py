@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from specmoe import LLM, SamplingParams
 from specmoe.errors import CheckpointError
 from tests.conftest import DELTA_FAMILIES, make_tiny_checkpoint
+from tests.hf_compare import hf_greedy, max_logit_diff
 
 PROMPTS = [[5, 9, 3, 7, 2, 8, 11, 40], [4, 6, 10], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [30]]
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
@@ -25,16 +26,6 @@ def _one_thread(one_thread):
     yield
 
 
-def max_logit_diff(llm: LLM, hf, prompts) -> float:
-    """Largest |ours - transformers| over the prompts' logits, ours batched (ragged) and one at a time."""
-    batched = llm.logits(prompts)
-    worst = 0.0
-    for b, ids in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        worst = max(worst, (batched[b, :len(ids)] - ref).abs().max().item(),
-                    (llm.logits([ids])[0] - ref).abs().max().item())
-    return worst
 
 
 @pytest.mark.parametrize("family", DELTA_FAMILIES)
@@ -44,9 +35,7 @@ def test_logits_and_greedy_match_transformers(family, tiny_ckpt, hf_model):
     assert max_logit_diff(llm, hf, PROMPTS) <= 1e-4
     outs = llm.generate(PROMPTS, GREEDY)
     for ids, out in zip(PROMPTS, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+        ref = hf_greedy(hf, ids, 10)
         assert out.token_ids == ref
 
 

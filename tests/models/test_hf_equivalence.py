@@ -5,6 +5,7 @@ import torch
 
 from specmoe import LLM, SamplingParams
 from tests.conftest import FAMILIES
+from tests.hf_compare import hf_greedy
 
 PROMPTS = [[5, 9, 3, 7, 2, 8, 11, 40], [4, 6, 10], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [30]]
 
@@ -29,9 +30,7 @@ def test_greedy_generation_matches_transformers(family, tiny_ckpt, hf_model):
     hf, llm = hf_model(path), LLM(path, dtype="float32")
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
     for ids, out in zip(PROMPTS, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+        ref = hf_greedy(hf, ids, 12)
         assert out.token_ids == ref
 
 

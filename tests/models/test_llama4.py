@@ -16,6 +16,7 @@ from specmoe import LLM, SamplingParams
 from specmoe.errors import CheckpointError, SpecMoEError, UnsupportedModelError
 from specmoe.weights.checkpoint import Checkpoint
 from tests.tiny_llama4_minimax import checkpoint, load_hf
+from tests.hf_compare import hf_greedy, max_logit_diff
 
 # the longest prompt spans three attention chunks of 5 (and four of 4)
 PROMPTS = [[5, 9, 3, 7, 2, 8, 11, 40, 1, 17, 60, 33, 90, 4], [4, 6, 10], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
@@ -33,15 +34,6 @@ def ckpt(tmp_path_factory):
     return lambda variant, **kw: checkpoint(variant, tmp_path_factory, **kw)
 
 
-def max_logit_diff(llm: LLM, hf, prompts) -> float:
-    batched = llm.logits(prompts)
-    worst = 0.0
-    for b, ids in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(input_ids=torch.tensor([ids])).logits[0]
-        worst = max(worst, (batched[b, :len(ids)] - ref).abs().max().item(),
-                    (llm.logits([ids])[0] - ref).abs().max().item())
-    return worst
 
 
 @pytest.mark.filterwarnings("ignore:.*vision tower")
@@ -52,9 +44,7 @@ def test_logits_and_greedy_match_transformers(variant, ckpt):
     assert max_logit_diff(llm, hf, PROMPTS) <= 1e-4
     outs = llm.generate(PROMPTS, GREEDY)
     for ids, out in zip(PROMPTS, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+        ref = hf_greedy(hf, ids, 10)
         assert out.token_ids == ref
 
 

@@ -17,6 +17,7 @@ from specmoe import LLM, SamplingParams
 from specmoe.experts.formats import Native, make_format
 from tests.formats.native import hf_dequantized, make_fp8_checkpoint, make_mxfp4_checkpoint
 from tests.models.test_families import max_logit_diff
+from tests.hf_compare import hf_greedy
 
 PROMPTS = [[5, 9, 3, 7, 2, 8, 11, 40], [4, 6, 10], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [30]]
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
@@ -77,9 +78,7 @@ def test_logits_and_greedy_match_transformers_dequantized(method, native):
     assert torch.equal(ours[: I * D].view(I, D), gate) and gate.abs().max() > 0
     assert max_logit_diff(llm, hf, PROMPTS) <= 1e-4
     for ids, out in zip(PROMPTS, llm.generate(PROMPTS, GREEDY)):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+        ref = hf_greedy(hf, ids, 10)
         assert out.token_ids == ref
 
 

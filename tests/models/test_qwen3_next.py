@@ -10,6 +10,7 @@ import torch
 
 from specmoe import LLM, SamplingParams
 from specmoe.models.linear_state import LinearStates
+from tests.hf_compare import hf_greedy, max_logit_diff
 
 PROMPTS = [[5, 9, 3, 7, 2, 8, 11, 40], [4, 6, 10], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [30]]
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
@@ -69,15 +70,6 @@ def ckpts(tmp_path_factory):
     return get
 
 
-def max_logit_diff(llm: LLM, hf, prompts) -> float:
-    batched = llm.logits(prompts)
-    worst = 0.0
-    for b, ids in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0]
-        worst = max(worst, (batched[b, :len(ids)] - ref).abs().max().item(),
-                    (llm.logits([ids])[0] - ref).abs().max().item())
-    return worst
 
 
 @pytest.mark.parametrize("kind,seed", [("qwen3_next", 1), ("qwen3_next", 2), ("qwen3_5_moe_text", 0),
@@ -90,9 +82,7 @@ def test_logits_and_greedy_match_transformers(kind, seed, ckpts):
     assert (cfg.num_layers - len(cfg.moe_layers) == 1) == (kind == "qwen3_next")  # a dense layer where configured
     assert max_logit_diff(llm, hf, PROMPTS) <= 1e-4
     for ids, out in zip(PROMPTS, llm.generate(PROMPTS, GREEDY)):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+        ref = hf_greedy(hf, ids, 10)
         assert out.token_ids == ref
 
 
@@ -415,9 +405,7 @@ def test_long_prompts_take_the_chunked_form_and_match(ckpts):
         assert {150, 70} <= set(calls)  # prefill forwards (single and ragged batch) take the chunked form
         params = SamplingParams(max_tokens=8, ignore_eos=True)
         for ids, out in zip(prompts, llm.generate(prompts, params)):
-            with torch.no_grad():
-                ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                  max_new_tokens=8, min_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
+            ref = hf_greedy(hf, ids, 8)
             assert out.token_ids == ref
         spec = LLM(path, decoding="specmoe", draft_experts=3, num_draft_tokens=3)
         plain = [o.token_ids for o in llm.generate(prompts, params)]
