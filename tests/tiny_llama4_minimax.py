@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import torch
+
+from specmoe import SamplingParams
 
 NEW_FAMILIES = ("llama4", "minimax_m2")  # one checkpoint per family for the engine-level matrices
 VARIANTS = ("llama4", "llama4_top2", "llama4_mm", "minimax_m2", "minimax_m2_s1")
@@ -90,3 +94,20 @@ def checkpoint(variant: str, tmp_path_factory, dtype: torch.dtype = torch.float3
     if key not in _MADE:
         _MADE[key] = make(variant, tmp_path_factory.mktemp(variant), dtype, **overrides)
     return _MADE[key]
+
+
+# shared by the Llama-4 and MiniMax-M2 test modules (imported there, fixtures included)
+# the longest prompt spans three attention chunks of 5 (and four of 4)
+PROMPTS = [[5, 9, 3, 7, 2, 8, 11, 40, 1, 17, 60, 33, 90, 4], [4, 6, 10], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
+           [30]]
+GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return lambda variant, **kw: checkpoint(variant, tmp_path_factory, **kw)

@@ -13,22 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from specmoe import LLM, SamplingParams
 from specmoe.errors import CheckpointError, SpecMoEError, UnsupportedModelError
-from tests.tiny_llama4_minimax import checkpoint, load_hf
+from tests.tiny_llama4_minimax import GREEDY, PROMPTS, _one_thread, checkpoint, ckpt, load_hf  # noqa: F401 (fixtures)
 from tests.hf_compare import hf_greedy, max_logit_diff
 
-PROMPTS = [[5, 9, 3, 7, 2, 8, 11, 40, 1, 17, 60, 33, 90, 4], [4, 6, 10], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
-           [30]]
-GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread(one_thread):
-    yield
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return lambda variant, **kw: checkpoint(variant, tmp_path_factory, **kw)
 
 
 

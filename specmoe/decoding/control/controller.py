@@ -89,7 +89,7 @@ class Controller:
         self.reasons: dict[str, int] = {}
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
         self.decoder = None
-        self.realized = Realized()  # per arm and batch bucket: realized / predicted tok/s
+        self.realized = Realized()  # per arm and batch bucket: measured / predicted step seconds
         self.resident = self.spec_resident = None  # [L, E] the last plan's resident experts without / with the
         # self draft's set
         self.catchup: dict[str, np.ndarray] = {}  # the last plan's catch-up entries per drafter and row

@@ -114,18 +114,13 @@ class Realized:
     def __init__(self):
         self.win: dict[tuple[str, int], deque] = {}  # (arm, bucket) -> (measured s, predicted s) of recent steps
         self.last: dict[tuple[str, int], int] = {}  # the step it was last measured at
-        self.n: dict[tuple[str, int], int] = {}
 
     def record(self, arm: str, B: int, measured_s: float, predicted_s: float, step: int) -> None:
         if measured_s <= 0 or predicted_s <= 0:
             return
         key = (arm, bucket(B))
         self.win.setdefault(key, deque(maxlen=self.WINDOW)).append((measured_s, predicted_s))
-        self.n[key] = self.n.get(key, 0) + 1
         self.last[key] = step
-
-    def steps(self, arm: str, B: int) -> int:
-        return self.n.get((arm, bucket(B)), 0)
 
     def _of(self, key) -> float:
         w = np.array(self.win[key])
