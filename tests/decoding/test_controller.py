@@ -210,3 +210,116 @@ def test_an_arm_whose_steps_measure_slower_than_predicted_is_priced_so_until_it_
     ctl.steps += 20 * int(Realized.FADE)  # long unused: back to the model's price
     ctl.coasting = (0, 0)
     assert ctl.plan(ids, lim, res, spec_res).kind == "spec"
+
+
+def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():
+    """Hysteresis: the last step's arm is left only for one predicted `switch_margin` faster."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.MIN_TRIALS = 0
+    ids, lim = list(range(8)), [4] * 8
+    ctl.acc.record(ids, [4] * 8, [3] * 8, [[0.9] * 4] * 8)
+    p = ctl.plan(ids, lim, res, spec_res)
+    assert p.kind == "spec" and p.spec_rate > ctl.switch_margin * p.plain_rate and ctl.last_arm == "self"
+
+    def plan_with(slowdown: float, last: str):
+        """The plan at step 1 (same optimism each time) with the self arm's steps measuring `slowdown`× their
+        prediction and `last` the previous step's arm."""
+        ctl.realized.win.clear()
+        for _ in range(Realized.WINDOW):
+            ctl.realized.record("self", 8, slowdown, 1.0, 1)
+        ctl.steps, ctl.last_arm, ctl.coasting, ctl.spec_coasting = 1, last, (0, 0), None
+        return ctl.plan(ids, lim, res, spec_res)
+
+    r = plan_with(1.0, "self")
+    tie = r.spec_rate / (0.95 * r.plain_rate)  # plain predicted 5% faster than the speculation
+    q = plan_with(tie, "self")
+    assert q.plain_rate > q.spec_rate > q.plain_rate / ctl.switch_margin
+    assert q.kind == "spec" and ctl.last_arm == "self"  # within the margin: speculation stays
+    assert plan_with(tie, "plain").kind == "plain"  # had the last step been plain, it stays plain
+    assert plan_with(3 * tie, "self").kind == "plain"  # a clear loss: plain takes over
+
+
+def test_a_clear_speculative_call_is_reused_for_a_few_steps_of_the_same_sequences(tiny_ckpt):
+    """Spec coasting: after a plan that chose speculation by `coast_above`, the next `coast_steps` steps of the
+    same sequences reuse its drafters and lengths without planning; a changed batch plans again."""
+    path = tiny_ckpt("mixtral")
+    llm = auto_llm(path)
+    ctl = controller_of(llm)
+    seen = []
+    orig = ctl.choose
+
+    def choose(*a, **k):
+        seen.append("plan")
+        return orig(*a, **k)
+    ctl.choose = choose
+    ctl.coast_above = 0.0  # every speculative call counts as clear
+    ctl.MIN_TRIALS = 0
+    for n in ctl.accs:  # every drafter measured good: the model speculates
+        ctl.accs[n].record(list(range(100, 108)), [4] * 8, [4] * 8, [[0.9] * 4] * 8)
+    ps, sp = BATCHES["b7"]
+    assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
+    coasted = ctl.reasons.get("coast", 0)
+    assert coasted > 0 and ctl.choices["spec"] > 0
+    assert len(seen) + coasted == ctl.steps  # a coasted step never planned
+    assert coasted <= ctl.coast_steps * len(seen)
+
+
+def test_the_acceptance_memory_warms_a_new_engine_and_is_capped(tmp_path, monkeypatch):
+    from specmoe.decoding.control.learning import Acceptance, AcceptanceMemory
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    a = Acceptance(4)
+    for _ in range(300):  # 300 rows: 4 drafted, 2 accepted
+        a.record([1], [4], [2], [[0.5] * 4])
+    mem = AcceptanceMemory("k")
+    mem.save({"eagle": a, "ngram": Acceptance(4)})  # a drafter that never drafted is not written
+    assert set(json.loads(mem.path.read_text())) == {"eagle"}
+    b = {"eagle": Acceptance(4), "self": Acceptance(4)}
+    assert AcceptanceMemory("k").warm(b) == ["eagle"]
+    assert b["eagle"].position() == pytest.approx(a.position(), abs=0.02)
+    assert b["eagle"].drafted[0] == pytest.approx(AcceptanceMemory.ROWS)  # worth ROWS rows, not 300
+    assert b["self"].drafted.sum() == 0
+    for _ in range(200):  # this run's own rows soon dominate
+        b["eagle"].record([2], [4], [4], [[0.9] * 4])
+    assert b["eagle"].position()[3] > 0.7
+    assert AcceptanceMemory("other").warm(b) == []  # no file: the prior
+    mem.path.write_text("{not json")
+    assert AcceptanceMemory("k").warm({"eagle": Acceptance(4)}) == []  # unreadable: ignored
+
+
+def test_auto_engines_share_the_acceptance_memory_unless_turned_off(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = tiny_ckpt("mixtral")
+    ps, sp = BATCHES["b7"]
+    first = auto_llm(path)
+    ctl = controller_of(first)
+    assert ctl.warmed == []
+    ctl.force, ctl.SAVE_EVERY = "spec", 1
+    first.generate(ps, sp)
+    assert ctl.memory.path.is_file()
+    second = controller_of(auto_llm(path))
+    assert second.warmed and second.acc.drafted[0] > 0
+    assert second.stats()["acceptance_warmed_from_memory"] == second.warmed
+    off = controller_of(auto_llm(path, auto_memory=False))
+    assert off.memory is None and off.warmed == [] and off.acc.drafted[0] == 0
+
+
+def test_the_draft_routing_fraction_follows_the_observed_union():
+    """ρ: a verification whose drafted tokens route like the pending one (union as of B + 0.3·drafted
+    independent tokens) pulls ρ to 0.3, and the verification's expected union follows."""
+    ctl, res, _ = synthetic(read_s=5e-3)
+    cm = ctl.cost
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(16), size=4) * 2  # [L, E], Σ_e p = top-k
+    cm.routing.p = p.copy()
+    B, drafted = 2, 8
+    u_obs = float((1 - (1 - np.clip(p, 0, 1)) ** (B + 0.3 * drafted)).sum())
+    before = cm.expected_union(cm.effective(B, [drafted]), res, "spec")[0].sum()
+    for _ in range(80):
+        cm.routing.last = (float(B + drafted), u_obs, p)
+        cm.fold_union(B, drafted)
+    assert cm.rho == pytest.approx(0.3, abs=0.02)
+    after = cm.expected_union(cm.effective(B, [drafted]), res, "spec")[0].sum()
+    assert after == pytest.approx(u_obs, rel=0.02) and before > after
+    cm.routing.last = (float(B + drafted + 3), u_obs / 2, p)  # padding rows routed: not folded
+    cm.fold_union(B, drafted)
+    assert cm.rho == pytest.approx(0.3, abs=0.02)

@@ -11,7 +11,8 @@ calibrated `CostModel`, and P_{d,b,j}, the probability that sequence b's j-th dr
 (ngram) says before the step how long its proposal for each sequence is (`Drafter.available`); rows without
 one cannot use it. Candidate plans: for each threshold θ on P (a row drafts while P ≥ θ) every drafter alone,
 and each model drafter mixed with the lookup drafter (a row takes whichever expects more accepted tokens),
-plus plain. Speculation is chosen only on a predicted gain of `spec_margin`; every `explore_every` steps a
+plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted `switch_margin` faster
+(hysteresis: near a tie, flipping follows prediction noise and pays catch-ups); every `explore_every` steps a
 drafter not used for that long is tried when its best plan is predicted within 0.8× of the best, so its
 acceptance estimate follows the workload.
 
@@ -23,7 +24,7 @@ the calibrated probability of the token just drafted below `p_min`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -65,6 +66,7 @@ class Controller:
     drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
     floor (0 turns it off)."""
 
+    SAVE_EVERY = 32  # speculative steps between writes of the acceptance memory
     MIN_TRIALS = 4  # rows a drafter first drafts when predicted within EXPLORE_WITHIN of the best choice
     EXPLORE_WITHIN = 0.8
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
@@ -83,8 +85,13 @@ class Controller:
         self.last_used = dict.fromkeys(self.names, 0)
         self.coasting = (0, 0)  # (batch size, steps left) of a plain call reused without planning
         self.coast_steps, self.coast_below = 3, 0.8
-        # speculate only on a predicted gain of this margin: near a tie the noisier, setup-paying choice loses
-        self.spec_margin = 1.1
+        # (sequence ids, plan, steps left) of a clear speculative call reused without planning (`coast_spec`)
+        self.spec_coasting: tuple | None = None
+        self.coast_above = 1.25
+        # hysteresis: leave the last step's arm (plain, or a drafter mix) only for an arm predicted this much
+        # faster; near a tie, flipping between arms pays each one's catch-up and follows prediction noise
+        self.switch_margin = 1.1
+        self.last_arm = "plain"  # a new controller starts plain: speculation first has to win by the margin
         self.choices = {"plain": 0, "spec": 0}
         self.reasons: dict[str, int] = {}
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
@@ -98,6 +105,9 @@ class Controller:
         # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
         self.predictions: list[tuple] = []
         self.arm_rates: dict[str, float] = {}  # the last planned step's predicted tokens/s per arm (corrected)
+        self.memory = None  # an AcceptanceMemory (`remember`)
+        self.warmed: list[str] = []  # drafters whose estimates started from the memory
+        self.learned = 0  # speculative steps folded in
 
     @property
     def acc(self) -> Acceptance:
@@ -117,6 +127,12 @@ class Controller:
             self.last_used.setdefault(n, 0)
         self.names = list(drafters)
 
+    def remember(self, memory) -> None:
+        """Start each drafter's acceptance from `memory` (an `AcceptanceMemory`) and write it back every
+        `SAVE_EVERY` speculative steps."""
+        self.memory = memory
+        self.warmed = memory.warm(self.accs)
+
     def coast(self, B: int) -> bool:
         """True when this step repeats the last plain call without planning: after a plan that chose plain by a
         clear margin (or forced plain), the next `coast_steps` steps at the same batch size do (the
@@ -131,6 +147,35 @@ class Controller:
         self.choices["plain"] += 1
         self.reasons["coast"] = self.reasons.get("coast", 0) + 1
         return True
+
+    def coast_spec(self, seqs, limits: list[int]) -> Plan | None:
+        """The last plan again, without planning, when it chose speculation by a clear margin
+        (`coast_above` × the plain rate) and this step has the same sequences: for `coast_steps` steps each row
+        keeps its drafter and draft length (capped by what the drafter has now: a lookup's proposal, the
+        sequence's limit), and the in-draft stopper still cuts drafts on their confidence."""
+        if self.spec_coasting is None:
+            return None
+        ids, plan, left = self.spec_coasting
+        if left <= 0 or self.schedule is not None or self.force is not None or ids != tuple(s.seq_id for s in seqs):
+            self.spec_coasting = None
+            return None
+        drafters = self.decoder.drafters
+        used = set(d for d in plan.drafter_of if d)
+        avail = {n: drafters[n].available(seqs, limits) for n in used}
+        gam = [min(g, avail[d][b]) if d else 0 for b, (d, g) in enumerate(zip(plan.drafter_of, plan.gammas))]
+        if not any(gam):
+            self.spec_coasting = None
+            return None
+        self.spec_coasting = (ids, plan, left - 1)
+        self.catchup = {n: np.asarray(drafters[n].catchup(seqs)) for n in used}
+        self.steps += 1
+        self.since_spec = 0
+        self.choices["spec"] += 1
+        self.reasons["coast"] = self.reasons.get("coast", 0) + 1
+        for n in used:
+            self.last_used[n] = self.steps
+        return replace(plan, gammas=gam, drafter_of=[d if g else None for d, g in zip(plan.drafter_of, gam)],
+                       reason="coast")
 
     # ------------------------------------------------------------ the choice, over arrays
     def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float) -> np.ndarray:
@@ -171,8 +216,9 @@ class Controller:
             if n == "self":
                 uses_self |= used
         n_tok = B + Gm.sum(1)
-        u0, m0 = cm.expected_union(n_tok, resident, "spec")
-        u1, m1 = cm.expected_union(n_tok, spec_resident, "spec")
+        eff = cm.effective(B, Gm.sum(1))
+        u0, m0 = cm.expected_union(eff, resident, "spec")
+        u1, m1 = cm.expected_union(eff, spec_resident, "spec")
         union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
         v = cm.forward_time(n_tok, union, miss)
         fwd = np.array([cm.ratio("fwd", int(k)) for k in n_tok])
@@ -253,7 +299,12 @@ class Controller:
         spec_rate = best[0] if best is not None else 0.0
         self.arm_rates = {"plain": plain_rate, **{tag: row[0] for tag, row in by_drafter.items()}}
         if want is None:
-            want = "spec" if best is not None and spec_rate > self.spec_margin * plain_rate else "plain"
+            want = "spec" if best is not None and spec_rate > plain_rate else "plain"
+            stay = by_drafter.get(self.last_arm) if self.last_arm != "plain" else None
+            if self.last_arm == "plain" and want == "spec" and spec_rate < self.switch_margin * plain_rate:
+                want = "plain"
+            elif stay is not None and max(spec_rate, plain_rate) < self.switch_margin * stay[0]:
+                best, want = stay, "spec"
             top = max(spec_rate, plain_rate)
             untried = [tag for tag in by_drafter if "+" not in tag and self.accs[tag].drafted[0] < self.MIN_TRIALS
                        and by_drafter[tag][0] >= self.EXPLORE_WITHIN * top]
@@ -275,6 +326,9 @@ class Controller:
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
         spec_g = best[2].astype(int).tolist() if best is not None else [0] * B
         spec_d = [names[i] for i in best[1]] if best is not None else [None] * B
+        self.spec_coasting = None
+        if reason == "model":
+            self.last_arm = "plain" if want == "plain" or best is None else best[4]
         if want == "plain" or best is None:
             self.since_spec += 1
             if reason == "forced" or (reason == "model" and spec_rate < self.coast_below * plain_rate):
@@ -288,8 +342,11 @@ class Controller:
         drafter_of = [names[i] if g else None for i, g in zip(who, gam)]
         for n in set(d for d in drafter_of if d):
             self.last_used[n] = self.steps
-        return Plan("spec", gam.astype(int).tolist(), theta, t, d_raw + v_raw, miss, plain_rate, rate, reason,
+        plan = Plan("spec", gam.astype(int).tolist(), theta, t, d_raw + v_raw, miss, plain_rate, rate, reason,
                     spec_g, drafter_of, spec_d, tag, raw_rate)
+        if reason == "model" and rate >= self.coast_above * plain_rate:  # a clear call: the next steps reuse it
+            self.spec_coasting = (tuple(seq_ids), plan, self.coast_steps)
+        return plan
 
     def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
              setup_s: float = 0.0) -> Plan:
@@ -316,6 +373,13 @@ class Controller:
         try:
             if self.coast(B):
                 return StepPlan([None] * B, [0] * B, None)
+            plan = self.coast_spec(seqs, limits)
+            if plan is not None:
+                self.conf = {}
+                for n in plan.drafter_of:
+                    if n:
+                        self.rows_by_drafter[n] += 1
+                return StepPlan(plan.drafter_of, plan.gammas, plan)
             dec = self.decoder
             cm = self.cost
             cm.routing.flush()
@@ -399,24 +463,35 @@ class Controller:
             rows = [b for b, d in enumerate(splan.drafter_of) if d == n]
             self.accs[n].record([ids[b] for b in rows], [depths[b] for b in rows], [len(out[b]) - 1 for b in rows],
                                 [self.conf.get(b, []) for b in rows])
+        self.learned += 1
+        if self.memory is not None and self.learned % self.SAVE_EVERY == 0:
+            self.memory.save(self.accs)
         who = np.array([names.index(d) if d else -1 for d in splan.drafter_of])
         gam = np.array(depths)
-        res = self.spec_resident
+        draft_raw = {}
         for i, n in enumerate(names):
             mine = (who == i) & (gam > 0)
             if mine.any() and f"draft:{n}" in clock.spans:
                 rows = self.draft_rows(mine[None], gam[None], self.catchup.get(n))
-                cm.refine(f"draft:{n}", B, clock.wall(f"draft:{n}"), float(cm.drafter_time(n, rows).sum()))
+                draft_raw[n] = float(cm.drafter_time(n, rows).sum())
+                cm.refine(f"draft:{n}", B, clock.wall(f"draft:{n}"), draft_raw[n])
         n_tok = B + int(gam.sum())
-        union, miss = cm.expected_union(np.array([n_tok]), res, "spec")
-        cm.refine("fwd", n_tok, clock.wall("verify"), float(cm.forward_time(np.array([n_tok]), union, miss)[0]))
-        cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
+        cm.routing.flush()  # the verification's routing: its union refines ρ
+        cm.fold_union(B, int(gam.sum()))
+        res = self.spec_resident if "self" in draft_raw else self.resident  # as `_costs` prices it
+        union, miss = cm.expected_union(cm.effective(B, [int(gam.sum())]), res, "spec")
+        v_raw = float(cm.forward_time(np.array([n_tok]), union, miss)[0])
+        cm.refine("fwd", n_tok, clock.wall("verify"), v_raw)
+        if plan.reason != "coast":  # a coasted step's gammas are not the ones its predictions were made for
+            cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
         drafted = sum(clock.wall(f"draft:{n}") for n in names)
         cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"))
-        W, Gm = np.where(who >= 0, who, 0)[None], np.where(who >= 0, gam, 0)[None]
-        actual = float(self._costs(W, Gm, names, self.resident, res, {}, self.catchup)[2][0])
+        # what `_costs` predicts (refined, now) for what the step really drafted
+        actual = (sum(t * cm.ratio(f"draft:{n}", B) for n, t in draft_raw.items()) + v_raw * cm.ratio("fwd", n_tok)
+                  + cm.overhead("spec", B))
         self.realized.record(plan.arm, B, measured, actual, self.steps)
-        self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))
+        if plan.reason != "coast":
+            self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))
 
     def _log(self, plan: Plan, B: int, predicted: float, raw: float, measured: float) -> None:
         if len(self.predictions) < 20000:
@@ -426,6 +501,7 @@ class Controller:
         st = {"controller_steps": dict(self.choices), "controller_reasons": dict(self.reasons),
               "controller_draft_stops": self.stops, "controller_p_min": self.p_min,
               "controller_rows_by_drafter": dict(self.rows_by_drafter), "controller_s": self.controller_s,
+              "acceptance_warmed_from_memory": list(self.warmed),
               "step_predictions": [list(p) for p in self.predictions],
               **self.acc.stats(), **self.cost.stats()}
         st["acceptance_calibrated_by_drafter"] = {n: a.position().tolist() for n, a in self.accs.items()}

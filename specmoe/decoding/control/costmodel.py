@@ -279,6 +279,9 @@ class RoutingStats:
         self.p = np.full((len(self.layers), num_experts), top_k / num_experts)
         self.pending: dict[int, list[int]] = {}
         self.union_seen: dict[int, int] = {}
+        self._hot: dict[int, np.ndarray] = {}  # hottest(n), until the next flush changes p
+        # the last flushed forward: (tokens routed per layer, union summed over layers, p before it was folded in)
+        self.last: tuple[float, float, np.ndarray] | None = None
 
     def observe(self, layer: int, routing) -> None:
         self.pending[layer] = routing.counts  # [E] on the device: read to the host once per flush, not per layer
@@ -290,14 +293,19 @@ class RoutingStats:
         idx = [self.index[layer] for layer in self.pending]
         c = torch.stack(list(self.pending.values())).double().cpu().numpy()  # [l, E]: one host read
         n = c.sum(1, keepdims=True) / self.top_k  # tokens routed (each picks top-k experts)
+        self.last = (float(n.mean()), float((c > 0).sum()), self.p[idx].copy())
         self.p[idx] = (1 - self.alpha) * self.p[idx] + self.alpha * np.minimum(c / np.maximum(n, 1e-9), 1.0)
         self.pending = {}
+        self._hot = {}
 
     def hottest(self, n: int) -> np.ndarray:
-        """[L, E] mask of each layer's n most picked experts."""
+        """[L, E] mask of each layer's n most picked experts (read-only)."""
+        if n in self._hot:
+            return self._hot[n]
         order = np.argsort(-self.p, axis=1, kind="stable")[:, :n]
         m = np.zeros_like(self.p, dtype=bool)
         np.put_along_axis(m, order, True, axis=1)
+        self._hot[n] = m
         return m
 
 
@@ -323,9 +331,40 @@ class Refinement:
 class CostModel:
     """Predicts plain and speculative step times (module docstring); `refine` folds measured steps in."""
 
+    RHO_ALPHA = 0.1
+
     def __init__(self, coef: Coefficients, routing: RoutingStats, *, draft_experts: int):
         self.c, self.routing, self.nd = coef, routing, draft_experts
         self.ref = Refinement()
+        # the routing a drafted token adds to a verification, as a fraction of an independent token's: drafts
+        # continue their sequence, whose consecutive tokens pick alike (1 = independent; measured, `fold_union`)
+        self.rho = 1.0
+        self.union_obs: list[tuple[int, float, float]] = []  # (tokens, observed union, predicted union) recent
+
+    def effective(self, B, drafted) -> np.ndarray:
+        """Independent-token equivalents of a forward over B pending tokens and `drafted` draft tokens (what the
+        expected union is taken over)."""
+        return B + self.rho * np.asarray(drafted, float)
+
+    def fold_union(self, B: int, drafted: int) -> None:
+        """Fold the last verification's observed expert union into ρ: the independent-token count m whose
+        expected union (under the routing frequencies before it) equals the observed one, m = B + ρ·drafted.
+        Skipped when the forward routed padding (ragged rows) or drafted nothing."""
+        last = self.routing.last
+        if last is None or drafted <= 0:
+            return
+        n, u_obs, p = last
+        if abs(n - (B + drafted)) > 0.5:
+            return
+        p = np.clip(p, 0.0, 1.0)
+        predicted = float((1.0 - (1.0 - p) ** self.effective(B, drafted)).sum())
+        grid = np.linspace(B, B + drafted, 33)  # the expected union is increasing in m: read m off a grid
+        curve = (1.0 - (1.0 - p[None]) ** grid[:, None, None]).sum((1, 2))
+        m = float(np.interp(u_obs, curve, grid)) if u_obs < curve[-1] else float(grid[-1])
+        r = min(max((m - B) / drafted, 0.02), 1.0)
+        self.rho = (1 - self.RHO_ALPHA) * self.rho + self.RHO_ALPHA * r
+        if len(self.union_obs) < 4096:
+            self.union_obs.append((B + drafted, u_obs, predicted))
 
     # -------------------------------------------------------------- pieces
     def expected_union(self, n: np.ndarray, resident: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -385,7 +424,7 @@ class CostModel:
         rows = (g[:, :, None] > np.arange(G)[None, None, :]).sum(1)  # [C, G] sequences drafting position j
         draft = self.draft_time(rows).sum(1)
         n = B + g.sum(1)
-        union, miss = self.expected_union(n, resident, "spec")
+        union, miss = self.expected_union(self.effective(B, g.sum(1)), resident, "spec")
         verify = self.forward_time(n, union, miss)
         fwd = np.array([self.ratio("fwd", int(k)) for k in n])
         return draft, verify, draft * self.ratio("draft", B) + verify * fwd
@@ -433,7 +472,11 @@ class CostModel:
             self.ref.ema(self.ref.misses, kind, measured / predicted * self.ref.misses.get(kind, 1.0))
 
     def stats(self) -> dict:
-        return {"coefficients": {**asdict(self.c), "read_gbps": self.c.read_gbps},
+        obs = np.array(self.union_obs[-512:]).reshape(-1, 3)
+        err = np.abs(obs[:, 2] - obs[:, 1]) / np.maximum(obs[:, 1], 1) if len(obs) else np.zeros(0)
+        return {"draft_routing_rho": self.rho,
+                "union_prediction_error": float(np.median(err)) if len(err) else None,
+                "coefficients": {**asdict(self.c), "read_gbps": self.c.read_gbps},
                 "time_refinement": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.time.items())},
                 "miss_refinement": dict(self.ref.misses),
                 "step_overhead_s": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.overhead.items())}}

@@ -1,8 +1,12 @@
 """What `auto`'s controller learns online: acceptance per drafter (`Acceptance`: per draft position, per
-sequence, by draft confidence) and what each arm's steps really take (`Realized`: measured over predicted step time, per arm — a plain step, or a
-speculative plan's drafter or drafter mix — and batch bucket)."""
+sequence, by draft confidence; `AcceptanceMemory` carries it to the next engine) and what each arm's steps
+really take (`Realized`: measured over predicted step time, per arm — a plain step, or a speculative plan's
+drafter or drafter mix — and batch bucket)."""
 from __future__ import annotations
 
+import json
+import math
+import os
 from collections import deque
 
 import numpy as np
@@ -91,10 +95,69 @@ class Acceptance:
             live = set(seq_ids)
             self.seq = {s: v for s, v in self.seq.items() if s in live}
 
+    def state(self) -> dict:
+        """What `warm` reads back (JSON-ready)."""
+        return {"acc": self.acc.tolist(), "drafted": self.drafted.tolist(), "conf_acc": self.conf_acc.tolist(),
+                "conf_n": self.conf_n.tolist()}
+
+    def warm(self, state: dict, rows: float) -> None:
+        """Start from an earlier run's estimates (`state`), worth at most `rows` rows (per position and over the
+        confidence bins), so this run's own rows soon outweigh them. Positions past the saved γ stay on the prior."""
+        acc, drafted = np.asarray(state["acc"], float), np.asarray(state["drafted"], float)
+        k = min(self.g, len(acc), len(drafted))
+        if k and drafted[0] > 0:
+            f = min(1.0, rows / drafted[0])
+            self.acc[:k], self.drafted[:k] = acc[:k] * f, drafted[:k] * f
+        ca, cn = np.asarray(state["conf_acc"], float), np.asarray(state["conf_n"], float)
+        if len(ca) == len(cn) == CONF_BINS and cn.sum() > 0:
+            f = min(1.0, rows / cn.sum())
+            self.conf_acc, self.conf_n = ca * f, cn * f
+
     def stats(self) -> dict:
         return {"acceptance_calibrated": self.position().tolist(),
                 "acceptance_by_confidence": [float(a / n) if n > 0.5 else None
                                              for a, n in zip(self.conf_acc, self.conf_n)]}
+
+
+class AcceptanceMemory:
+    """Acceptance estimates kept across engines, one JSON file per model + dtype + drafter set
+    (`<cache>/acceptance/<key>.json`): a new `auto` engine starts from what earlier ones measured (`Acceptance.warm`)
+    instead of the generic prior, so its first requests do not pay to relearn each drafter. Unreadable or foreign
+    files are ignored; a read-only cache only loses the memory."""
+
+    ROWS = 48.0  # what a remembered estimate weighs, in rows
+
+    def __init__(self, key: str):
+        from specmoe.decoding.control.costmodel import cache_root
+        self.path = cache_root() / "acceptance" / f"{key}.json"
+
+    def load(self) -> dict[str, dict]:
+        try:
+            d = json.loads(self.path.read_text())
+            return d if isinstance(d, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def warm(self, accs: dict[str, Acceptance]) -> list[str]:
+        """Warm each drafter's estimates from the file → the drafters warmed."""
+        done = []
+        for name, st in self.load().items():
+            if name in accs and isinstance(st, dict):
+                try:
+                    accs[name].warm(st, self.ROWS)
+                    done.append(name)
+                except (KeyError, TypeError, ValueError):
+                    continue
+        return done
+
+    def save(self, accs: dict[str, Acceptance]) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({n: a.state() for n, a in accs.items() if a.drafted[0] > 0}))
+            tmp.replace(self.path)
+        except OSError:
+            pass
 
 
 class Realized:
@@ -114,6 +177,7 @@ class Realized:
     def __init__(self):
         self.win: dict[tuple[str, int], deque] = {}  # (arm, bucket) -> (measured s, predicted s) of recent steps
         self.last: dict[tuple[str, int], int] = {}  # the step it was last measured at
+        self.ratio: dict[tuple[str, int], float] = {}  # _of(key), recomputed when the key records a step
 
     def record(self, arm: str, B: int, measured_s: float, predicted_s: float, step: int) -> None:
         if measured_s <= 0 or predicted_s <= 0:
@@ -121,12 +185,15 @@ class Realized:
         key = (arm, bucket(B))
         self.win.setdefault(key, deque(maxlen=self.WINDOW)).append((measured_s, predicted_s))
         self.last[key] = step
+        self.ratio[key] = self._of(key)
 
     def _of(self, key) -> float:
-        w = np.array(self.win[key])
-        r = w[:, 0] / w[:, 1]
-        keep = r <= 4 * np.median(r)
-        return float(min(max(w[keep, 0].sum() / w[keep, 1].sum(), self.LO), self.HI))
+        w = self.win[key]  # a few (measured, predicted) pairs: plain Python beats numpy at this size
+        r = sorted(m / p for m, p in w)
+        k = len(r)
+        med = r[k // 2] if k % 2 else 0.5 * (r[k // 2 - 1] + r[k // 2])
+        keep = [(m, p) for m, p in w if m / p <= 4 * med]
+        return min(max(sum(m for m, _ in keep) / sum(p for _, p in keep), self.LO), self.HI)
 
     def slowdown(self, arm: str, B: int, step: int) -> float:
         """Measured / predicted seconds of this arm at B's bucket (the nearest bucket with MIN_STEPS steps until
@@ -138,8 +205,8 @@ class Realized:
             if not near:
                 return 1.0
             key = min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))
-        fade = float(np.exp(-(step - self.last[key]) / self.FADE))
-        return 1.0 + (self._of(key) - 1.0) * fade
+        fade = math.exp(-(step - self.last[key]) / self.FADE)
+        return 1.0 + (self.ratio[key] - 1.0) * fade
 
     def stats(self) -> dict:
         return {f"{a}@{b}": round(self._of((a, b)), 4) for (a, b) in sorted(self.win)}

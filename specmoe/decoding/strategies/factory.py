@@ -1,6 +1,8 @@
 """Build the decoding strategy a SpecConfig asks for."""
 from __future__ import annotations
 
+import hashlib
+
 from specmoe.decoding.strategies.autoregressive import AutoregressiveDecoder
 from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.options import OffloadConfig, SpecConfig
@@ -77,8 +79,14 @@ def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: Offloa
     key = calibration_key(model_fingerprint=ckpt.fingerprint(), dtype=dtype, device=device, tier=f"{tier}|N={nd}")
     coef = load_or_calibrate(model, provider, device, tier=offload.offload, key=key, draft_experts=nd)
     routing = RoutingStats(list(mcfg.moe_layers), mcfg.num_experts, mcfg.top_k)
-    return Controller(CostModel(coef, routing, draft_experts=nd), spec.num_draft_tokens,
-                      tuple(drafter_names(spec, ckpt)))
+    names = tuple(drafter_names(spec, ckpt))
+    ctl = Controller(CostModel(coef, routing, draft_experts=nd), spec.num_draft_tokens, names)
+    if spec.auto_memory:
+        from specmoe.decoding.control.learning import AcceptanceMemory
+        raw = f"acceptance-v1|{ckpt.fingerprint()}|{dtype}|{names}|{spec.eagle_head}|{spec.eagle_draft_vocab}|" \
+              f"{spec.ngram_min}-{spec.ngram_max}|{nd}|{spec.substitution}|{spec.draft_policy}"
+        ctl.remember(AcceptanceMemory(hashlib.sha1(raw.encode()).hexdigest()[:16]))
+    return ctl
 
 
 def draft_experts(runner: ModelRunner, cfg: SpecConfig, *, ckpt, memo: dict | None = None):
