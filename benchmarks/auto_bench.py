@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,6 +35,7 @@ import torch  # noqa: E402
 from specmoe import LLM  # noqa: E402
 from specmoe.bench.measure import measure  # noqa: E402
 from specmoe.bench.machine import machine_info  # noqa: E402
+from specmoe.engine.auto import controller_of  # noqa: E402
 from specmoe.engine.llm import default_model_path  # noqa: E402
 
 BASELINES = {"lru": {"cache_policy": "lru", "decoding": "ar"}, "lfu": {"cache_policy": "lfu", "decoding": "ar"},
@@ -85,10 +88,14 @@ def fixed_systems(drafters: list[str]) -> dict[str, dict]:
     return out
 
 
-def prompts_for(tokenizer, n: int) -> list[list[int]]:
+def prompts_for(tokenizer, n: int, *, warmup: bool = False) -> list[list[int]]:
+    """The first n measured prompts, round-robin over the domains; `warmup`: n from the other end of the files
+    (never measured)."""
     by = {d: [json.loads(x)["prompt"] for x in (REPO / "benchmarks" / "prompts" / f"{d}.jsonl").read_text()
               .splitlines()] for d in DOMAINS}
     cols = list(zip(*by.values()))
+    if warmup:
+        cols = cols[::-1]
     return [tokenizer.encode(p) for row in cols for p in row][:n]
 
 
@@ -147,6 +154,8 @@ def main() -> int:
     ap.add_argument("--fixed", default="self,eagle,ngram", help="drafters of the fixed configurations")
     ap.add_argument("--baselines", default="lru,lfu,ondemand")
     ap.add_argument("--only", default=None, help="keep only these fixed configurations (e.g. self-g4,eagle-g4)")
+    ap.add_argument("--warmup-tokens", type=int, default=16,
+                    help="every system first generates this many tokens for min(batch, 8) held-out prompts")
     ap.add_argument("--cache-dir", default="/tmp/specmoe-auto-bench")
     ap.add_argument("--out", default=None)
     ap.add_argument("--readme-only", action="store_true")
@@ -160,6 +169,10 @@ def main() -> int:
         return 0
     torch.set_num_threads(args.threads)
     cache = Path(args.cache_dir)
+    # the engine's user cache (cost-model calibration, auto's acceptance memory) lives in the bench's cache; the
+    # acceptance memory starts empty, so each point's auto starts from what this run's earlier points saved
+    os.environ["XDG_CACHE_HOME"] = str(cache / "xdg")
+    shutil.rmtree(cache / "xdg" / "specmoe" / "acceptance", ignore_errors=True)
     path = model_path(args.model, cache, args.dtype)
     probe = LLM(str(path), threads=args.threads, dtype=args.dtype)
     cfg, tok = probe.config, probe.tokenizer
@@ -176,8 +189,10 @@ def main() -> int:
         llms = {n: LLM(str(path), threads=args.threads, dtype=args.dtype, **tier, **o) for n, o in systems.items()}
         prompts = prompts_for(tok, max(B, args.seqs_at_batch_1))
         groups = [[p] for p in prompts[:args.seqs_at_batch_1]] if B == 1 else [prompts[:B]]
-        for llm in llms.values():  # warm-up: calibration, affinity tables, first reads
-            measure(llm, groups[0][:1], 4, instrument=False)
+        warm = prompts_for(tok, min(B, 8), warmup=True)
+        for llm in llms.values():  # warm-up on held-out prompts: calibration, affinity tables, caches, acceptance
+            measure(llm, warm, args.warmup_tokens, instrument=False)
+        warmed = controller_of(llms["auto"]).warmed
         tps = {n: [] for n in systems}  # decode tokens/s (the first token of each sequence is the prefill's)
         e2e = {n: [] for n in systems}  # generated tokens / generate wall, prefill included
         equal, last = {}, {}
@@ -210,13 +225,16 @@ def main() -> int:
                        "best_fixed": best_fixed, "auto_vs_baseline": med["auto"] / med[base],
                        "auto_vs_fixed": med["auto"] / med[best_fixed], "equal_to_plain": equal,
                        "tokens_per_step": {n: last[n].get("tokens_per_step") for n in systems},
-                       "auto_choice": {k: st.get(k) for k in AUTO_KEEP}})
+                       "auto_choice": {k: st.get(k) for k in AUTO_KEEP},
+                       "auto_acceptance_from_memory": warmed})
         print(f"B={B}: auto {med['auto']:.1f} tok/s = {med['auto'] / med[base]:.2f}x {base}, "
               f"{med['auto'] / med[best_fixed]:.2f}x {best_fixed}; all equal: {all(equal.values())}", flush=True)
         del llms
     res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine_info(),
            "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,
            "max_tokens": args.max_tokens, "rounds": args.rounds, "seqs_at_batch_1": args.seqs_at_batch_1,
+           "warmup_tokens": args.warmup_tokens,
+           "acceptance_memory": "cleared at start; each point's auto engine starts from what earlier points saved",
            "elapsed_s": time.perf_counter() - t_start, "out": str(out.relative_to(REPO)) if out.is_relative_to(REPO)
            else str(out), "points": points}
     out.parent.mkdir(parents=True, exist_ok=True)

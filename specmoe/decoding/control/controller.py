@@ -241,19 +241,25 @@ class Controller:
         plain_raw = B / t_plain
         plain_rate = plain_raw / self.realized.slowdown("plain", B, self.steps)
         opt = self.optimism * np.sqrt(np.log(2.0 + self.steps))  # UCB: an arm left unused grows more optimistic
-        P = {n: self._probs(n, seq_ids, avail[n], opt) for n in names}
+        # draft lengths come from unbiased acceptance (optimism there would draft every row deeper than pays, on
+        # every step); the upper-confidence estimate only scores the arms against each other (exploration)
+        P = {n: self._probs(n, seq_ids, avail[n], 0.0) for n in names}
+        Pu = {n: self._probs(n, seq_ids, avail[n], opt) for n in names}
         ar = np.arange(self.g)
         K = len(THETAS) + 1  # thresholds θ, then "everything available"
-        Ls, gains = {}, {}
+        Ls, gains, ucb = {}, {}, {}
         for n in names:  # draft lengths [K, B] and expected accepted tokens [K, B] per threshold
             L = (P[n][None] >= THETAS[:, None, None]).sum(-1)
             Ls[n] = np.concatenate([L, np.asarray(avail[n])[None]])
-            gains[n] = (P[n][None] * (ar[None, None, :] < Ls[n][:, :, None])).sum(-1)
-        Ws, Gs, Ns, tags = [], [], [], []
+            drafts = ar[None, None, :] < Ls[n][:, :, None]
+            gains[n] = (P[n][None] * drafts).sum(-1)
+            ucb[n] = (Pu[n][None] * drafts).sum(-1)
+        Ws, Gs, Ns, Us, tags = [], [], [], [], []
         for i, n in enumerate(names):
             Ws.append(np.full((K, B), i))
             Gs.append(Ls[n])
             Ns.append(gains[n])
+            Us.append(ucb[n])
             tags += [n] * K
             for j, k in enumerate(names):
                 if n in LOOKUP or k not in LOOKUP:
@@ -262,8 +268,10 @@ class Controller:
                 Ws.append(np.where(take, j, i))
                 Gs.append(np.where(take, Ls[k], Ls[n]))
                 Ns.append(np.where(take, gains[k], gains[n]))
+                Us.append(np.where(take, ucb[k], ucb[n]))
                 tags += [f"{n}+{k}"] * K
-        W, Gm, gain = np.concatenate(Ws), np.concatenate(Gs), np.concatenate(Ns).sum(1)
+        W, Gm = np.concatenate(Ws), np.concatenate(Gs)
+        gain, gain_ucb = np.concatenate(Ns).sum(1), np.concatenate(Us).sum(1)
         theta = np.tile(np.append(THETAS, np.nan), len(Ws))
         keep = Gm.sum(1) > 0
         _, first = np.unique(np.concatenate([np.where(Gm > 0, W, -1), Gm], 1)[keep], axis=0, return_index=True)
@@ -278,8 +286,10 @@ class Controller:
             if full.sum():
                 W, Gm = np.zeros((1, B), int), full[None]
                 gain = np.array([float((P[names[0]] * (ar[None, :] < full[:, None])).sum())])
+                gain_ucb = np.array([float((Pu[names[0]] * (ar[None, :] < full[:, None])).sum())])
                 theta, tags, idx = np.array([np.nan]), [names[0]], np.array([0])
-        rows = [(W[c], Gm[c], float(gain[c]), None if np.isnan(theta[c]) else float(theta[c]), tags[c]) for c in idx]
+        rows = [(W[c], Gm[c], float(gain[c]), None if np.isnan(theta[c]) else float(theta[c]), tags[c],
+                 float(gain_ucb[c])) for c in idx]
         best = None
         by_drafter: dict[str, tuple] = {}
         if rows:
@@ -288,12 +298,14 @@ class Controller:
             gains = np.array([r[2] for r in rows])
             d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
             raw = (B + gains) / t
+            raw_ucb = (B + np.array([r[5] for r in rows])) / t
             tag_arr = np.array([r[4] for r in rows])
-            for tag in dict.fromkeys(tag_arr.tolist()):  # the best candidate of each drafter (mix)
+            for tag in dict.fromkeys(tag_arr.tolist()):  # the best candidate of each drafter (mix), unbiased
                 c = int(np.flatnonzero(tag_arr == tag)[np.argmax(raw[tag_arr == tag])])
-                who, gam, _, th, _ = rows[c]
+                who, gam, _, th, _, _ = rows[c]
                 slow = self.realized.slowdown(tag, B, self.steps)
-                by_drafter[tag] = (float(raw[c]) / slow, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
+                # the arm is scored by its upper-confidence rate (exploration); raw: the unbiased prediction
+                by_drafter[tag] = (float(raw_ucb[c]) / slow, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
                                    float(t[c]) * slow, float(miss[c]), float(raw[c]))
             best = max(by_drafter.values(), key=lambda row: row[0])
         spec_rate = best[0] if best is not None else 0.0
@@ -425,9 +437,6 @@ class Controller:
         run = np.ones(len(seqs))
         greedy = [s.params.greedy for s in seqs]
         theta = plan.theta if plan.reason not in ("forced", "schedule") else 0.0  # forced: the p_min floor only
-        # θ was chosen on upper-confidence P; the running product is an unbiased estimate, so θ is taken on the
-        # same scale at each depth (else an optimistic plan's drafts stop short of the lengths it chose)
-        scale = acc.position(0.0) / np.maximum(acc.position(self.optimism * np.sqrt(np.log(2.0 + self.steps))), 1e-9)
         conf = {b: self.conf.setdefault(b, []) for b in rows}
 
         def hook(j: int, local: list[int], logits: torch.Tensor) -> None:
@@ -436,7 +445,7 @@ class Controller:
             run[local] *= here
             for i, b in enumerate(local):
                 conf[rows[b]].append(c[i])
-                if greedy[b] and gammas[b] > j + 1 and (here[i] < self.p_min or run[b] < theta * scale[j]):
+                if greedy[b] and gammas[b] > j + 1 and (here[i] < self.p_min or run[b] < theta):
                     gammas[b] = j + 1
                     self.stops += 1
         return hook
