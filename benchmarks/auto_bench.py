@@ -154,7 +154,7 @@ def main() -> int:
     ap.add_argument("--fixed", default="self,eagle,ngram", help="drafters of the fixed configurations")
     ap.add_argument("--baselines", default="lru,lfu,ondemand")
     ap.add_argument("--only", default=None, help="keep only these fixed configurations (e.g. self-g4,eagle-g4)")
-    ap.add_argument("--warmup-tokens", type=int, default=16,
+    ap.add_argument("--warmup-tokens", type=int, default=32,
                     help="every system first generates this many tokens for min(batch, 8) held-out prompts")
     ap.add_argument("--cache-dir", default="/tmp/specmoe-auto-bench")
     ap.add_argument("--out", default=None)
@@ -169,10 +169,10 @@ def main() -> int:
         return 0
     torch.set_num_threads(args.threads)
     cache = Path(args.cache_dir)
-    # the engine's user cache (cost-model calibration, auto's acceptance memory) lives in the bench's cache; the
-    # acceptance memory starts empty, so each point's auto starts from what this run's earlier points saved
+    # the engine's user cache (cost-model calibration, auto's memory) lives in the bench's cache; auto's memory
+    # starts empty, so each point's auto starts from what this run's earlier points (and its warm-up) saved
     os.environ["XDG_CACHE_HOME"] = str(cache / "xdg")
-    shutil.rmtree(cache / "xdg" / "specmoe" / "acceptance", ignore_errors=True)
+    shutil.rmtree(cache / "xdg" / "specmoe" / "auto", ignore_errors=True)
     path = model_path(args.model, cache, args.dtype)
     probe = LLM(str(path), threads=args.threads, dtype=args.dtype)
     cfg, tok = probe.config, probe.tokenizer
@@ -234,7 +234,7 @@ def main() -> int:
            "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,
            "max_tokens": args.max_tokens, "rounds": args.rounds, "seqs_at_batch_1": args.seqs_at_batch_1,
            "warmup_tokens": args.warmup_tokens,
-           "acceptance_memory": "cleared at start; each point's auto engine starts from what earlier points saved",
+           "auto_memory": "cleared at start; each point's auto engine starts from what earlier points saved",
            "elapsed_s": time.perf_counter() - t_start, "out": str(out.relative_to(REPO)) if out.is_relative_to(REPO)
            else str(out), "points": points}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -202,10 +202,10 @@ class SpecConfig:
                               "it (CPU fp32 kernels round a row differently at 1, 2-3 and >= 4 rows); bf16/fp16 and "
                               "attention are batch-invariant without it; costs fp32 decode speed at small batches "
                               "(see README, Determinism)")
-    auto_memory: bool = opt(True, "decoding=auto: start from the acceptance estimates earlier engines learned for "
-                            "this model, dtype and drafter set (a small JSON file in the user cache, "
-                            "$XDG_CACHE_HOME/specmoe/acceptance), weighted as a few dozen rows so this run's own "
-                            "rows soon dominate, and keep that file updated")
+    auto_memory: bool = opt(True, "decoding=auto: start from what earlier engines learned on this machine for this "
+                            "model, dtype, tier and drafter set (each drafter's acceptance, weighted as a few dozen "
+                            "rows, and the step-time corrections; a small JSON file in the user cache, "
+                            "$XDG_CACHE_HOME/specmoe/auto) and keep that file updated")
     draft_prefetch: bool = opt(False, "self drafter, offloaded: while drafting, load the experts the target's routers "
                                "pick for the drafted tokens into free cache slots, so the backing tier works "
                                "while the draft computes (draft-guided prefetch)")

@@ -265,25 +265,25 @@ def test_a_clear_speculative_call_is_reused_for_a_few_steps_of_the_same_sequence
 
 
 def test_the_acceptance_memory_warms_a_new_engine_and_is_capped(tmp_path, monkeypatch):
-    from specmoe.decoding.control.learning import Acceptance, AcceptanceMemory
+    from specmoe.decoding.control.learning import Acceptance, ControllerMemory
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     a = Acceptance(4)
     for _ in range(300):  # 300 rows: 4 drafted, 2 accepted
         a.record([1], [4], [2], [[0.5] * 4])
-    mem = AcceptanceMemory("k")
+    mem = ControllerMemory("k")
     mem.save({"eagle": a, "ngram": Acceptance(4)})  # a drafter that never drafted is not written
-    assert set(json.loads(mem.path.read_text())) == {"eagle"}
+    assert set(json.loads(mem.path.read_text())["acceptance"]) == {"eagle"}
     b = {"eagle": Acceptance(4), "self": Acceptance(4)}
-    assert AcceptanceMemory("k").warm(b) == ["eagle"]
+    assert ControllerMemory("k").warm(b) == ["eagle"]
     assert b["eagle"].position() == pytest.approx(a.position(), abs=0.02)
-    assert b["eagle"].drafted[0] == pytest.approx(AcceptanceMemory.ROWS)  # worth ROWS rows, not 300
+    assert b["eagle"].drafted[0] == pytest.approx(ControllerMemory.ROWS)  # worth ROWS rows, not 300
     assert b["self"].drafted.sum() == 0
     for _ in range(200):  # this run's own rows soon dominate
         b["eagle"].record([2], [4], [4], [[0.9] * 4])
     assert b["eagle"].position()[3] > 0.7
-    assert AcceptanceMemory("other").warm(b) == []  # no file: the prior
+    assert ControllerMemory("other").warm(b) == []  # no file: the prior
     mem.path.write_text("{not json")
-    assert AcceptanceMemory("k").warm({"eagle": Acceptance(4)}) == []  # unreadable: ignored
+    assert ControllerMemory("k").warm({"eagle": Acceptance(4)}) == []  # unreadable: ignored
 
 
 def test_auto_engines_share_the_acceptance_memory_unless_turned_off(tiny_ckpt, tmp_path, monkeypatch):
@@ -299,6 +299,10 @@ def test_auto_engines_share_the_acceptance_memory_unless_turned_off(tiny_ckpt, t
     second = controller_of(auto_llm(path))
     assert second.warmed and second.acc.drafted[0] > 0
     assert second.stats()["acceptance_warmed_from_memory"] == second.warmed
+    # the step-time corrections come along: refinement EMAs, ρ and each arm's measured / predicted time
+    saved = json.loads(ctl.memory.path.read_text())
+    assert json.loads(json.dumps(second.cost.state())) == saved["cost"] and saved["cost"]["time"]
+    assert second.realized.state() == pytest.approx(saved["realized"]) and saved["realized"]
     off = controller_of(auto_llm(path, auto_memory=False))
     assert off.memory is None and off.warmed == [] and off.acc.drafted[0] == 0
 

@@ -66,7 +66,7 @@ class Controller:
     drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
     floor (0 turns it off)."""
 
-    SAVE_EVERY = 32  # speculative steps between writes of the acceptance memory
+    SAVE_EVERY = 32  # speculative steps between writes of the memory
     MIN_TRIALS = 4  # rows a drafter first drafts when predicted within EXPLORE_WITHIN of the best choice
     EXPLORE_WITHIN = 0.8
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
@@ -105,7 +105,7 @@ class Controller:
         # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
         self.predictions: list[tuple] = []
         self.arm_rates: dict[str, float] = {}  # the last planned step's predicted tokens/s per arm (corrected)
-        self.memory = None  # an AcceptanceMemory (`remember`)
+        self.memory = None  # a ControllerMemory (`remember`)
         self.warmed: list[str] = []  # drafters whose estimates started from the memory
         self.learned = 0  # speculative steps folded in
 
@@ -128,10 +128,12 @@ class Controller:
         self.names = list(drafters)
 
     def remember(self, memory) -> None:
-        """Start each drafter's acceptance from `memory` (an `AcceptanceMemory`) and write it back every
-        `SAVE_EVERY` speculative steps."""
+        """Start each drafter's acceptance and the step-time corrections from `memory` (a `ControllerMemory`)
+        and write them back every `SAVE_EVERY` speculative steps."""
         self.memory = memory
         self.warmed = memory.warm(self.accs)
+        self.cost.warm(memory.section("cost"))
+        self.realized.warm(memory.section("realized"))
 
     def coast(self, B: int) -> bool:
         """True when this step repeats the last plain call without planning: after a plan that chose plain by a
@@ -474,7 +476,7 @@ class Controller:
                                 [self.conf.get(b, []) for b in rows])
         self.learned += 1
         if self.memory is not None and self.learned % self.SAVE_EVERY == 0:
-            self.memory.save(self.accs)
+            self.memory.save(self.accs, cost=self.cost.state(), realized=self.realized.state())
         who = np.array([names.index(d) if d else -1 for d in splan.drafter_of])
         gam = np.array(depths)
         draft_raw = {}

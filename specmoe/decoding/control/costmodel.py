@@ -341,6 +341,28 @@ class CostModel:
         self.rho = 1.0
         self.union_obs: list[tuple[int, float, float]] = []  # (tokens, observed union, predicted union) recent
 
+    def state(self) -> dict:
+        """The online refinements (`warm` reads them back): time / overhead EMAs, miss ratios, ρ."""
+        r = self.ref
+        return {"time": [[k, b, v] for (k, b), v in r.time.items()],
+                "overhead": [[k, b, v] for (k, b), v in r.overhead.items()], "misses": dict(r.misses), "rho": self.rho}
+
+    def warm(self, state: dict) -> None:
+        """Start from remembered refinements (a `state`; malformed entries are skipped)."""
+        for name in ("time", "overhead"):
+            table = getattr(self.ref, name)
+            for row in state.get(name, []):
+                try:
+                    k, b, v = row
+                    table[(str(k), int(b))] = float(v)
+                except (TypeError, ValueError):
+                    continue
+        for k, v in (state.get("misses") or {}).items():
+            if isinstance(v, (int, float)):
+                self.ref.misses[str(k)] = float(v)
+        if isinstance(state.get("rho"), (int, float)):
+            self.rho = min(max(float(state["rho"]), 0.02), 1.0)
+
     def effective(self, B, drafted) -> np.ndarray:
         """Independent-token equivalents of a forward over B pending tokens and `drafted` draft tokens (what the
         expected union is taken over)."""

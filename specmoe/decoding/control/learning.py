@@ -1,5 +1,5 @@
 """What `auto`'s controller learns online: acceptance per drafter (`Acceptance`: per draft position, per
-sequence, by draft confidence; `AcceptanceMemory` carries it to the next engine) and what each arm's steps
+sequence, by draft confidence; `ControllerMemory` carries it and the time corrections to the next engine) and what each arm's steps
 really take (`Realized`: measured over predicted step time, per arm — a plain step, or a speculative plan's
 drafter or drafter mix — and batch bucket)."""
 from __future__ import annotations
@@ -119,29 +119,38 @@ class Acceptance:
                                              for a, n in zip(self.conf_acc, self.conf_n)]}
 
 
-class AcceptanceMemory:
-    """Acceptance estimates kept across engines, one JSON file per model + dtype + drafter set
-    (`<cache>/acceptance/<key>.json`): a new `auto` engine starts from what earlier ones measured (`Acceptance.warm`)
-    instead of the generic prior, so its first requests do not pay to relearn each drafter. Unreadable or foreign
+class ControllerMemory:
+    """What an `auto` controller learned, kept across engines: one JSON file per machine + model + dtype + tier +
+    drafter set (`<cache>/auto/<key>.json`) holding each drafter's acceptance (`Acceptance.warm`, worth `ROWS`
+    rows) and the step-time corrections (`CostModel.warm`, `Realized.warm`: the refinement EMAs, ρ, each arm's
+    measured / predicted time). A new engine starts from them instead of the generic priors, so its first requests
+    do not pay to relearn what the last engine measured; its own steps soon outweigh them. Unreadable or foreign
     files are ignored; a read-only cache only loses the memory."""
 
-    ROWS = 48.0  # what a remembered estimate weighs, in rows
+    ROWS = 48.0  # what a remembered acceptance estimate weighs, in rows
 
     def __init__(self, key: str):
         from specmoe.decoding.control.costmodel import cache_root
-        self.path = cache_root() / "acceptance" / f"{key}.json"
+        self.path = cache_root() / "auto" / f"{key}.json"
+        self._data: dict | None = None
 
-    def load(self) -> dict[str, dict]:
-        try:
-            d = json.loads(self.path.read_text())
-            return d if isinstance(d, dict) else {}
-        except (OSError, ValueError):
-            return {}
+    def load(self) -> dict:
+        if self._data is None:
+            try:
+                d = json.loads(self.path.read_text())
+                self._data = d if isinstance(d, dict) else {}
+            except (OSError, ValueError):
+                self._data = {}
+        return self._data
+
+    def section(self, name: str) -> dict:
+        d = self.load().get(name)
+        return d if isinstance(d, dict) else {}
 
     def warm(self, accs: dict[str, Acceptance]) -> list[str]:
-        """Warm each drafter's estimates from the file → the drafters warmed."""
+        """Warm each drafter's acceptance from the file → the drafters warmed."""
         done = []
-        for name, st in self.load().items():
+        for name, st in self.section("acceptance").items():
             if name in accs and isinstance(st, dict):
                 try:
                     accs[name].warm(st, self.ROWS)
@@ -150,11 +159,12 @@ class AcceptanceMemory:
                     continue
         return done
 
-    def save(self, accs: dict[str, Acceptance]) -> None:
+    def save(self, accs: dict[str, Acceptance], **sections: dict) -> None:
+        self._data = {"acceptance": {n: a.state() for n, a in accs.items() if a.drafted[0] > 0}, **sections}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({n: a.state() for n, a in accs.items() if a.drafted[0] > 0}))
+            tmp.write_text(json.dumps(self._data))
             tmp.replace(self.path)
         except OSError:
             pass
@@ -207,6 +217,22 @@ class Realized:
             key = min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))
         fade = math.exp(-(step - self.last[key]) / self.FADE)
         return 1.0 + (self.ratio[key] - 1.0) * fade
+
+    def state(self) -> dict:
+        return {f"{a}@{b}": self.ratio[(a, b)] for (a, b) in self.win}
+
+    def warm(self, state: dict) -> None:
+        """Start from remembered ratios (`state`), as MIN_STEPS steps measured at step 0: the arm's own steps
+        replace them within a window, and unused they fade."""
+        for k, r in state.items():
+            try:
+                arm, b = k.rsplit("@", 1)
+                r = min(max(float(r), self.LO), self.HI)
+                key = (arm, int(b))
+            except (TypeError, ValueError):
+                continue
+            self.win[key] = deque([(r, 1.0)] * self.MIN_STEPS, maxlen=self.WINDOW)
+            self.last[key], self.ratio[key] = 0, r
 
     def stats(self) -> dict:
         return {f"{a}@{b}": round(self._of((a, b)), 4) for (a, b) in sorted(self.win)}

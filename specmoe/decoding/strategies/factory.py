@@ -82,10 +82,10 @@ def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: Offloa
     names = tuple(drafter_names(spec, ckpt))
     ctl = Controller(CostModel(coef, routing, draft_experts=nd), spec.num_draft_tokens, names)
     if spec.auto_memory:
-        from specmoe.decoding.control.learning import AcceptanceMemory
-        raw = f"acceptance-v1|{ckpt.fingerprint()}|{dtype}|{names}|{spec.eagle_head}|{spec.eagle_draft_vocab}|" \
-              f"{spec.ngram_min}-{spec.ngram_max}|{nd}|{spec.substitution}|{spec.draft_policy}"
-        ctl.remember(AcceptanceMemory(hashlib.sha1(raw.encode()).hexdigest()[:16]))
+        from specmoe.decoding.control.learning import ControllerMemory
+        raw = f"auto-v1|{key}|{names}|{spec.eagle_head}|{spec.eagle_draft_vocab}|{spec.ngram_min}-{spec.ngram_max}|" \
+              f"{spec.substitution}|{spec.draft_policy}|{spec.num_draft_tokens}"
+        ctl.remember(ControllerMemory(hashlib.sha1(raw.encode()).hexdigest()[:16]))
     return ctl
 
 
