@@ -58,9 +58,10 @@ class Plan:
 class Controller:
     """Chooses each step (module docstring). Every choice is an *arm*: a plain step, or a speculative plan named by
     its drafter (mix). Its step time is the cost model's (refined per component, `CostModel.refine`) times what
-    that arm's steps measured against it (`Realized.slowdown`). Acceptance estimates are upper-confidence ones
-    (UCB: the bonus shrinks with the rows a drafter has drafted and grows slowly with the steps taken, so an arm
-    that lost on a few unlucky rows is tried again), and a drafter predicted within `EXPLORE_WITHIN` of the best
+    that arm's steps measured against it (`Realized.slowdown`). Draft lengths come from unbiased acceptance
+    estimates; arms are compared on upper-confidence ones (UCB: the bonus shrinks with the rows a drafter has
+    drafted and grows slowly with the steps taken, so an arm that lost on a few unlucky rows is tried again), and
+    a drafter predicted within `EXPLORE_WITHIN` of the best
     choice is first tried on `MIN_TRIALS` rows. `force` ("plain" / "spec", None = choose) and `schedule` (a
     callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
     drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
