@@ -12,7 +12,8 @@ from specmoe import LLM
 from specmoe.decoding.control import costmodel as cmod
 from specmoe.decoding.control.controller import Controller
 from specmoe.decoding.control.learning import Realized
-from specmoe.decoding.control.costmodel import Coefficients, CostModel, RoutingStats
+from specmoe.decoding.control.costmodel import Coefficients, CostModel
+from specmoe.decoding.control.routing import RoutingStats
 from specmoe.engine.auto import controller_of
 
 from tests.decoding.test_specmoe import BATCHES, reference

@@ -388,37 +388,7 @@ class Controller:
         try:
             if self.coast(B):
                 return StepPlan([None] * B, [0] * B, None)
-            plan = self.coast_spec(seqs, limits)
-            if plan is not None:
-                self.conf = {}
-                for n in plan.drafter_of:
-                    if n:
-                        self.rows_by_drafter[n] += 1
-                return StepPlan(plan.drafter_of, plan.gammas, plan)
-            dec = self.decoder
-            cm = self.cost
-            cm.routing.flush()
-            store = dec.runner.provider
-            L = len(cm.routing.layers)
-            res = np.zeros((L, cm.c.num_experts), dtype=bool)
-            for i, layer in enumerate(cm.routing.layers):
-                res[i, list(store.resident(layer))] = True
-            spec_res, setup = res, {}
-            sd = dec.drafters.get("self")
-            if sd is not None:
-                ex = sd.experts
-                if ex.ready:
-                    spec_res = res.copy()
-                    for i, layer in enumerate(cm.routing.layers):
-                        spec_res[i, ex.ids[layer]] = True
-                else:
-                    spec_res = res | cm.routing.hottest(ex.n)
-                if sd.needs_setup:  # the draft set's experts not resident now load first
-                    setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * L
-            self.resident, self.spec_resident = res, spec_res
-            avail = {n: d.available(seqs, limits) for n, d in dec.drafters.items()}
-            self.catchup = {n: np.asarray(d.catchup(seqs)) for n, d in dec.drafters.items()}
-            plan = self.choose([s.seq_id for s in seqs], avail, res, spec_res, setup, self.catchup)
+            plan = self.coast_spec(seqs, limits) or self._plan_fresh(seqs, limits)
             if plan.kind == "plain":
                 return StepPlan([None] * B, [0] * B, plan)
             self.conf = {}
@@ -428,6 +398,33 @@ class Controller:
             return StepPlan(plan.drafter_of, plan.gammas, plan)
         finally:
             self.controller_s += time.perf_counter() - t0
+
+    def _plan_fresh(self, seqs, limits: list[int]) -> Plan:
+        """`choose` over what is resident now (without / with the self draft's set) and what each drafter has."""
+        dec = self.decoder
+        cm = self.cost
+        cm.routing.flush()
+        store = dec.runner.provider
+        L = len(cm.routing.layers)
+        res = np.zeros((L, cm.c.num_experts), dtype=bool)
+        for i, layer in enumerate(cm.routing.layers):
+            res[i, list(store.resident(layer))] = True
+        spec_res, setup = res, {}
+        sd = dec.drafters.get("self")
+        if sd is not None:
+            ex = sd.experts
+            if ex.ready:
+                spec_res = res.copy()
+                for i, layer in enumerate(cm.routing.layers):
+                    spec_res[i, ex.ids[layer]] = True
+            else:
+                spec_res = res | cm.routing.hottest(ex.n)
+            if sd.needs_setup:  # the draft set's experts not resident now load first
+                setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * L
+        self.resident, self.spec_resident = res, spec_res
+        avail = {n: d.available(seqs, limits) for n, d in dec.drafters.items()}
+        self.catchup = {n: np.asarray(d.catchup(seqs)) for n, d in dec.drafters.items()}
+        return self.choose([s.seq_id for s in seqs], avail, res, spec_res, setup, self.catchup)
 
     def stopper(self, splan, name: str, rows: list[int], seqs, gammas: list[int]):
         """The draft hook of drafter `name` over its rows (batch rows `rows`, local gammas): records each greedy
@@ -498,9 +495,8 @@ class Controller:
             cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
         drafted = sum(clock.wall(f"draft:{n}") for n in names)
         cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"))
-        # what `_costs` predicts (refined, now) for what the step really drafted
-        actual = (sum(t * cm.ratio(f"draft:{n}", B) for n, t in draft_raw.items()) + v_raw * cm.ratio("fwd", n_tok)
-                  + cm.overhead("spec", B))
+        W, Gm = np.where(who >= 0, who, 0)[None], np.where(who >= 0, gam, 0)[None]
+        actual = float(self._costs(W, Gm, names, self.resident, self.spec_resident, {}, self.catchup)[2][0])
         self.realized.record(plan.arm, B, measured, actual, self.steps)
         if plan.reason != "coast":
             self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))

@@ -13,7 +13,8 @@ import numpy as np
 
 from specmoe.decoding.control.controller import Controller
 from specmoe.decoding.control.learning import Acceptance
-from specmoe.decoding.control.costmodel import Coefficients, CostModel, RoutingStats
+from specmoe.decoding.control.costmodel import Coefficients, CostModel
+from specmoe.decoding.control.routing import RoutingStats
 
 
 @dataclass(frozen=True)

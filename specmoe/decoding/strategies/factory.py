@@ -72,7 +72,8 @@ def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: Offloa
     (cached as JSON, see `costmodel.load_or_calibrate`) and it keeps refining them, and its acceptance
     estimates, as long as the caller keeps it."""
     from specmoe.decoding.control.controller import Controller
-    from specmoe.decoding.control.costmodel import CostModel, RoutingStats, calibration_key, load_or_calibrate
+    from specmoe.decoding.control.costmodel import CostModel, calibration_key, load_or_calibrate
+    from specmoe.decoding.control.routing import RoutingStats
     mcfg = ckpt.config
     tier = offload.offload if offload.offload != "host" else f"host|{offload.link_gbps}|{offload.link_latency_us}"
     nd = min(spec.draft_experts, mcfg.num_experts)
