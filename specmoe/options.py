@@ -103,8 +103,11 @@ class OffloadConfig:
                                   "2GiB: cache slots (SpecMoE's draft experts are pinned in them) + scratch rows + "
                                   "staging (sets the "
                                   "slots per layer from what is left; instead of cache_experts)", type=size)
-    cache_policy: str = opt("lru", "expert cache policy: ondemand (nothing kept past a layer), static (hottest "
-                            "~10%% per layer from a profile stay), lru, lfu", ("ondemand", "static", "lru", "lfu"))
+    cache_policy: str = opt("adaptive", "expert cache policy: ondemand (nothing kept past a layer), static "
+                            "(hottest ~10%% per layer from a profile stay), lru, lfu, adaptive (per layer, LRU's or "
+                            "LFU's eviction, whichever a simulation of both over the recent requests would have hit "
+                            "more)",
+                            ("ondemand", "static", "lru", "lfu", "adaptive"))
     prefetch: str = opt("none", "fetch layer l+1's experts while layer l computes: predicted (next router on the "
                         "current hidden state) or oracle (replay of a recorded run; an upper bound)",
                         ("none", "oracle", "predicted"))

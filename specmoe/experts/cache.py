@@ -52,7 +52,7 @@ class ExpertCache(ExpertStore):
     on its ModelRunner — and `start_oracle_recording()` / `start_oracle_replay()`, `suspend_prefetch()`.
     Not thread-safe: one compute thread calls it; only the transfers run on the I/O thread."""
 
-    def __init__(self, tier, cfg: ModelConfig, *, slots: int, policy: str = "lru", prefetch: str = "none",
+    def __init__(self, tier, cfg: ModelConfig, *, slots: int, policy: str = "adaptive", prefetch: str = "none",
                  device: torch.device | str = "cpu", memory_budget: int | None = None, link: dict | None = None,
                  scratch_buffers: int = SCRATCH_BUFFERS):
         self.closed, self.loader = False, None
@@ -454,7 +454,8 @@ class ExpertCache(ExpertStore):
                "hit_rate": s["hits"] / req if req else 0.0,
                "hit_rate_per_layer": [h / (h + m) if h + m else 0.0
                                       for h, m in zip(s["hits_per_layer"], s["misses_per_layer"])],
-               "scratch_buffers": self.scratch_buffers}
+               "scratch_buffers": self.scratch_buffers,
+               **self.policy.stats([self.layers[i] for i in sorted(self.layers)])}
         out["expert_counts"] = [list(r) for r in s["expert_counts"]]
         if self.prefetch_mode == "oracle":
             out["oracle"] = "replaying" if self.oracle.replaying else "recording"

@@ -9,7 +9,12 @@ which resident expert to evict when a slot is needed (`victim`), what a request 
 - `static` (MoE-Caching): the hottest experts of each layer from a profile stay (`ExpertCache.set_static`);
   the other slots behave on demand;
 - `lru` / `lfu`: slots keep experts across forwards and evict the least recently / least frequently
-  requested one (mixtral-offloading style).
+  requested one (mixtral-offloading style);
+- `adaptive`: per layer, LRU's or LFU's victim, whichever of the two would have hit more over the layer's
+  recent requests. Both are simulated as ghost caches (expert ids only, the layer's evictable capacity) on the
+  request stream; their hits decay by `Adaptive.DECAY` per forward. Which one wins depends on the workload
+  (LFU keeps a skewed batch's hot experts, LRU follows a drifting one), so neither fixed rule is best
+  everywhere.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ class LayerSlots:
         self.prefetched: set[int] = set()  # loaded ahead, not yet asked for
         self.inflight: list = []  # (future) loads into this layer's slots started by prefetch
         self.done_event = None  # CUDA: compute finished reading the slots
+        self.ghosts: Ghosts | None = None  # the adaptive policy's simulated LRU and LFU caches
 
     @property
     def protected(self) -> set[int]:
@@ -68,6 +74,10 @@ class CachePolicy(ABC):
     def after_forward(self, L: LayerSlots) -> list[int]:
         """Experts to drop from the slots once the layer's forward (or a pin) is done; none by default."""
         return []
+
+    def stats(self, layers: list[LayerSlots]) -> dict:
+        """What the policy decided, for the cache's stats (none by default)."""
+        return {}
 
 
 class LRU(CachePolicy):
@@ -102,7 +112,72 @@ class Static(OnDemand):
     name = "static"
 
 
-POLICY_CLASSES: dict[str, type[CachePolicy]] = {p.name: p for p in (OnDemand, Static, LRU, LFU)}
+class Ghosts:
+    """Simulated LRU and LFU caches of one layer (expert ids only) and their decayed hit counts."""
+
+    def __init__(self):
+        self.lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.lfu: OrderedDict[int, None] = OrderedDict()  # resident in the simulated LFU cache, oldest first
+        self.score = {"lru": 0.0, "lfu": 0.0}
+        self.hits = {"lru": 0, "lfu": 0}
+        self.requests = 0
+
+    def feed(self, ids: list[int], freq: list[int], capacity: int, decay: float) -> None:
+        """One forward requested `ids` (freq: the counts after this request)."""
+        keep = set(ids)
+        for name, ghost in (("lru", self.lru), ("lfu", self.lfu)):
+            hit = sum(e in ghost for e in ids)
+            self.hits[name] += hit
+            self.score[name] = self.score[name] * decay + hit
+            for e in ids:
+                if e in ghost:
+                    ghost.move_to_end(e)
+                else:
+                    ghost[e] = None
+            over = len(ghost) - capacity
+            if over > 0:  # evict as the real rule would: never this forward's experts while others remain
+                old = [e for e in ghost if e not in keep]  # oldest first
+                if name == "lfu":
+                    order = {e: i for i, e in enumerate(old)}
+                    old.sort(key=lambda e: (freq[e], order[e]))
+                gone = old[:over] + [e for e in ghost if e in keep][:max(0, over - len(old))]
+                for e in gone:
+                    del ghost[e]
+        self.requests += len(ids)
+
+    @property
+    def rule(self) -> str:
+        return "lfu" if self.score["lfu"] > self.score["lru"] else "lru"
+
+
+class Adaptive(CachePolicy):
+    """LRU's or LFU's victim per layer, whichever a ghost simulation of each hit more recently (module
+    docstring)."""
+    name = "adaptive"
+    DECAY = 0.97  # per forward of the layer: the comparison spans roughly the last 30 forwards
+
+    def __init__(self):
+        self.rules = {"lru": LRU(), "lfu": LFU()}
+
+    def choose(self, L: LayerSlots, candidates: list[int]) -> int:
+        rule = L.ghosts.rule if L.ghosts is not None else "lru"
+        return self.rules[rule].choose(L, candidates)
+
+    def touch(self, L: LayerSlots, ids: list[int]) -> None:
+        super().touch(L, ids)
+        if L.ghosts is None:
+            L.ghosts = Ghosts()
+        L.ghosts.feed(ids, L.freq, max(L.rows.shape[0] - len(L.protected), 1), self.DECAY)
+
+    def stats(self, layers: list[LayerSlots]) -> dict:
+        ghosts = [L.ghosts for L in layers if L.ghosts is not None]
+        req = sum(g.requests for g in ghosts)
+        return {"adaptive_rule_per_layer": [L.ghosts.rule if L.ghosts is not None else "lru" for L in layers],
+                "adaptive_ghost_hit_rate": {r: sum(g.hits[r] for g in ghosts) / req if req else 0.0
+                                            for r in ("lru", "lfu")}}
+
+
+POLICY_CLASSES: dict[str, type[CachePolicy]] = {p.name: p for p in (OnDemand, Static, LRU, LFU, Adaptive)}
 POLICIES = tuple(POLICY_CLASSES)
 
 

@@ -16,7 +16,7 @@ def slots_with(resident: list[int], freq: dict[int, int]) -> LayerSlots:
 
 
 def test_every_policy_is_a_declared_policy_object():
-    assert POLICIES == ("ondemand", "static", "lru", "lfu")
+    assert POLICIES == ("ondemand", "static", "lru", "lfu", "adaptive")
     assert all(isinstance(make_policy(p), CachePolicy) and make_policy(p).name == p for p in POLICIES)
 
 
@@ -45,3 +45,44 @@ def test_what_stays_after_a_forward(name, kept):
         L.prefetched = set()
     gone = make_policy(name).after_forward(L)
     assert set(L.slot_of) - set(gone) == kept
+
+
+def _stream(policy: str, requests: list[list[int]], slots: int = 3) -> tuple[int, LayerSlots]:
+    """Run `requests` through one layer's slots under `policy` (the cache's order: victims, then touch); hits."""
+    p = make_policy(policy)
+    L = LayerSlots(torch.zeros(slots, 8, dtype=torch.uint8), 16, ())
+    hits = 0
+    for ids in requests:
+        hits += sum(e in L.slot_of for e in ids)
+        for e in ids:
+            if e in L.slot_of:
+                continue
+            if L.free:
+                s = L.free.pop()
+            else:
+                v = p.victim(L, set(ids))
+                L.recency.pop(v)
+                s = L.slot_of.pop(v)
+            L.slot_of[e] = s
+            L.recency[e] = None
+        p.touch(L, ids)
+    return hits, L
+
+
+# a skewed stream (expert 0 every 4th forward, pairs from a pool of 15 between): LFU keeps 0, LRU lets the pairs
+# push it out; a drifting stream (each phase cycles a new set of 3): LRU follows the phase, LFU clings to the
+# last phase's counts
+SKEWED = [[0] if i % 4 == 0 else [1 + (2 * i) % 15, 1 + (2 * i + 1) % 15] for i in range(200)]
+DRIFTING = [[(i // 40) * 3 + i % 3] for i in range(200)]
+
+
+@pytest.mark.parametrize("stream,winner", [(SKEWED, "lfu"), (DRIFTING, "lru")])
+def test_adaptive_follows_the_rule_that_hits_more(stream, winner):
+    loser = {"lru": "lfu", "lfu": "lru"}[winner]
+    hits = {name: _stream(name, stream)[0] for name in ("lru", "lfu")}
+    assert hits[winner] > 1.2 * hits[loser]  # the streams do separate the two rules
+    got, L = _stream("adaptive", stream)
+    assert L.ghosts.rule == winner  # it switched to (or stayed on) the rule that wins here
+    assert got >= 0.9 * hits[winner] and got > hits[loser]
+    st = make_policy("adaptive").stats([L])
+    assert st["adaptive_rule_per_layer"] == [winner] and st["adaptive_ghost_hit_rate"][winner] > 0
