@@ -8,9 +8,11 @@ Decode tokens/s (the tokens after each sequence's first, over the decode steps' 
 the prefill is recorded beside it). Disk tier (direct reads), expert cache 25% of the experts per layer,
 greedy, EOS ignored, held-out prompts
 (benchmarks/prompts: code and prose domains taken in turn). Systems: the non-speculative baselines (LRU,
-LFU, on-demand), `auto`, and the fixed speculative configurations drafter × γ {2, 4} × {chain, tree}. Every
+LFU, adaptive, on-demand), `auto`, the fixed speculative configurations drafter × γ {2, 4} × {chain, tree},
+and an A/A control (a second engine identical to the first baseline: the run's noise floor). Every
 run of every system is checked token for token against plain decoding (LRU) in fp32. Rounds are
-interleaved (round r runs every system once, in order) and each system's per-round tok/s is reported as the
+interleaved (round r runs every system once, the order rotated by r·n/rounds of n systems, so no system
+always runs first or last) and each system's per-round tok/s is reported as the
 median over rounds; ratios are of medians within this one invocation (identical runs minutes apart on this
 kind of machine differ by up to 1.5×, so only ratios within one run mean something). What `auto` chose is
 recorded from its stats: share of plain steps, rows per drafter, τ per drafter, bytes per token.
@@ -39,7 +41,11 @@ from specmoe.engine.auto import controller_of  # noqa: E402
 from specmoe.engine.llm import default_model_path  # noqa: E402
 
 BASELINES = {"lru": {"cache_policy": "lru", "decoding": "ar"}, "lfu": {"cache_policy": "lfu", "decoding": "ar"},
+             "adaptive": {"cache_policy": "adaptive", "decoding": "ar"},
              "ondemand": {"cache_policy": "ondemand", "decoding": "ar"}}
+# the A/A control: a second engine identical to the first baseline, measured like every system; how far the two
+# differ is this run's noise floor (identical engines differ by up to 1.25x on medians of 3 rounds here)
+CONTROL = "control"
 DOMAINS = ("code", "bible", "docs", "fortunes")
 AUTO_KEEP = ("controller_steps", "controller_reasons", "controller_rows_by_drafter", "drafters", "tokens_per_step",
              "ar_steps", "steps", "plain_step_share", "expert_bytes_per_token", "acceptance_calibrated_by_drafter",
@@ -121,13 +127,14 @@ def readme_block(results: list[dict]) -> str:
     for res in results:
         warm = (f", after a {res['warmup_tokens']}-token warm-up on held-out prompts (auto's memory cleared at "
                 f"the start of the run)" if "warmup_tokens" in res else "")
-        fixed = sorted(n for n in res["points"][0]["median_tok_s"] if n not in BASELINES and n != "auto")
+        fixed = sorted(n for n in res["points"][0]["median_tok_s"] if n not in BASELINES and n not in ("auto", CONTROL))
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
                   f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds{warm}, "
                   f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`):", "",
                   "| batch | best baseline | decode tok/s | best fixed speculative | tok/s | auto tok/s | auto ÷ baseline "
-                  "| auto ÷ best fixed | auto plain steps | auto rows by drafter | step-time error plain / spec |",
-                  "|---:|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
+                  "| auto ÷ best fixed | A/A noise floor | auto plain steps | auto rows by drafter "
+                  "| step-time error plain / spec |",
+                  "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
         for p in res["points"]:
             a = p["auto_choice"]
             steps = a.get("controller_steps", {})
@@ -135,12 +142,13 @@ def readme_block(results: list[dict]) -> str:
             rows = ", ".join(f"{k} {v['rows']} (τ {v['tokens_per_step']:.2f})" for k, v in (a.get("drafters") or {}).items()
                              if v["rows"])
             err = p.get("prediction_error", {})
+            noise = f"{p['noise_floor']:.2f}×" if p.get("noise_floor") else "–"
             e = " / ".join("–" if (err.get(k) or {}).get("median_abs_error") is None
                            else f"{err[k]['median_abs_error']:.0%}" for k in ("plain", "spec"))
             lines.append(f"| {p['batch']} | {p['best_baseline']} | {p['median_tok_s'][p['best_baseline']]:.1f} | "
                          f"{p['best_fixed']} | {p['median_tok_s'][p['best_fixed']]:.1f} | "
                          f"{p['median_tok_s']['auto']:.1f} | {p['auto_vs_baseline']:.2f}× | {p['auto_vs_fixed']:.2f}× | "
-                         f"{a.get('plain_step_share', plain):.0%} | {rows} | {e} |")
+                         f"{noise} | {a.get('plain_step_share', plain):.0%} | {rows} | {e} |")
         lines.append("")
     return "\n".join(lines + [END])
 
@@ -155,7 +163,9 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fixed", default="self,eagle,ngram", help="drafters of the fixed configurations")
-    ap.add_argument("--baselines", default="lru,lfu,ondemand")
+    ap.add_argument("--baselines", default="lru,lfu,adaptive,ondemand")
+    ap.add_argument("--no-control", dest="control", action="store_false",
+                    help="leave out the A/A control (a second engine identical to the first baseline)")
     ap.add_argument("--only", default=None, help="keep only these fixed configurations (e.g. self-g4,eagle-g4)")
     ap.add_argument("--warmup-tokens", type=int, default=32,
                     help="every system first generates this many tokens for min(batch, 8) held-out prompts")
@@ -183,10 +193,12 @@ def main() -> int:
     ce = max(cfg.top_k, cfg.num_experts // 4)
     tier = {"offload": "disk", "cache_experts": ce, "prefetch": "none", "repack_dir": str(cache / "repack")}
     systems = {n: BASELINES[n] for n in args.baselines.split(",")}
-    systems["auto"] = {"decoding": "auto", "cache_policy": "lru"}
+    systems["auto"] = {"decoding": "auto", "cache_policy": "adaptive"}
     fixed_all = fixed_systems(args.fixed.split(","))
     systems |= {n: o for n, o in fixed_all.items() if args.only is None or n in args.only.split(",")}
     ref = args.baselines.split(",")[0]
+    if args.control:
+        systems[CONTROL] = BASELINES[ref]
     points, t_start, code = [], time.perf_counter(), commit()  # the code this run loaded (not HEAD at its end)
     for B in [int(b) for b in args.batches.split(",")]:
         llms = {n: LLM(str(path), threads=args.threads, dtype=args.dtype, **tier, **o) for n, o in systems.items()}
@@ -201,7 +213,10 @@ def main() -> int:
         equal, last = {}, {}
         for rnd in range(args.rounds):
             outs = {}
-            for n, llm in llms.items():
+            order = list(llms)
+            k = (rnd * len(order)) // args.rounds
+            for n in order[k:] + order[:k]:
+                llm = llms[n]
                 llm.reset_stats()
                 runs = [measure(llm, g, args.max_tokens, instrument=False) for g in groups]
                 outs[n] = [t for r in runs for t in r.pop("_token_ids")]
@@ -217,7 +232,7 @@ def main() -> int:
                 equal[n] = equal.get(n, True) and outs[n] == outs[ref]
         med = {n: statistics.median(v) for n, v in tps.items()}
         base = max(args.baselines.split(","), key=lambda n: med[n])
-        fixed = [n for n in systems if n not in BASELINES and n != "auto"]
+        fixed = [n for n in systems if n not in BASELINES and n not in ("auto", CONTROL)]
         best_fixed = max(fixed, key=lambda n: med[n]) if fixed else "auto"
         st = last["auto"]
         points.append({"batch": B, "prediction_error": prediction_error(st), "tok_s_per_round": tps,
@@ -227,11 +242,15 @@ def main() -> int:
                        "best_baseline": base,
                        "best_fixed": best_fixed, "auto_vs_baseline": med["auto"] / med[base],
                        "auto_vs_fixed": med["auto"] / med[best_fixed], "equal_to_plain": equal,
+                       "noise_floor": (max(med[ref], med[CONTROL]) / min(med[ref], med[CONTROL])
+                                       if CONTROL in med else None),
+                       "hit_rate": {n: last[n].get("hit_rate") for n in systems},
                        "tokens_per_step": {n: last[n].get("tokens_per_step") for n in systems},
                        "auto_choice": {k: st.get(k) for k in AUTO_KEEP},
                        "auto_acceptance_from_memory": warmed})
         print(f"B={B}: auto {med['auto']:.1f} tok/s = {med['auto'] / med[base]:.2f}x {base}, "
-              f"{med['auto'] / med[best_fixed]:.2f}x {best_fixed}; all equal: {all(equal.values())}", flush=True)
+              f"{med['auto'] / med[best_fixed]:.2f}x {best_fixed}; all equal: {all(equal.values())}; A/A noise floor "
+              f"{points[-1]['noise_floor'] or 0:.2f}x", flush=True)
         del llms
     res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine_info(),
            "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,
