@@ -12,9 +12,10 @@ LFU, adaptive, on-demand), `auto`, the fixed speculative configurations drafter 
 and an A/A control (a second engine identical to the first baseline: the run's noise floor). Every
 run of every system is checked token for token against plain decoding (LRU) in fp32. Rounds are
 interleaved (round r runs every system once, the order rotated by r·n/rounds of n systems, so no system
-always runs first or last) and each system's per-round tok/s is reported as the
-median over rounds; ratios are of medians within this one invocation (identical runs minutes apart on this
-kind of machine differ by up to 1.5×, so only ratios within one run mean something). What `auto` chose is
+always runs first or last); auto's ratios are medians over rounds of its tok/s ÷ the other system's in the same
+round (the machine's speed drifts between rounds), and the best baseline and best fixed configuration are the
+ones with the highest median tok/s; only ratios within one invocation mean something (identical runs minutes
+apart on this kind of machine differ by up to 1.5×). What `auto` chose is
 recorded from its stats: share of plain steps, rows per drafter, τ per drafter, bytes per token.
 """
 from __future__ import annotations
@@ -50,6 +51,17 @@ DOMAINS = ("code", "bible", "docs", "fortunes")
 AUTO_KEEP = ("controller_steps", "controller_reasons", "controller_rows_by_drafter", "drafters", "tokens_per_step",
              "ar_steps", "steps", "plain_step_share", "expert_bytes_per_token", "acceptance_calibrated_by_drafter",
              "controller_s", "time_refinement", "step_overhead_s")
+
+
+def paired(tps: dict, a: str, b: str) -> float:
+    """Median over rounds of a's tok/s ÷ b's in the same round: the machine's speed drifts between rounds (every
+    system slower in one round than in the next), and a ratio within one round cancels that drift."""
+    return statistics.median(x / y for x, y in zip(tps[a], tps[b]))
+
+
+def noise_floor(tps: dict, a: str, b: str) -> float:
+    """Median over rounds of the larger ÷ the smaller tok/s of two identical engines a, b (≥ 1)."""
+    return statistics.median(max(x, y) / min(x, y) for x, y in zip(tps[a], tps[b]))
 
 
 def prediction_error(st: dict) -> dict:
@@ -240,16 +252,18 @@ def main() -> int:
                        "end_to_end_tok_s_per_round": e2e,
                        "end_to_end_median_tok_s": {n: statistics.median(v) for n, v in e2e.items()},
                        "best_baseline": base,
-                       "best_fixed": best_fixed, "auto_vs_baseline": med["auto"] / med[base],
-                       "auto_vs_fixed": med["auto"] / med[best_fixed], "equal_to_plain": equal,
-                       "noise_floor": (max(med[ref], med[CONTROL]) / min(med[ref], med[CONTROL])
-                                       if CONTROL in med else None),
+                       "best_fixed": best_fixed, "auto_vs_baseline": paired(tps, "auto", base),
+                       "auto_vs_fixed": paired(tps, "auto", best_fixed),
+                       "ratio_of_medians": {"auto_vs_baseline": med["auto"] / med[base],
+                                            "auto_vs_fixed": med["auto"] / med[best_fixed]},
+                       "equal_to_plain": equal,
+                       "noise_floor": noise_floor(tps, ref, CONTROL) if CONTROL in med else None,
                        "hit_rate": {n: last[n].get("hit_rate") for n in systems},
                        "tokens_per_step": {n: last[n].get("tokens_per_step") for n in systems},
                        "auto_choice": {k: st.get(k) for k in AUTO_KEEP},
                        "auto_acceptance_from_memory": warmed})
-        print(f"B={B}: auto {med['auto']:.1f} tok/s = {med['auto'] / med[base]:.2f}x {base}, "
-              f"{med['auto'] / med[best_fixed]:.2f}x {best_fixed}; all equal: {all(equal.values())}; A/A noise floor "
+        print(f"B={B}: auto {med['auto']:.1f} tok/s = {paired(tps, 'auto', base):.2f}x {base}, "
+              f"{paired(tps, 'auto', best_fixed):.2f}x {best_fixed} (medians of per-round ratios); all equal: {all(equal.values())}; A/A noise floor "
               f"{points[-1]['noise_floor'] or 0:.2f}x", flush=True)
         del llms
     res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine_info(),
