@@ -141,7 +141,8 @@ def readme_block(results: list[dict]) -> str:
                 f"the start of the run)" if "warmup_tokens" in res else "")
         fixed = sorted(n for n in res["points"][0]["median_tok_s"] if n not in BASELINES and n not in ("auto", CONTROL))
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
-                  f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds{warm}, "
+                  f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds (auto's ratios: medians "
+                  f"of per-round ratios){warm}, "
                   f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`):", "",
                   "| batch | best baseline | decode tok/s | best fixed speculative | tok/s | auto tok/s | auto ÷ baseline "
                   "| auto ÷ best fixed | A/A noise floor | auto plain steps | auto rows by drafter "
