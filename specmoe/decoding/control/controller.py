@@ -9,9 +9,9 @@ calibrated `CostModel`, and P_{d,b,j}, the probability that sequence b's j-th dr
 (all before it accepted), from acceptance calibrated online per drafter: per draft position
 (`Acceptance.position`), scaled by the sequence's own recent acceptance with that drafter. A lookup drafter
 (ngram) says before the step how long its proposal for each sequence is (`Drafter.available`); rows without
-one cannot use it. Candidate plans: for each threshold θ on P (a row drafts while P ≥ θ) every drafter alone,
-and each model drafter mixed with the lookup drafter (a row takes whichever expects more accepted tokens),
-plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted `switch_margin` faster
+one cannot use it. Candidate plans (`candidates.py`): for each threshold θ on P (a row drafts while P ≥ θ)
+every drafter alone, and each model drafter mixed with the lookup drafter (a row takes whichever expects more
+accepted tokens), plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted `switch_margin` faster
 (hysteresis: near a tie, flipping follows prediction noise and pays catch-ups); every `explore_every` steps a
 drafter not used for that long is tried when its best plan is predicted within 0.8× of the best, so its
 acceptance estimate follows the workload.
@@ -29,12 +29,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from specmoe.decoding.control.candidates import candidates
 from specmoe.decoding.control.costmodel import CostModel
 from specmoe.decoding.control.learning import Acceptance, Realized
 
-THETAS = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.12, 0.06])
 PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
-LOOKUP = ("ngram",)  # drafters whose proposal is known before the step (free to make)
 
 
 @dataclass
@@ -248,37 +247,10 @@ class Controller:
         # every step); the upper-confidence estimate only scores the arms against each other (exploration)
         P = {n: self._probs(n, seq_ids, avail[n], 0.0) for n in names}
         Pu = {n: self._probs(n, seq_ids, avail[n], opt) for n in names}
+        cand = candidates(names, P, Pu, avail, B, self.g)
+        W, Gm, gain, gain_ucb, theta, tags, idx = (cand.W, cand.Gm, cand.gain, cand.gain_ucb, cand.theta, cand.tags,
+                                                   cand.idx)
         ar = np.arange(self.g)
-        K = len(THETAS) + 1  # thresholds θ, then "everything available"
-        Ls, gains, ucb = {}, {}, {}
-        for n in names:  # draft lengths [K, B] and expected accepted tokens [K, B] per threshold
-            L = (P[n][None] >= THETAS[:, None, None]).sum(-1)
-            Ls[n] = np.concatenate([L, np.asarray(avail[n])[None]])
-            drafts = ar[None, None, :] < Ls[n][:, :, None]
-            gains[n] = (P[n][None] * drafts).sum(-1)
-            ucb[n] = (Pu[n][None] * drafts).sum(-1)
-        Ws, Gs, Ns, Us, tags = [], [], [], [], []
-        for i, n in enumerate(names):
-            Ws.append(np.full((K, B), i))
-            Gs.append(Ls[n])
-            Ns.append(gains[n])
-            Us.append(ucb[n])
-            tags += [n] * K
-            for j, k in enumerate(names):
-                if n in LOOKUP or k not in LOOKUP:
-                    continue
-                take = (gains[k] >= gains[n]) & (Ls[k] > 0)  # rows the lookup serves better
-                Ws.append(np.where(take, j, i))
-                Gs.append(np.where(take, Ls[k], Ls[n]))
-                Ns.append(np.where(take, gains[k], gains[n]))
-                Us.append(np.where(take, ucb[k], ucb[n]))
-                tags += [f"{n}+{k}"] * K
-        W, Gm = np.concatenate(Ws), np.concatenate(Gs)
-        gain, gain_ucb = np.concatenate(Ns).sum(1), np.concatenate(Us).sum(1)
-        theta = np.tile(np.append(THETAS, np.nan), len(Ws))
-        keep = Gm.sum(1) > 0
-        _, first = np.unique(np.concatenate([np.where(Gm > 0, W, -1), Gm], 1)[keep], axis=0, return_index=True)
-        idx = np.flatnonzero(keep)[np.sort(first)]  # distinct plans, the highest θ of each
         want, reason = None, "model"
         if self.schedule is not None:
             want, reason = self.schedule(self.steps), "schedule"

@@ -1,0 +1,60 @@
+"""The candidate speculative plans of one step, as arrays: a pure function of the acceptance estimates. For each
+threshold θ on P (a row drafts while its running acceptance probability stays ≥ θ), and for "everything
+available", every drafter alone, and each model drafter mixed with each lookup drafter (a row takes whichever
+expects more accepted tokens). The controller prices them (`Controller._costs`) and picks one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+THETAS = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.12, 0.06])
+LOOKUP = ("ngram",)  # drafters whose proposal is known before the step (free to make)
+
+
+@dataclass
+class Candidates:
+    W: np.ndarray         # [C, B] index into `names` of each row's drafter
+    Gm: np.ndarray        # [C, B] each row's draft length
+    gain: np.ndarray      # [C] expected accepted tokens (unbiased estimates)
+    gain_ucb: np.ndarray  # [C] the same on upper-confidence estimates
+    theta: np.ndarray     # [C] the in-draft stopping threshold (nan: everything available, no stopping)
+    tags: list[str]       # [C] the drafter (mix) of each candidate, e.g. "eagle+ngram"
+    idx: np.ndarray       # the distinct candidates that draft something, the highest θ of each
+
+
+def candidates(names: list[str], P: dict[str, np.ndarray], Pu: dict[str, np.ndarray],
+               avail: dict[str, list[int]], B: int, G: int) -> Candidates:
+    """P[d], Pu[d] [B, G]: drafter d's unbiased / upper-confidence probability that row b's j-th draft is
+    accepted (all before it accepted); avail[d][b]: the most d may draft for row b."""
+    ar = np.arange(G)
+    K = len(THETAS) + 1  # thresholds θ, then "everything available"
+    Ls, gains, ucb = {}, {}, {}
+    for n in names:  # draft lengths [K, B] and expected accepted tokens [K, B] per threshold
+        L = (P[n][None] >= THETAS[:, None, None]).sum(-1)
+        Ls[n] = np.concatenate([L, np.asarray(avail[n])[None]])
+        drafts = ar[None, None, :] < Ls[n][:, :, None]
+        gains[n] = (P[n][None] * drafts).sum(-1)
+        ucb[n] = (Pu[n][None] * drafts).sum(-1)
+    Ws, Gs, Ns, Us, tags = [], [], [], [], []
+    for i, n in enumerate(names):
+        Ws.append(np.full((K, B), i))
+        Gs.append(Ls[n])
+        Ns.append(gains[n])
+        Us.append(ucb[n])
+        tags += [n] * K
+        for j, k in enumerate(names):
+            if n in LOOKUP or k not in LOOKUP:
+                continue
+            take = (gains[k] >= gains[n]) & (Ls[k] > 0)  # rows the lookup serves better
+            Ws.append(np.where(take, j, i))
+            Gs.append(np.where(take, Ls[k], Ls[n]))
+            Ns.append(np.where(take, gains[k], gains[n]))
+            Us.append(np.where(take, ucb[k], ucb[n]))
+            tags += [f"{n}+{k}"] * K
+    W, Gm = np.concatenate(Ws), np.concatenate(Gs)
+    theta = np.tile(np.append(THETAS, np.nan), len(Ws))
+    keep = Gm.sum(1) > 0
+    _, first = np.unique(np.concatenate([np.where(Gm > 0, W, -1), Gm], 1)[keep], axis=0, return_index=True)
+    idx = np.flatnonzero(keep)[np.sort(first)]  # distinct plans, the highest θ of each
+    return Candidates(W, Gm, np.concatenate(Ns).sum(1), np.concatenate(Us).sum(1), theta, tags, idx)
