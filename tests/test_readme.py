@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specmoe.bench import report
+from specmoe.bench import report, results_index
 from specmoe.errors import SpecMoEError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,11 +96,11 @@ def test_options_page_is_generated_from_the_dataclasses():
 
 
 def test_results_index_is_generated_from_the_results_files():
-    doc = report.INDEX_DOC.read_text()
-    i, j = doc.index(report.INDEX_BEGIN), doc.index(report.INDEX_END) + len(report.INDEX_END)
-    assert doc[i:j] == report.results_index(REPO / "benchmarks" / "results"), \
+    doc = results_index.INDEX_DOC.read_text()
+    i, j = doc.index(results_index.INDEX_BEGIN), doc.index(results_index.INDEX_END) + len(results_index.INDEX_END)
+    assert doc[i:j] == results_index.results_index(REPO / "benchmarks" / "results"), \
         "docs/benchmarks.md's list of results files is stale: run `python -m specmoe.bench.report`"
-    assert report.file_provenance({"provenance": {"git_commit": "ab" * 20, "git_dirty": False, "cpu_model": "X",
+    assert results_index.file_provenance({"provenance": {"git_commit": "ab" * 20, "git_dirty": False, "cpu_model": "X",
                                                   "logical_cores": 2}, "command": "python benchmarks/x.py --a"}) \
         == ("`x.py`", "`ababababab`", "X, 2 cores")
 
