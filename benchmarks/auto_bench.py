@@ -45,8 +45,13 @@ BASELINES = {"lru": {"cache_policy": "lru", "decoding": "ar"}, "lfu": {"cache_po
              "adaptive": {"cache_policy": "adaptive", "decoding": "ar"},
              "ondemand": {"cache_policy": "ondemand", "decoding": "ar"}}
 # the A/A control: a second engine identical to the first baseline, measured like every system; how far the two
-# differ is this run's noise floor (identical engines differ by up to 1.25x on medians of 3 rounds here)
+# differ is this run's noise floor (identical engines differed by up to 1.24x on medians of 3 rounds here)
 CONTROL = "control"
+
+
+def is_fixed(name: str) -> bool:
+    """A fixed speculative configuration (not a baseline, auto or the A/A control)."""
+    return name not in BASELINES and name not in ("auto", CONTROL)
 DOMAINS = ("code", "bible", "docs", "fortunes")
 AUTO_KEEP = ("controller_steps", "controller_reasons", "controller_rows_by_drafter", "drafters", "tokens_per_step",
              "ar_steps", "steps", "plain_step_share", "expert_bytes_per_token", "acceptance_calibrated_by_drafter",
@@ -140,10 +145,10 @@ def readme_block(results: list[dict]) -> str:
         size = "at the measured batch size " if res.get("warmup_batch") == "measured" else ""
         warm = (f", after a {res['warmup_tokens']}-token warm-up {size}on held-out prompts (auto's memory cleared at "
                 f"the start of the run)" if "warmup_tokens" in res else "")
-        fixed = sorted(n for n in res["points"][0]["median_tok_s"] if n not in BASELINES and n not in ("auto", CONTROL))
+        fixed = sorted(n for n in res["points"][0]["median_tok_s"] if is_fixed(n))
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
-                  f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds (auto's ratios: medians "
-                  f"of per-round ratios){warm}, "
+                  f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds (auto's "
+                  f"ratios: medians of per-round ratios){warm}, "
                   f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`):", "",
                   "| batch | best baseline | decode tok/s | best fixed speculative | tok/s | auto tok/s | auto ÷ baseline "
                   "| auto ÷ best fixed | A/A noise floor | auto plain steps | auto rows by drafter "
@@ -219,7 +224,7 @@ def main() -> int:
         llms = {n: LLM(str(path), threads=args.threads, dtype=args.dtype, **tier, **o) for n, o in systems.items()}
         prompts = prompts_for(tok, max(B, args.seqs_at_batch_1))
         groups = [[p] for p in prompts[:args.seqs_at_batch_1]] if B == 1 else [prompts[:B]]
-        warm = prompts_for(tok, max(B, args.seqs_at_batch_1) if B == 1 else B, warmup=True)
+        warm = prompts_for(tok, args.seqs_at_batch_1 if B == 1 else B, warmup=True)
         warm = [[p] for p in warm] if B == 1 else [warm]
         for llm in llms.values():  # warm-up on held-out prompts: calibration, affinity tables, caches, acceptance
             for group in warm:
@@ -249,7 +254,7 @@ def main() -> int:
                 equal[n] = equal.get(n, True) and outs[n] == outs[ref]
         med = {n: statistics.median(v) for n, v in tps.items()}
         base = max(args.baselines.split(","), key=lambda n: med[n])
-        fixed = [n for n in systems if n not in BASELINES and n not in ("auto", CONTROL)]
+        fixed = [n for n in systems if is_fixed(n)]
         best_fixed = max(fixed, key=lambda n: med[n]) if fixed else "auto"
         st = last["auto"]
         points.append({"batch": B, "prediction_error": prediction_error(st), "tok_s_per_round": tps,
@@ -267,9 +272,10 @@ def main() -> int:
                        "tokens_per_step": {n: last[n].get("tokens_per_step") for n in systems},
                        "auto_choice": {k: st.get(k) for k in AUTO_KEEP},
                        "auto_acceptance_from_memory": warmed})
-        print(f"B={B}: auto {med['auto']:.1f} tok/s = {paired(tps, 'auto', base):.2f}x {base}, "
-              f"{paired(tps, 'auto', best_fixed):.2f}x {best_fixed} (medians of per-round ratios); all equal: {all(equal.values())}; A/A noise floor "
-              f"{points[-1]['noise_floor'] or 0:.2f}x", flush=True)
+        pt = points[-1]
+        print(f"B={B}: auto {med['auto']:.1f} tok/s = {pt['auto_vs_baseline']:.2f}x {base}, "
+              f"{pt['auto_vs_fixed']:.2f}x {best_fixed} (medians of per-round ratios); "
+              f"all equal: {all(equal.values())}; A/A noise floor {pt['noise_floor'] or 0:.2f}x", flush=True)
         del llms
     res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine_info(),
            "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,

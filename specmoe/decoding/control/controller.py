@@ -11,8 +11,8 @@ calibrated `CostModel`, and P_{d,b,j}, the probability that sequence b's j-th dr
 (ngram) says before the step how long its proposal for each sequence is (`Drafter.available`); rows without
 one cannot use it. Candidate plans (`candidates.py`): for each threshold θ on P (a row drafts while P ≥ θ)
 every drafter alone, and each model drafter mixed with the lookup drafter (a row takes whichever expects more
-accepted tokens), plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted `switch_margin` faster
-(hysteresis: near a tie, flipping follows prediction noise and pays catch-ups); every `explore_every` steps a
+accepted tokens), plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted
+`switch_margin` faster (hysteresis: near a tie, flipping follows prediction noise and pays catch-ups); every `explore_every` steps a
 drafter not used for that long is tried when its best plan is predicted within 0.8× of the best, so its
 acceptance estimate follows the workload.
 

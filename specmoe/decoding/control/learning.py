@@ -1,6 +1,6 @@
 """What `auto`'s controller learns online: acceptance per drafter (`Acceptance`: per draft position, per
-sequence, by draft confidence; `ControllerMemory` carries it and the time corrections to the next engine) and what each arm's steps
-really take (`Realized`: measured over predicted step time, per arm — a plain step, or a speculative plan's
+sequence, by draft confidence; `ControllerMemory` carries it and the time corrections to the next engine) and
+what each arm's steps really take (`Realized`: measured over predicted step time, per arm — a plain step, or a speculative plan's
 drafter or drafter mix — and batch bucket)."""
 from __future__ import annotations
 
