@@ -44,6 +44,8 @@ def test_greedy_equals_ar_with_forced_plain_forced_spec_and_mixed_steps(tiny_ckp
             ctl.force = mode
         run_all(llm, path)
         kinds[mode] = dict(ctl.choices)
+        if mode == "spec":  # every planned step tells the drafter's calibration what its plan expected
+            assert ctl.acc.plan_pred[0] > 0 and ctl.acc.plan_acc[0] > 0
     assert kinds["plain"]["spec"] == 0 and kinds["plain"]["plain"] > 0
     assert kinds["spec"]["plain"] <= 3 and kinds["spec"]["spec"] > 0  # plain only where no sequence may draft
     assert kinds["mixed"]["spec"] > 0 and kinds["mixed"]["plain"] > kinds["mixed"]["spec"]
@@ -181,6 +183,7 @@ def test_a_drafter_that_lost_on_a_few_unlucky_rows_is_tried_again():
     ctl, res, spec_res = synthetic(read_s=5e-3)
     ids, lim = list(range(8)), [4] * 8
     ctl.acc.record(ids, [4] * 8, [0] * 8, [[0.9] * 4] * 8)  # eight unlucky rows
+    ctl.realized.record("self", 8, 1.0, 1.0, 0)  # drafted in a measured step at this batch size
     first = ctl.plan(ids, lim, res, spec_res)
     assert first.kind == "plain" and first.reason == "model"
     ctl.steps, ctl.coasting = 5000, (0, 0)  # many steps later, the drafter unused since
@@ -211,6 +214,42 @@ def test_an_arm_whose_steps_measure_slower_than_predicted_is_priced_so_until_it_
     ctl.steps += 20 * int(Realized.FADE)  # long unused: back to the model's price
     ctl.coasting = (0, 0)
     assert ctl.plan(ids, lim, res, spec_res).kind == "spec"
+
+
+def test_plans_whose_rows_accept_less_than_expected_are_calibrated_down():
+    """`Acceptance.calibration` (k_j): when the rows a plan drafts deep accept less than the plan's probabilities
+    said, later plans price those positions lower and draft shallower."""
+    ctl, res, spec_res = synthetic(read_s=1e-3)
+    ctl.MIN_TRIALS = 0
+    ids, lim = list(range(8)), [4] * 8
+    ctl.acc.record(ids, [4] * 8, [3] * 8, [[0.9] * 4] * 8)
+    p = ctl.plan(ids, lim, res, spec_res)
+    assert p.kind == "spec" and max(p.gammas) >= 3 and p.probs.shape == (8, 4)
+    for _ in range(30):  # the plan's rows accept only their first draft
+        ctl.acc.record_plan(p.probs, p.gammas, [1] * 8)
+    k = ctl.acc.calibration()
+    assert k[0] >= 0.9 and k[1] < 0.5 and k[2] < 0.5
+    ctl.coasting, ctl.spec_coasting = (0, 0), None
+    q = ctl.plan(ids, lim, res, spec_res)
+    assert sum(q.gammas or [0]) < sum(p.gammas)
+
+
+def test_speculation_is_tried_once_per_batch_size_before_plain_defends_its_margin():
+    """Cold start: until a speculative step is measured at a batch size, a drafter predicted close to the best is
+    tried there once, and plain has no `switch_margin` to defend; once measured, the margin holds."""
+    ctl, res, spec_res = synthetic(read_s=1e-5)  # speculation predicted ~2% faster than plain: inside the margin
+    ids = list(range(8))
+    ctl.acc.record(ids, [4] * 8, [1] * 8, [[0.9] * 4] * 8)
+    first = ctl.plan(ids, [4] * 8, res, spec_res)
+    assert first.kind == "spec" and first.reason == "explore"
+    assert first.plain_rate < first.spec_rate < ctl.switch_margin * first.plain_rate
+    ctl.realized.record("self", 8, first.predicted_s, first.predicted_s, ctl.steps)  # its step, measured
+    ctl.last_arm, ctl.spec_coasting = "plain", None
+    assert ctl.plan(ids, [4] * 8, res, spec_res).kind == "plain"  # measured here: plain keeps its margin
+    ctl.coasting = (0, 0)
+    wide = list(range(100, 132))
+    again = ctl.plan(wide, [4] * 32, res, spec_res)  # a batch size not measured yet
+    assert again.kind == "spec" and again.reason == "explore"
 
 
 def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():

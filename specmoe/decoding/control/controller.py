@@ -52,6 +52,7 @@ class Plan:
     spec_drafters: list[str | None] | None = None  # the best speculative plan's drafters, chosen or not
     arm: str = "plain"           # "plain" or the chosen speculative plan's drafter (mix), e.g. "eagle+ngram"
     raw_rate: float = 0.0        # the chosen arm's predicted tokens/s before its realized correction
+    probs: np.ndarray | None = None  # [B, γ_max] each drafting row's acceptance probabilities before calibration
 
 
 class Controller:
@@ -67,7 +68,8 @@ class Controller:
     floor (0 turns it off)."""
 
     SAVE_EVERY = 32  # speculative steps between writes of the memory
-    MIN_TRIALS = 4  # rows a drafter first drafts when predicted within EXPLORE_WITHIN of the best choice
+    MIN_TRIALS = 4  # rows a drafter first drafts when predicted within EXPLORE_WITHIN of the best choice (0: no
+    # first trials, at all or per batch size)
     EXPLORE_WITHIN = 0.8
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
 
@@ -180,9 +182,14 @@ class Controller:
                        reason="coast")
 
     # ------------------------------------------------------------ the choice, over arrays
-    def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float) -> np.ndarray:
+    def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float,
+               calibrated: bool = True) -> np.ndarray:
+        """[B, G] P_{b,j}: position estimate × the sequence's factor (× the plans' calibration k_j), non-increasing
+        in j, 0 past what the row may draft."""
         acc = self.accs[name]
         P = acc.position(optimism)[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
+        if calibrated:
+            P = P * acc.calibration()[None, :]
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)
         return np.where(np.arange(self.g)[None, :] < np.asarray(avail)[:, None], P, 0.0)
 
@@ -288,14 +295,19 @@ class Controller:
         if want is None:
             want = "spec" if best is not None and spec_rate > plain_rate else "plain"
             stay = by_drafter.get(self.last_arm) if self.last_arm != "plain" else None
-            if self.last_arm == "plain" and want == "spec" and spec_rate < self.switch_margin * plain_rate:
+            # until a speculative step is measured at this batch size, plain has nothing measured to defend
+            margin = self.switch_margin if any(self.realized.measured(t, B) for t in by_drafter) else 1.0
+            if self.last_arm == "plain" and want == "spec" and spec_rate < margin * plain_rate:
                 want = "plain"
             elif stay is not None and max(spec_rate, plain_rate) < self.switch_margin * stay[0]:
                 best, want = stay, "spec"
             top = max(spec_rate, plain_rate)
-            untried = [tag for tag in by_drafter if "+" not in tag and self.accs[tag].drafted[0] < self.MIN_TRIALS
-                       and by_drafter[tag][0] >= self.EXPLORE_WITHIN * top]
-            if untried:  # a drafter's acceptance is its prior until it drafts: try it on a few rows first
+            # a drafter's acceptance is its prior until it drafts, and its step time a model until measured at this
+            # batch size: try it on a few rows first, and once per batch size, when predicted close to the best
+            untried = [tag for tag in by_drafter if "+" not in tag and by_drafter[tag][0] >= self.EXPLORE_WITHIN * top
+                       and (self.accs[tag].drafted[0] < self.MIN_TRIALS
+                            or (self.MIN_TRIALS and not self.realized.measured(tag, B)))]
+            if untried:
                 best, want, reason = by_drafter[untried[0]], "spec", "explore"
             elif best is not None and self.steps and self.steps % self.explore_every == 0:
                 # a drafter not used for a while: try its best plan when it is predicted close to the best
@@ -327,10 +339,13 @@ class Controller:
         self.since_spec = 0
         theta = 0.0 if reason in ("forced", "schedule") or th is None else float(th)
         drafter_of = [names[i] if g else None for i, g in zip(who, gam)]
+        probs = np.zeros((B, self.g))
         for n in set(d for d in drafter_of if d):
             self.last_used[n] = self.steps
+            rows = [b for b, d in enumerate(drafter_of) if d == n]
+            probs[rows] = self._probs(n, [seq_ids[b] for b in rows], np.full(len(rows), self.g), 0.0, False)
         plan = Plan("spec", gam.astype(int).tolist(), theta, t, d_raw + v_raw, miss, plain_rate, rate, reason,
-                    spec_g, drafter_of, spec_d, tag, raw_rate)
+                    spec_g, drafter_of, spec_d, tag, raw_rate, probs)
         if reason == "model" and rate >= self.coast_above * plain_rate:  # a clear call: the next steps reuse it
             self.spec_coasting = (tuple(seq_ids), plan, self.coast_steps)
         return plan
@@ -444,6 +459,9 @@ class Controller:
             rows = [b for b, d in enumerate(splan.drafter_of) if d == n]
             self.accs[n].record([ids[b] for b in rows], [depths[b] for b in rows], [len(out[b]) - 1 for b in rows],
                                 [self.conf.get(b, []) for b in rows])
+            if plan.reason != "coast" and plan.probs is not None:  # what the plan expected of the rows it planned
+                self.accs[n].record_plan(plan.probs[rows], [plan.gammas[b] for b in rows],
+                                         [len(out[b]) - 1 for b in rows])
         self.learned += 1
         if self.memory is not None and self.learned % self.SAVE_EVERY == 0:
             self.memory.save(self.accs, cost=self.cost.state(), realized=self.realized.state())

@@ -33,6 +33,10 @@ class Acceptance:
         self.conf_acc = np.zeros(CONF_BINS)  # conditional acceptance (all before accepted) by draft confidence
         self.conf_n = np.zeros(CONF_BINS)
         self.seq: dict[int, list[float]] = {}  # seq_id -> [accepted, drafted]
+        # per position: drafts the controller's plans predicted accepted (Σ of their probabilities) and drafts
+        # accepted, over the rows planned that deep (`record_plan`, `calibration`)
+        self.plan_pred = np.zeros(gamma_max)
+        self.plan_acc = np.zeros(gamma_max)
 
     def position(self, optimism: float = 0.0) -> np.ndarray:
         """P_j: probability that draft j is accepted, j = 0..γ_max-1 (non-increasing); with `optimism` c, the
@@ -55,6 +59,25 @@ class Acceptance:
         accepted j − 1)."""
         seen = self.drafted[0] + np.minimum(self.drafted[1:], self.acc[:-1]).sum()
         return float((self.acc.sum() + self.w * self.prior) / (seen + self.w))
+
+    PLAN_PRIOR = 8.0  # rows: k_j starts at 1 and follows what the plans' rows measured
+
+    def calibration(self) -> np.ndarray:
+        """k_j = drafts accepted / drafts predicted accepted at position j by recent plans (1 before any): what a
+        plan's probabilities (position × the sequence's factor) still get wrong for the rows it plans that deep.
+        Deep positions are drafted mostly by rows that looked good, so their position estimate, applied to every
+        row and then scaled by the row's own factor, counts the good rows twice; k folds the bias back."""
+        return np.clip((self.plan_acc + self.PLAN_PRIOR) / (self.plan_pred + self.PLAN_PRIOR), 0.25, 2.0)
+
+    def record_plan(self, probs: np.ndarray, gammas: list[int], accepted: list[int]) -> None:
+        """Fold in one step's planned rows: probs [R, γ_max] the probabilities the plan drafted them on (before
+        `calibration`), gammas the planned draft lengths, accepted the drafts accepted."""
+        keep = 1 - self.decay
+        self.plan_pred *= keep
+        self.plan_acc *= keep
+        for p, g, n in zip(probs, gammas, accepted):
+            self.plan_pred[:g] += p[:g]
+            self.plan_acc[:min(n, g)] += 1
 
     def seq_factor(self, seq_ids: list[int]) -> np.ndarray:
         g = self.rate()
@@ -98,7 +121,8 @@ class Acceptance:
     def state(self) -> dict:
         """What `warm` reads back (JSON-ready)."""
         return {"acc": self.acc.tolist(), "drafted": self.drafted.tolist(), "conf_acc": self.conf_acc.tolist(),
-                "conf_n": self.conf_n.tolist()}
+                "conf_n": self.conf_n.tolist(), "plan_pred": self.plan_pred.tolist(),
+                "plan_acc": self.plan_acc.tolist()}
 
     def warm(self, state: dict, rows: float) -> None:
         """Start from an earlier run's estimates (`state`), worth at most `rows` rows (per position and over the
@@ -112,9 +136,15 @@ class Acceptance:
         if len(ca) == len(cn) == CONF_BINS and cn.sum() > 0:
             f = min(1.0, rows / cn.sum())
             self.conf_acc, self.conf_n = ca * f, cn * f
+        pp, pa = np.asarray(state.get("plan_pred", []), float), np.asarray(state.get("plan_acc", []), float)
+        k = min(self.g, len(pp), len(pa))
+        if k and pp[0] > 0:
+            f = min(1.0, rows / pp[0])
+            self.plan_pred[:k], self.plan_acc[:k] = pp[:k] * f, pa[:k] * f
 
     def stats(self) -> dict:
         return {"acceptance_calibrated": self.position().tolist(),
+                "acceptance_plan_calibration": self.calibration().tolist(),
                 "acceptance_by_confidence": [float(a / n) if n > 0.5 else None
                                              for a, n in zip(self.conf_acc, self.conf_n)]}
 
@@ -217,6 +247,10 @@ class Realized:
             key = min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))
         fade = math.exp(-(step - self.last[key]) / self.FADE)
         return 1.0 + (self.ratio[key] - 1.0) * fade
+
+    def measured(self, arm: str, B: int) -> bool:
+        """Whether this arm has a step measured at B's bucket."""
+        return (arm, bucket(B)) in self.win
 
     def state(self) -> dict:
         return {f"{a}@{b}": self.ratio[(a, b)] for (a, b) in self.win}
