@@ -191,8 +191,9 @@ def test_a_drafter_that_lost_on_a_few_unlucky_rows_is_tried_again():
     assert again.kind == "spec" and again.spec_rate > first.spec_rate
     for _ in range(200):  # once it has drafted many rows and keeps failing, it stays out
         ctl.acc.record(ids, [4] * 8, [0] * 8, [[0.9] * 4] * 8)
-    ctl.coasting = (0, 0)
-    assert ctl.plan(ids, lim, res, spec_res).kind == "plain"
+    ctl.coasting, ctl.last_arm = (0, 0), "plain"  # (near a tie the last arm stays: hysteresis, tested below)
+    q = ctl.plan(ids, lim, res, spec_res)
+    assert q.kind == "plain" and q.spec_rate < q.plain_rate
 
 
 
@@ -250,6 +251,23 @@ def test_speculation_is_tried_once_per_batch_size_before_plain_defends_its_margi
     wide = list(range(100, 132))
     again = ctl.plan(wide, [4] * 32, res, spec_res)  # a batch size not measured yet
     assert again.kind == "spec" and again.reason == "explore"
+
+
+def test_ragged_drafts_pay_for_their_padding_and_uniform_caps_are_candidates():
+    """A verification's rows are padded to the longest: the non-expert model runs B × (1 + max γ) tokens, so a
+    ragged plan costs more than a uniform one with the same Σγ, and every θ plan is also offered capped at each
+    common depth."""
+    from specmoe.decoding.control.candidates import candidates
+    ctl, res, spec_res = synthetic(read_s=1e-6, ne=10e-3)  # experts almost free: the non-expert model dominates
+    W = np.zeros((2, 2), int)
+    Gm = np.array([[4, 0], [2, 2]])
+    ctl.resident, ctl.spec_resident = res, spec_res
+    _, v, _, _ = ctl._costs(W, Gm, ["self"], res, spec_res, {}, {})
+    assert v[0] > v[1]  # 2 × 5 tokens through the non-expert model against 2 × 3
+    P = np.array([[0.95, 0.9, 0.85, 0.8], [0.9, 0.5, 0.3, 0.1]])
+    cand = candidates(["self"], {"self": P}, {"self": P}, {"self": [4, 4]}, 2, 4)
+    plans = {tuple(cand.Gm[c]) for c in cand.idx}
+    assert (4, 4) in plans and (2, 2) in plans and (4, 2) in plans and (1, 1) in plans
 
 
 def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():

@@ -1,7 +1,9 @@
 """The candidate speculative plans of one step, as arrays: a pure function of the acceptance estimates. For each
 threshold θ on P (a row drafts while its running acceptance probability stays ≥ θ), and for "everything
-available", every drafter alone, and each model drafter mixed with each lookup drafter (a row takes whichever
-expects more accepted tokens). The controller prices them (`Controller._costs`) and picks one."""
+available", each capped at every common depth (a verification's rows are padded to its longest one, so a
+uniform depth can beat a ragged one that expects a few more tokens), every drafter alone, and each model drafter
+mixed with each lookup drafter (a row takes whichever expects more accepted tokens). The controller prices them
+(`Controller._costs`) and picks one."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,11 +30,11 @@ def candidates(names: list[str], P: dict[str, np.ndarray], Pu: dict[str, np.ndar
     """P[d], Pu[d] [B, G]: drafter d's unbiased / upper-confidence probability that row b's j-th draft is
     accepted (all before it accepted); avail[d][b]: the most d may draft for row b."""
     ar = np.arange(G)
-    K = len(THETAS) + 1  # thresholds θ, then "everything available"
+    K = (len(THETAS) + 1) * G  # thresholds θ, then "everything available", under each cap G, G-1, .., 1
     Ls, gains, ucb = {}, {}, {}
-    for n in names:  # draft lengths [K, B] and expected accepted tokens [K, B] per threshold
-        L = (P[n][None] >= THETAS[:, None, None]).sum(-1)
-        Ls[n] = np.concatenate([L, np.asarray(avail[n])[None]])
+    for n in names:  # draft lengths [K, B] and expected accepted tokens [K, B] per threshold and cap
+        L = np.concatenate([(P[n][None] >= THETAS[:, None, None]).sum(-1), np.asarray(avail[n])[None]])
+        Ls[n] = np.concatenate([np.minimum(L, cap) for cap in range(G, 0, -1)])
         drafts = ar[None, None, :] < Ls[n][:, :, None]
         gains[n] = (P[n][None] * drafts).sum(-1)
         ucb[n] = (Pu[n][None] * drafts).sum(-1)
@@ -53,7 +55,7 @@ def candidates(names: list[str], P: dict[str, np.ndarray], Pu: dict[str, np.ndar
             Us.append(np.where(take, ucb[k], ucb[n]))
             tags += [f"{n}+{k}"] * K
     W, Gm = np.concatenate(Ws), np.concatenate(Gs)
-    theta = np.tile(np.append(THETAS, np.nan), len(Ws))
+    theta = np.tile(np.append(THETAS, np.nan), len(Ws) * G)
     keep = Gm.sum(1) > 0
     _, first = np.unique(np.concatenate([np.where(Gm > 0, W, -1), Gm], 1)[keep], axis=0, return_index=True)
     idx = np.flatnonzero(keep)[np.sort(first)]  # distinct plans, the highest θ of each

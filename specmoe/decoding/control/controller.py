@@ -7,12 +7,15 @@
 forward, with the expected expert union and misses) and the setup of the self draft's set come from the
 calibrated `CostModel`, and P_{d,b,j}, the probability that sequence b's j-th draft by drafter d is accepted
 (all before it accepted), from acceptance calibrated online per drafter: per draft position
-(`Acceptance.position`), scaled by the sequence's own recent acceptance with that drafter. A lookup drafter
+(`Acceptance.position`), scaled by the sequence's own recent acceptance with that drafter and per position by
+what recent plans' rows accepted against the P they were planned on (`Acceptance.calibration`). A lookup drafter
 (ngram) says before the step how long its proposal for each sequence is (`Drafter.available`); rows without
 one cannot use it. Candidate plans (`candidates.py`): for each threshold θ on P (a row drafts while P ≥ θ)
 every drafter alone, and each model drafter mixed with the lookup drafter (a row takes whichever expects more
 accepted tokens), plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted
-`switch_margin` faster (hysteresis: near a tie, flipping follows prediction noise and pays catch-ups); every `explore_every` steps a
+`switch_margin` faster (hysteresis: near a tie, flipping follows prediction noise and pays catch-ups) once a
+speculative step has been measured at the batch size (before that each drafter predicted within 0.8× of the best
+is tried there once); every `explore_every` steps a
 drafter not used for that long is tried when its best plan is predicted within 0.8× of the best, so its
 acceptance estimate follows the workload.
 
@@ -229,7 +232,7 @@ class Controller:
         u0, m0 = cm.expected_union(eff, resident, "spec")
         u1, m1 = cm.expected_union(eff, spec_resident, "spec")
         union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
-        v = cm.forward_time(n_tok, union, miss)
+        v = cm.forward_time(n_tok, union, miss, B * (1 + Gm.max(1)))
         fwd = np.array([cm.ratio("fwd", int(k)) for k in n_tok])
         return d_raw, v, d_ref + v * fwd + s_setup + cm.overhead("spec", B), miss.sum(1)
 
@@ -479,7 +482,7 @@ class Controller:
         cm.fold_union(B, int(gam.sum()))
         res = self.spec_resident if "self" in draft_raw else self.resident  # as `_costs` prices it
         union, miss = cm.expected_union(cm.effective(B, [int(gam.sum())]), res, "spec")
-        v_raw = float(cm.forward_time(np.array([n_tok]), union, miss)[0])
+        v_raw = float(cm.forward_time(np.array([n_tok]), union, miss, np.array([B * (1 + int(gam.max()))]))[0])
         cm.refine("fwd", n_tok, clock.wall("verify"), v_raw)
         if plan.reason != "coast":  # a coasted step's gammas are not the ones its predictions were made for
             cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
@@ -503,6 +506,7 @@ class Controller:
               "step_predictions": [list(p) for p in self.predictions],
               **self.acc.stats(), **self.cost.stats()}
         st["acceptance_calibrated_by_drafter"] = {n: a.position().tolist() for n, a in self.accs.items()}
+        st["acceptance_plan_calibration_by_drafter"] = {n: a.calibration().tolist() for n, a in self.accs.items()}
         st["arm_slowdown"] = self.realized.stats()  # measured / predicted step seconds per arm@bucket
         st["controller_arm_rates"] = {k: round(v, 2) for k, v in self.arm_rates.items()}
         return st

@@ -359,14 +359,18 @@ class CostModel:
         miss = (hit * ~resident[None]).sum(-1) * self.ref.misses.get(kind, 1.0)
         return union, np.minimum(miss, union)
 
-    def forward_time(self, n: np.ndarray, union: np.ndarray, miss: np.ndarray) -> np.ndarray:
-        """Seconds of target forwards over n [C] tokens with per-layer union / misses [C, L]."""
+    def forward_time(self, n: np.ndarray, union: np.ndarray, miss: np.ndarray,
+                     padded: np.ndarray | None = None) -> np.ndarray:
+        """Seconds of target forwards over n [C] tokens with per-layer union / misses [C, L]. `padded` [C]: the
+        tokens the forward computes outside the experts when its rows are ragged (B × the longest row: the
+        non-expert model runs the padding, the experts do not); None: n."""
         c = self.c
         n = np.asarray(n, float)
+        dense = n if padded is None else np.asarray(padded, float)
         comp = union * c.exp_fixed + (n * c.top_k)[:, None] * c.exp_per_row  # [C, L]
         fetch = c.read_latency_s + miss * c.read_s
         per_layer = np.where(miss > 0, np.maximum(comp, fetch + comp / np.maximum(union, 1.0)), comp)
-        return c.ne_fixed + c.ne_per_token * n + (c.layer_fixed + per_layer).sum(-1)
+        return c.ne_fixed + c.ne_per_token * dense + (c.layer_fixed + per_layer).sum(-1)
 
     def draft_time(self, rows: np.ndarray) -> np.ndarray:
         """Seconds of draft forwards over rows [...] tokens each (draft experts only, no fetches: the measured
@@ -408,7 +412,7 @@ class CostModel:
         draft = self.draft_time(rows).sum(1)
         n = B + g.sum(1)
         union, miss = self.expected_union(self.effective(B, g.sum(1)), resident, "spec")
-        verify = self.forward_time(n, union, miss)
+        verify = self.forward_time(n, union, miss, B * (1 + g.max(1)))
         fwd = np.array([self.ratio("fwd", int(k)) for k in n])
         return draft, verify, draft * self.ratio("draft", B) + verify * fwd
 
