@@ -4,14 +4,15 @@
     rate = (B + Σ_b Σ_{j<γ_b} P_{d_b,b,j}) / (Σ_d D_d(rows of d per depth) + V(B + Σ_b γ_b) + setup)
 
 (the chain case of cost-aware draft selection) where D_d (each drafter's draft phase), V (the verification
-forward, with the expected expert union and misses) and the setup of the self draft's set come from the
+forward, with the expected expert union and misses, its non-expert model over the rows padded to the longest) and the setup of the self draft's set come from the
 calibrated `CostModel`, and P_{d,b,j}, the probability that sequence b's j-th draft by drafter d is accepted
 (all before it accepted), from acceptance calibrated online per drafter: per draft position
 (`Acceptance.position`), scaled by the sequence's own recent acceptance with that drafter and per position by
 what recent plans' rows accepted against the P they were planned on (`Acceptance.calibration`). A lookup drafter
 (ngram) says before the step how long its proposal for each sequence is (`Drafter.available`); rows without
-one cannot use it. Candidate plans (`candidates.py`): for each threshold θ on P (a row drafts while P ≥ θ)
-every drafter alone, and each model drafter mixed with the lookup drafter (a row takes whichever expects more
+one cannot use it. Candidate plans (`candidates.py`): for each threshold θ on P (a row drafts while P ≥ θ),
+capped at each common depth (the verification pads rows to the longest), every drafter alone, and each model
+drafter mixed with the lookup drafter (a row takes whichever expects more
 accepted tokens), plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted
 `switch_margin` faster (hysteresis: near a tie, flipping follows prediction noise and pays catch-ups) once a
 speculative step has been measured at the batch size (before that each drafter predicted within 0.8× of the best

@@ -11,7 +11,8 @@ Time of one forward over n tokens:
 
 A plain step is one forward over B tokens; a speculative step is the draft forwards (one per drafted
 position over the sequences still drafting, draft experts only, no fetches) plus one verification forward
-over B + Σγ_b tokens. Unions and misses come from recent routing (`RoutingStats`: per-layer EMA of how
+over B + Σγ_b tokens, whose non-expert model runs B · (1 + max γ_b) (ragged rows are padded; padding routes
+to no expert). Unions and misses come from recent routing (`RoutingStats`: per-layer EMA of how
 often each expert is picked per token) and the resident set at the start of the step.
 
 The coefficients come from short micro-measurements (`calibrate`: forwards by row count with the expert
