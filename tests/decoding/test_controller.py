@@ -153,7 +153,7 @@ def test_cost_model_refines_from_measured_steps():
     cm = ctl.cost
     raw = cm.plain(4, res, refined=False)
     for _ in range(30):
-        cm.refine("fwd", 4, 2 * raw, raw)
+        cm.refine(cm.fwd(4), 4, 2 * raw, raw)
     assert cm.plain(4, res) == pytest.approx(2 * raw, rel=0.05)
     assert cm.plain(64, res) / cm.plain(64, res, refined=False) == pytest.approx(2, rel=0.05), \
         "an unmeasured bucket takes the nearest measured one"
@@ -162,6 +162,9 @@ def test_cost_model_refines_from_measured_steps():
     for _ in range(30):
         cm.refine("draft", 4, 3 * d[0], d[0])
     assert cm.spec_parts(np.array([[3, 0, 0, 0]]), spec_res)[2][0] == pytest.approx(3 * d[0] + 2 * v[0], rel=0.05)
+    for _ in range(30):  # batch 1's own forwards, once measured, price batch 1 (not batch 4's at the same tokens)
+        cm.refine(cm.fwd(1), 2, raw, raw)
+    assert cm.ratio(cm.fwd(1), 3) == pytest.approx(1.0, rel=0.05) and cm.ratio(cm.fwd(4), 3) == pytest.approx(2, rel=0.05)
 
 
 @pytest.mark.parametrize("family", ("gpt_oss", "deepseek_v3"))

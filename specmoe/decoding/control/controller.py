@@ -234,7 +234,7 @@ class Controller:
         u1, m1 = cm.expected_union(eff, spec_resident, "spec")
         union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
         v = cm.forward_time(n_tok, union, miss, B * (1 + Gm.max(1)))
-        fwd = np.array([cm.ratio("fwd", int(k)) for k in n_tok])
+        fwd = np.array([cm.ratio(cm.fwd(B), int(k)) for k in n_tok])
         return d_raw, v, d_ref + v * fwd + s_setup + cm.overhead("spec", B), miss.sum(1)
 
     def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,
@@ -452,7 +452,7 @@ class Controller:
         measured = sum(clock.wall(p) for p in ("draft", "select", "verify", "accept", "commit"))
         if plan.kind == "plain":
             cm.refine_misses("plain", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
-            cm.refine("fwd", B, clock.wall("verify"), plan.raw_s)
+            cm.refine(cm.fwd(B), B, clock.wall("verify"), plan.raw_s)
             cm.refine_overhead("plain", B, measured - clock.wall("verify"))
             self.realized.record("plain", B, measured, B / plan.raw_rate, self.steps)
             self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
@@ -484,7 +484,7 @@ class Controller:
         res = self.spec_resident if "self" in draft_raw else self.resident  # as `_costs` prices it
         union, miss = cm.expected_union(cm.effective(B, [int(gam.sum())]), res, "spec")
         v_raw = float(cm.forward_time(np.array([n_tok]), union, miss, np.array([B * (1 + int(gam.max()))]))[0])
-        cm.refine("fwd", n_tok, clock.wall("verify"), v_raw)
+        cm.refine(cm.fwd(B), n_tok, clock.wall("verify"), v_raw)
         if plan.reason != "coast":  # a coasted step's gammas are not the ones its predictions were made for
             cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
         drafted = sum(clock.wall(f"draft:{n}") for n in names)

@@ -18,8 +18,8 @@ often each expert is picked per token) and the resident set at the start of the 
 The coefficients come from short micro-measurements (`calibrate`: forwards by row count with the expert
 computation stubbed out and with every expert resident, one expert FFN by row count at the model's shapes,
 cold fetches of 1 and 4 experts from the store), cached per machine + model + tier as JSON in the user cache directory, and
-are refined online: an EMA of measured / predicted time of target forwards per token-count bucket (plain
-steps and verifications alike) and of draft phases per batch bucket, and per step kind an EMA of measured /
+are refined online: an EMA of measured / predicted time of target forwards per batch bucket and token-count
+bucket (plain steps and verifications alike) and of draft phases per batch bucket, and per step kind an EMA of measured /
 predicted misses (tokens of one sequence route alike, so a verification's union is
 smaller than independent tokens would give).
 """
@@ -397,7 +397,7 @@ class CostModel:
         """(raw seconds, refined seconds) of a plain step: one target forward over B tokens."""
         union, miss = self.expected_union(np.array([B]), resident, "plain")
         t = float(self.forward_time(np.array([B]), union, miss)[0])
-        return t, t * self.ratio("fwd", B)
+        return t, t * self.ratio(self.fwd(B), B)
 
     def plain(self, B: int, resident: np.ndarray, *, refined: bool = True) -> float:
         raw, ref = self.plain_parts(B, resident)
@@ -414,18 +414,26 @@ class CostModel:
         n = B + g.sum(1)
         union, miss = self.expected_union(self.effective(B, g.sum(1)), resident, "spec")
         verify = self.forward_time(n, union, miss, B * (1 + g.max(1)))
-        fwd = np.array([self.ratio("fwd", int(k)) for k in n])
+        fwd = np.array([self.ratio(self.fwd(B), int(k)) for k in n])
         return draft, verify, draft * self.ratio("draft", B) + verify * fwd
 
     def spec(self, gammas: np.ndarray, resident: np.ndarray, *, refined: bool = True) -> np.ndarray:
         d, v, ref = self.spec_parts(gammas, resident)
         return ref if refined else d + v
 
+    @staticmethod
+    def fwd(B: int) -> str:
+        """The part name of target forwards over a batch of B sequences (`ratio`, `refine`): their corrections
+        are kept per batch bucket, then by token count, since 4 tokens of one sequence (a verification at batch
+        1) and of four (a plain step at batch 4) are different forwards for the model's error."""
+        return f"fwd/{bucket(B)}"
+
     def ratio(self, part: str, n: int) -> float:
-        """Measured / predicted time of a part ("fwd": target forwards by token count; "draft": draft phases by
-        batch size) at n's bucket; an unmeasured bucket takes the nearest measured one (mostly the machine's
-        speed, e.g. its load), a draft phase never measured takes the forwards' ratio (both are mostly the
-        non-expert model)."""
+        """Measured / predicted time of a part (`fwd(B)`: target forwards at batch B by token count; "draft:<d>":
+        draft phases by batch size) at n's bucket; an unmeasured bucket takes the nearest measured one of the
+        same part (mostly the machine's speed, e.g. its load), forwards at a batch size never measured the
+        nearest batch size's, a draft phase never measured the forwards' ratio at its batch size (both are
+        mostly the non-expert model)."""
         t = self.ref.time
         b = bucket(n)
         if (part, b) in t:
@@ -433,7 +441,13 @@ class CostModel:
         near = [k for k in t if k[0] == part]
         if near:
             return t[min(near, key=lambda k: (abs(math.log2(k[1]) - math.log2(b)), k[1]))]
-        return self.ratio("fwd", n) if part.startswith("draft") and any(k[0] == "fwd" for k in t) else 1.0
+        if part.startswith("fwd/"):
+            other = [k for k in t if k[0].startswith("fwd/")]
+            if not other:
+                return 1.0
+            at = math.log2(int(part[4:]))
+            return t[min(other, key=lambda k: (abs(math.log2(int(k[0][4:])) - at), abs(math.log2(k[1]) - math.log2(b))))]
+        return self.ratio(self.fwd(n), n) if part.startswith("draft") else 1.0
 
     def refine(self, part: str, n: int, measured_s: float, raw_predicted_s: float) -> None:
         """Fold in one measured part of a step (`raw_predicted_s`: its prediction without refinement)."""
