@@ -233,9 +233,10 @@ class Controller:
         u0, m0 = cm.expected_union(eff, resident, "spec")
         u1, m1 = cm.expected_union(eff, spec_resident, "spec")
         union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
-        v = cm.forward_time(n_tok, union, miss, B * (1 + Gm.max(1)))
+        padded = B * (1 + Gm.max(1))
+        v = cm.forward_time(n_tok, union, miss, padded)
         fwd = np.array([cm.ratio(cm.fwd(B), int(k)) for k in n_tok])
-        return d_raw, v, d_ref + v * fwd + s_setup + cm.overhead("spec", B), miss.sum(1)
+        return d_raw, v, d_ref + v * fwd + s_setup + cm.overhead("spec", B, padded), miss.sum(1)
 
     def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,
                spec_resident: np.ndarray, setup: dict[str, float] | None = None,
@@ -488,7 +489,7 @@ class Controller:
         if plan.reason != "coast":  # a coasted step's gammas are not the ones its predictions were made for
             cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
         drafted = sum(clock.wall(f"draft:{n}") for n in names)
-        cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"))
+        cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"), B * (1 + int(gam.max())))
         W, Gm = np.where(who >= 0, who, 0)[None], np.where(who >= 0, gam, 0)[None]
         actual = float(self._costs(W, Gm, names, self.resident, self.spec_resident, {}, self.catchup)[2][0])
         self.realized.record(plan.arm, B, measured, actual, self.steps)

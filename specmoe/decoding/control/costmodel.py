@@ -282,7 +282,8 @@ class Refinement:
     alpha: float = 0.25
     time: dict = field(default_factory=dict)
     misses: dict = field(default_factory=dict)
-    overhead: dict = field(default_factory=dict)  # (kind, bucket) → seconds a step spends outside its forwards
+    overhead: dict = field(default_factory=dict)  # (kind, batch bucket) → seconds per computed token a step spends
+    # outside its forwards
 
     def ema(self, table: dict, key, ratio: float) -> None:
         ratio = min(max(ratio, 0.05), 20.0)
@@ -307,12 +308,12 @@ class CostModel:
         """The online refinements (`warm` reads them back): time / overhead EMAs, miss ratios, ρ."""
         r = self.ref
         return {"time": [[k, b, v] for (k, b), v in r.time.items()],
-                "overhead": [[k, b, v] for (k, b), v in r.overhead.items()], "misses": dict(r.misses), "rho": self.rho}
+                "overhead_per_token": [[k, b, v] for (k, b), v in r.overhead.items()], "misses": dict(r.misses),
+                "rho": self.rho}
 
     def warm(self, state: dict) -> None:
         """Start from remembered refinements (a `state`; malformed entries are skipped)."""
-        for name in ("time", "overhead"):
-            table = getattr(self.ref, name)
+        for name, table in (("time", self.ref.time), ("overhead_per_token", self.ref.overhead)):
             for row in state.get(name, []):
                 try:
                     k, b, v = row
@@ -454,20 +455,25 @@ class CostModel:
         if raw_predicted_s > 0 and measured_s > 0:
             self.ref.ema(self.ref.time, (part, bucket(n)), measured_s / raw_predicted_s)
 
-    def overhead(self, kind: str, n: int) -> float:
-        """Seconds a step of this kind spends outside its modelled forwards (sampling, acceptance, selection, KV
-        compaction, host bookkeeping), measured online per batch bucket (nearest bucket until measured)."""
+    def overhead(self, kind: str, B: int, tokens=None):
+        """Seconds a step of this kind at batch B spends outside its modelled forwards (sampling, acceptance,
+        selection, KV compaction, host bookkeeping) when its forward computes `tokens` positions (None: B; a
+        verification: B · (1 + the longest draft), since acceptance and sampling run over every padded position),
+        measured online per computed token and batch bucket (nearest bucket until measured)."""
         t = self.ref.overhead
-        b = bucket(n)
+        b = bucket(B)
         if (kind, b) in t:
-            return t[(kind, b)]
-        near = [k for k in t if k[0] == kind]
-        return t[min(near, key=lambda k: abs(math.log2(k[1]) - math.log2(b)))] if near else 0.0
+            per = t[(kind, b)]
+        else:
+            near = [k for k in t if k[0] == kind]
+            per = t[min(near, key=lambda k: abs(math.log2(k[1]) - math.log2(b)))] if near else 0.0
+        return per * (B if tokens is None else np.asarray(tokens, float))
 
-    def refine_overhead(self, kind: str, n: int, seconds: float) -> None:
-        key, a = (kind, bucket(n)), self.ref.alpha
+    def refine_overhead(self, kind: str, B: int, seconds: float, tokens: int | None = None) -> None:
+        key, a = (kind, bucket(B)), self.ref.alpha
+        per = max(seconds, 0.0) / (B if tokens is None else tokens)
         old = self.ref.overhead.get(key)
-        self.ref.overhead[key] = max(seconds, 0.0) if old is None else (1 - a) * old + a * max(seconds, 0.0)
+        self.ref.overhead[key] = per if old is None else (1 - a) * old + a * per
 
     def refine_misses(self, kind: str, measured: float, predicted: float) -> None:
         if predicted > 0.5:
@@ -481,4 +487,4 @@ class CostModel:
                 "coefficients": {**asdict(self.c), "read_gbps": self.c.read_gbps},
                 "time_refinement": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.time.items())},
                 "miss_refinement": dict(self.ref.misses),
-                "step_overhead_s": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.overhead.items())}}
+                "step_overhead_s_per_token": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.overhead.items())}}
