@@ -1,6 +1,6 @@
 """`decoding="auto"` against every non-speculative system and every fixed speculative configuration.
 
-    .venv/bin/python benchmarks/auto_bench.py [--model demo|widened] [--batches 1,4,16,64] [--rounds 3]
+    .venv/bin/python benchmarks/auto_bench.py [--model demo|widened] [--batches 1,4,16,64] [--rounds 5]
         [--max-tokens 32] [--dtype float32] [--fixed self,eagle,ngram] [--out benchmarks/results/auto_bench.json]
     .venv/bin/python benchmarks/auto_bench.py --readme-only   # rewrite README.md's auto table from the JSON
 
@@ -177,7 +177,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="demo", choices=("demo", "widened"))
     ap.add_argument("--batches", default="1,4,16,64")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--seqs-at-batch-1", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
@@ -194,7 +194,8 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--readme-only", action="store_true")
     args = ap.parse_args()
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"auto_bench_{args.model}.json")
+    tag = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(args.dtype, args.dtype)
+    out = Path(args.out or REPO / "benchmarks" / "results" / f"auto_bench_{args.model}_{tag}.json")
     if args.readme_only:
         files = sorted((REPO / "benchmarks" / "results").glob("auto_bench_*.json"))
         text = (REPO / "README.md").read_text()
