@@ -165,6 +165,12 @@ def test_cost_model_refines_from_measured_steps():
     for _ in range(30):  # batch 1's own forwards, once measured, price batch 1 (not batch 4's at the same tokens)
         cm.refine(cm.fwd(1), 2, raw, raw)
     assert cm.ratio(cm.fwd(1), 3) == pytest.approx(1.0, rel=0.05) and cm.ratio(cm.fwd(4), 3) == pytest.approx(2, rel=0.05)
+    for _ in range(30):  # a bucket measured slow once, then not chosen, fades to the freshly measured one
+        cm.refine(cm.fwd(2), 4, 3 * raw, raw)
+    assert cm.ratio(cm.fwd(2), 4) == pytest.approx(3, rel=0.05)
+    for _ in range(4 * int(cm.ref.FADE)):
+        cm.refine(cm.fwd(2), 2, raw, raw)
+    assert cm.ratio(cm.fwd(2), 4) == pytest.approx(1, rel=0.05)
     cm.refine_overhead("spec", 8, 0.024, tokens=24)  # a verification of 8 rows padded to 3 positions
     assert cm.overhead("spec", 8, 40) == pytest.approx(0.04), "deeper drafts pay the acceptance over their padding"
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from specmoe.decoding.control.candidates import candidates
-from specmoe.decoding.control.costmodel import CostModel
+from specmoe.decoding.control.costmodel import CostModel, bucket
 from specmoe.decoding.control.learning import Acceptance, Realized
 
 PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
@@ -235,7 +235,9 @@ class Controller:
         union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
         padded = B * (1 + Gm.max(1))
         v = cm.forward_time(n_tok, union, miss, padded)
-        fwd = np.array([cm.ratio(cm.fwd(B), int(k)) for k in n_tok])
+        part, memo = cm.fwd(B), {}
+        fwd = np.array([memo[b] if (b := bucket(int(k))) in memo else memo.setdefault(b, cm.ratio(part, int(k)))
+                        for k in n_tok])
         return d_raw, v, d_ref + v * fwd + s_setup + cm.overhead("spec", B, padded), miss.sum(1)
 
     def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,

@@ -280,7 +280,10 @@ class Refinement:
     """Online corrections: EMA of measured/predicted step time per (kind, batch bucket) and of measured /
     predicted misses per kind."""
     alpha: float = 0.25
+    FADE = 32.0  # refinements of a part after which a bucket not re-measured has mostly faded to its freshest one
     time: dict = field(default_factory=dict)
+    seen: dict = field(default_factory=dict)  # (part, bucket) → the part's refinement count when last measured
+    count: dict = field(default_factory=dict)  # part → refinements so far
     misses: dict = field(default_factory=dict)
     overhead: dict = field(default_factory=dict)  # (kind, batch bucket) → seconds per computed token a step spends
     # outside its forwards
@@ -438,10 +441,10 @@ class CostModel:
         t = self.ref.time
         b = bucket(n)
         if (part, b) in t:
-            return t[(part, b)]
+            return self._faded(part, b)
         near = [k for k in t if k[0] == part]
         if near:
-            return t[min(near, key=lambda k: (abs(math.log2(k[1]) - math.log2(b)), k[1]))]
+            return self._faded(*min(near, key=lambda k: (abs(math.log2(k[1]) - math.log2(b)), k[1])))
         if part.startswith("fwd/"):
             other = [k for k in t if k[0].startswith("fwd/")]
             if not other:
@@ -450,10 +453,25 @@ class CostModel:
             return t[min(other, key=lambda k: (abs(math.log2(int(k[0][4:])) - at), abs(math.log2(k[1]) - math.log2(b))))]
         return self.ratio(self.fwd(n), n) if part.startswith("draft") else 1.0
 
+    def _faded(self, part: str, b: int) -> float:
+        """The part's ratio at bucket b, faded toward its most recently measured bucket's by the part's
+        refinements since b was measured: a correction measured under other load (the machine's speed drifts)
+        does not stick to a bucket the controller stopped choosing because of it."""
+        r = self.ref
+        age = r.count.get(part, 0) - r.seen.get((part, b), 0)
+        if age <= 0:
+            return r.time[(part, b)]
+        fresh = max((k for k in r.time if k[0] == part), key=lambda k: r.seen.get(k, 0))
+        w = math.exp(-age / r.FADE)
+        return w * r.time[(part, b)] + (1 - w) * r.time[fresh]
+
     def refine(self, part: str, n: int, measured_s: float, raw_predicted_s: float) -> None:
         """Fold in one measured part of a step (`raw_predicted_s`: its prediction without refinement)."""
         if raw_predicted_s > 0 and measured_s > 0:
-            self.ref.ema(self.ref.time, (part, bucket(n)), measured_s / raw_predicted_s)
+            r = self.ref
+            r.ema(r.time, (part, bucket(n)), measured_s / raw_predicted_s)
+            r.count[part] = r.count.get(part, 0) + 1
+            r.seen[(part, bucket(n))] = r.count[part]
 
     def overhead(self, kind: str, B: int, tokens=None):
         """Seconds a step of this kind at batch B spends outside its modelled forwards (sampling, acceptance,
