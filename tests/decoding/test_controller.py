@@ -281,6 +281,21 @@ def test_ragged_drafts_pay_for_their_padding_and_uniform_caps_are_candidates():
     assert (4, 4) in plans and (2, 2) in plans and (4, 2) in plans and (1, 1) in plans
 
 
+def test_any_call_is_reused_when_planning_costs_a_noticeable_share_of_the_step():
+    """Coasting: a speculative call short of `coast_above` is planned afresh each step while planning is cheap
+    against the step, and reused for the next steps once planning costs more than `coast_share` of it."""
+    ctl, res, spec_res = synthetic(read_s=1e-4)
+    ids = list(range(8))
+    ctl.acc.record(ids, [4] * 8, [2] * 8, [[0.9] * 4] * 8)
+    ctl.realized.record("self", 8, 1.0, 1.0, 0)  # measured here: no first trial
+    p = ctl.plan(ids, [4] * 8, res, spec_res)
+    assert p.kind == "spec" and p.reason == "model" and p.spec_rate < ctl.coast_above * p.plain_rate
+    assert ctl.spec_coasting is None
+    ctl.plan_s = p.predicted_s  # planning as dear as the step itself
+    ctl.plan(ids, [4] * 8, res, spec_res)
+    assert ctl.spec_coasting is not None and ctl.spec_coasting[2] == ctl.coast_steps
+
+
 def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():
     """Hysteresis: the last step's arm is left only for one predicted `switch_margin` faster."""
     ctl, res, spec_res = synthetic(read_s=5e-3)

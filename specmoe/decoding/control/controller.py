@@ -94,6 +94,10 @@ class Controller:
         # (sequence ids, plan, steps left) of a clear speculative call reused without planning (`coast_spec`)
         self.spec_coasting: tuple | None = None
         self.coast_above = 1.25
+        # any call is reused so when planning costs more than this share of the step it plans (the controller's
+        # own time is what a step of a few ms loses to it)
+        self.coast_share = 0.03
+        self.plan_s: float | None = None  # EMA of a fresh plan's seconds
         # hysteresis: leave the last step's arm (plain, or a drafter mix) only for an arm predicted this much
         # faster; near a tie, flipping between arms pays each one's catch-up and follows prediction noise
         self.switch_margin = 1.1
@@ -143,8 +147,9 @@ class Controller:
 
     def coast(self, B: int) -> bool:
         """True when this step repeats the last plain call without planning: after a plan that chose plain by a
-        clear margin (or forced plain), the next `coast_steps` steps at the same batch size do (the
-        controller's own cost stays a small share of a plain step)."""
+        clear margin (or forced plain), or when planning costs more than `coast_share` of the step, the next
+        `coast_steps` steps at the same batch size do (the controller's own cost stays a small share of a plain
+        step)."""
         b, left = self.coasting
         if b != B or left <= 0 or self.schedule is not None:
             self.coasting = (0, 0)
@@ -158,7 +163,8 @@ class Controller:
 
     def coast_spec(self, seqs, limits: list[int]) -> Plan | None:
         """The last plan again, without planning, when it chose speculation by a clear margin
-        (`coast_above` × the plain rate) and this step has the same sequences: for `coast_steps` steps each row
+        (`coast_above` × the plain rate) or planning costs more than `coast_share` of the step, and this step has
+        the same sequences: for `coast_steps` steps each row
         keeps its drafter and draft length (capped by what the drafter has now: a lookup's proposal, the
         sequence's limit), and the in-draft stopper still cuts drafts on their confidence."""
         if self.spec_coasting is None:
@@ -337,7 +343,8 @@ class Controller:
             self.last_arm = "plain" if want == "plain" or best is None else best[4]
         if want == "plain" or best is None:
             self.since_spec += 1
-            if reason == "forced" or (reason == "model" and spec_rate < self.coast_below * plain_rate):
+            if reason == "forced" or (reason == "model" and (spec_rate < self.coast_below * plain_rate
+                                                             or self._dear(B / plain_rate))):
                 self.coasting = (B, self.coast_steps)  # a clear call: the next steps reuse it without planning
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
             return Plan("plain", None, 1.0, B / plain_rate, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
@@ -353,9 +360,13 @@ class Controller:
             probs[rows] = self._probs(n, [seq_ids[b] for b in rows], np.full(len(rows), self.g), 0.0, False)
         plan = Plan("spec", gam.astype(int).tolist(), theta, t, d_raw + v_raw, miss, plain_rate, rate, reason,
                     spec_g, drafter_of, spec_d, tag, raw_rate, probs)
-        if reason == "model" and rate >= self.coast_above * plain_rate:  # a clear call: the next steps reuse it
+        if reason == "model" and (rate >= self.coast_above * plain_rate or self._dear(t)):  # the next steps reuse it
             self.spec_coasting = (tuple(seq_ids), plan, self.coast_steps)
         return plan
+
+    def _dear(self, step_s: float) -> bool:
+        """Whether planning costs more than `coast_share` of a step of step_s seconds."""
+        return self.plan_s is not None and self.plan_s > self.coast_share * step_s
 
     def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
              setup_s: float = 0.0) -> Plan:
@@ -382,7 +393,12 @@ class Controller:
         try:
             if self.coast(B):
                 return StepPlan([None] * B, [0] * B, None)
-            plan = self.coast_spec(seqs, limits) or self._plan_fresh(seqs, limits)
+            plan = self.coast_spec(seqs, limits)
+            if plan is None:
+                t1 = time.perf_counter()
+                plan = self._plan_fresh(seqs, limits)
+                dt = time.perf_counter() - t1
+                self.plan_s = dt if self.plan_s is None else 0.8 * self.plan_s + 0.2 * dt
             if plan.kind == "plain":
                 return StepPlan([None] * B, [0] * B, plan)
             self.conf = {}
