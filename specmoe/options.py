@@ -200,9 +200,10 @@ class SpecConfig:
                            "leaves), one forward "
                            "with a tree attention mask; the accepted path's K/V is compacted in place")
     draft_tree_width: int = opt(3, "draft_tree: most branches per tree (continuations; at most width x gamma nodes)")
-    deterministic: bool = opt(False, "fp32: pad every matrix product of fewer than 4 rows, and each routed expert's "
-                              "rows, to 4, so that a request's tokens do not depend on what runs beside or before "
-                              "it (CPU fp32 kernels round a row differently at 1, 2-3 and >= 4 rows); bf16/fp16 and "
+    deterministic: bool = opt(False, "fp32: pad every matrix product, and each routed expert's rows, to the row "
+                              "count from which this CPU's fp32 kernels round a row alike whatever rows come with "
+                              "it (measured once per machine: 4 to 16), so that a request's tokens do not depend on "
+                              "what runs beside or before it; bf16/fp16 and "
                               "attention are batch-invariant without it; costs fp32 decode speed at small batches "
                               "(see README, Determinism)")
     auto_memory: bool = opt(True, "decoding=auto: start from what earlier engines learned on this machine for this "

@@ -13,8 +13,9 @@ absolute positions 0, CHUNK, 2·CHUNK, …; every matmul has the same shape what
 Dh → CHUNK; p·V per block: CHUNK → Dv), the softmax max is a max (exact in any order), and the blocks' partial sums
 are added in position order by a sequential `cumsum` (double accumulation on CPU), where a block past a row's last
 visible key adds an exact zero. Queries are rows of the matmuls: their count only picks the matmul's kernel, so
-they are padded to the count that keeps every row on one kernel (`min_rows`: 4 in fp32, where CPU sgemm rounds a row
-differently for 1, 2–3 and ≥ 4 rows; in bf16 enough to stay on oneDNN, 1 at real head sizes). Softmax math is fp32;
+they are padded to the count that keeps every row on one kernel (`min_rows`: in fp32 the count measured on this
+machine, `rowclasses.deterministic_rows()`, 4 to 16 rows where CPU sgemm changes kernel; in bf16 enough to stay on
+oneDNN, 1 at real head sizes). Softmax math is fp32;
 q·kᵀ and p·V run in the input dtype (bf16 logits are rounded to bf16 first, as transformers' eager attention does,
 and each block's p·V too).
 
@@ -26,7 +27,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specmoe.models.layers import MIN_ROWS, ONEDNN_MIN
+from specmoe.models.layers import ONEDNN_MIN
+from specmoe.models.rowclasses import deterministic_rows
 
 # B=batch, Hq/Hkv=query/key heads, G=Hq/Hkv, T=queries, S=keys (a multiple of CHUNK), Dh/Dv=key/value head dims,
 # n=key blocks, M=G·T query rows per key head (padded to R)
@@ -68,11 +70,12 @@ def fixed_split(q: torch.Tensor, rows: int) -> bool:
 
 def min_rows(dtype: torch.dtype, d: int) -> int:
     """Query rows per matmul at least (d: the smaller head dim), so that a row's matmul never changes kernel with
-    the count of rows beside it: fp32 sgemm's row classes (MIN_ROWS); bmm's plain loop (BMM_LOOP); bf16/fp16
-    bmm's oneDNN threshold (ONEDNN_MIN: batch × rows × contraction × columns above it, else another kernel)."""
+    the count of rows beside it: fp32 matmuls' row classes (`rowclasses.deterministic_rows()`, measured on this
+    machine); bmm's plain loop (BMM_LOOP); bf16/fp16 bmm's oneDNN threshold (ONEDNN_MIN: batch × rows ×
+    contraction × columns above it, else another kernel)."""
     r = -(-BMM_LOOP // (CHUNK * d))
     if dtype == torch.float32:
-        return max(r, MIN_ROWS)
+        return max(r, deterministic_rows())
     return max(r, ONEDNN_MIN // (CHUNK * d) + 1)
 
 

@@ -19,7 +19,8 @@ from specmoe.config import ModelConfig
 from specmoe.models.attention import attention, fixed_split, read_keys
 from specmoe.models.deltanet import GatedDeltaNet
 from specmoe.models.kv_cache import KVCache, round_positions
-from specmoe.models.layers import MIN_ROWS, DenseMLP, Embedding, RMSNorm, addmm, linear, set_min_rows, sigmoid
+from specmoe.models.rowclasses import deterministic_rows
+from specmoe.models.layers import DenseMLP, Embedding, RMSNorm, addmm, linear, set_min_rows, sigmoid
 from specmoe.models.mla import MLAttention
 from specmoe.models.moe import ForwardContext, MoEBlock
 from specmoe.models.rope import apply_rope, deinterleave, inv_freq, rope_tables
@@ -276,11 +277,11 @@ class Transformer(nn.Module):
         return self
 
     def set_deterministic(self, on: bool) -> "Transformer":
-        """`deterministic`: fp32 GEMMs (and routed-expert groups) of fewer than `layers.MIN_ROWS` rows are
-        padded to that many and fp32 attention takes the fixed split (`attention.attend`), so a row's result does not
+        """`deterministic`: fp32 GEMMs (and routed-expert groups) of fewer than `rowclasses.deterministic_rows()` rows
+        (measured on this machine) are padded to that many and fp32 attention takes the fixed split (`attention.attend`), so a row's result does not
         depend on how many rows share its forward. bf16 / fp16 need nothing: their CPU GEMMs round a row the same at
         every row count, and their attention always takes the fixed split."""
-        set_min_rows(self, MIN_ROWS if on else 1)
+        set_min_rows(self, deterministic_rows() if on else 1)
         return self
 
     def head_weight(self) -> torch.Tensor:

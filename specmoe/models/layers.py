@@ -29,14 +29,14 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return x * sigmoid(x)
 
 
-MIN_ROWS = 4  # fp32, `deterministic`: rows per matmul at least (CPU sgemm rounds a row differently at 1, 2-3, >= 4)
 ONEDNN_MIN = 16 ** 3  # bf16/fp16 CPU matmuls run in oneDNN above this many (batch ×) rows × inner × outer, else not
 
 
 def min_rows(dtype: torch.dtype, inner_outer: int, rows: int = 1) -> int:
     """Rows a matmul with `inner_outer` (= inner × outer) multiply-adds per row is given at least, so that a row's
-    kernel, hence its bits, does not depend on how many rows come with it: fp32, `rows` (MIN_ROWS in a deterministic
-    model); bf16/fp16, enough to stay above oneDNN's threshold (1 for any real model's sizes)."""
+    kernel, hence its bits, does not depend on how many rows come with it: fp32, `rows` (in a deterministic model
+    `rowclasses.deterministic_rows()`, measured on this machine); bf16/fp16, enough to stay above oneDNN's threshold
+    (1 for any real model's sizes)."""
     if dtype == torch.float32:
         return rows
     return ONEDNN_MIN // inner_outer + 1
@@ -63,7 +63,8 @@ def addmm(acc: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, rows: int = 1) 
 
 
 def set_min_rows(model: nn.Module, rows: int) -> None:
-    """Set `rows` (see `linear`) on every module of `model` that has one (a `deterministic` model: MIN_ROWS)."""
+    """Set `rows` (see `linear`) on every module of `model` that has one (a `deterministic` model:
+    `rowclasses.deterministic_rows()`)."""
     for m in model.modules():
         if hasattr(m, "rows"):
             m.rows = rows

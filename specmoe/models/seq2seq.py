@@ -28,7 +28,8 @@ from specmoe.errors import UnsupportedModelError
 from specmoe.models.attention import attention, fixed_split, padded_keys, read_keys
 from specmoe.models.decoder import BatchView, attention_mask, set_write_index
 from specmoe.models.kv_cache import EncDecCache
-from specmoe.models.layers import MIN_ROWS, Embedding, LayerNorm, linear, set_min_rows
+from specmoe.models.rowclasses import deterministic_rows
+from specmoe.models.layers import Embedding, LayerNorm, linear, set_min_rows
 from specmoe.models.moe import ForwardContext, MoEBlock
 
 # B=batch, T=new decoder tokens per sequence, S=positions (source or decoder keys), D=hidden, H=heads, Dh=head dim
@@ -180,7 +181,7 @@ class Seq2SeqModel(nn.Module):
 
     def set_deterministic(self, on: bool) -> "Seq2SeqModel":
         """As `decoder.Transformer.set_deterministic`."""
-        set_min_rows(self, MIN_ROWS if on else 1)
+        set_min_rows(self, deterministic_rows() if on else 1)
         return self
 
     def head_weight(self) -> torch.Tensor:

@@ -61,12 +61,14 @@ def test_kv_cache_of_one_long_prompt_is_small():
         out["slots"], out["positions"] = llm._cache.max_batch, llm._cache.max_seq
         cfg = llm.config
         out["cfg"] = [cfg.num_layers, cfg.num_kv_heads, cfg.head_dim]
+        out["dtype"] = str(llm.dtype).replace("torch.", "")  # auto: bf16, or fp32 where bf16 matmul is slow
     """)
     L, H, Dh = out["cfg"]
     import torch
+    dt = getattr(torch, out["dtype"])
     assert out["slots"] == 1 and out["positions"] == 909  # 900 + 8 + lookahead: all this run can write
-    assert out["kv"] == kv_bytes(L, H, Dh, torch.bfloat16, 1, 909) < 3 * MiB
-    old = kv_bytes(L, H, Dh, torch.bfloat16, 256, 909)  # what main allocated for this request
+    assert out["kv"] == kv_bytes(L, H, Dh, dt, 1, 909) < 6 * MiB
+    old = kv_bytes(L, H, Dh, dt, 256, 909)  # what main allocated for this request
     assert old > 600 * MiB
     # the rest of the delta is the 900-token prefill's activations (measured ~60 MiB), not the cache
     assert out["rss_delta"] < 150 * MiB, out

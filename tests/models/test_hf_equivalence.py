@@ -45,10 +45,13 @@ def test_sharded_checkpoint(tmp_path, hf_model):
     assert (llm.logits([PROMPTS[0]])[0] - ref).abs().max().item() <= 1e-4
 
 
-def test_bf16_checkpoint_and_dtype_override(tmp_path):
+def test_bf16_checkpoint_and_dtype_override(tmp_path, monkeypatch):
+    from specmoe.weights import autodtype
     from tests.conftest import make_tiny_checkpoint
     path = make_tiny_checkpoint("mixtral", tmp_path / "bf16", dtype=torch.bfloat16)
-    assert LLM(path).dtype == torch.bfloat16  # auto = the checkpoint's dtype
+    for fast, want in ((True, torch.bfloat16), (False, torch.float32)):  # auto = the checkpoint's dtype where fast
+        monkeypatch.setattr(autodtype, "half_matmul_is_fast", lambda dtype, fast=fast: fast)
+        assert LLM(path).dtype == want
     llm32 = LLM(path, dtype="float32")
     assert llm32.dtype == torch.float32 and llm32.model.embed.weight.dtype == torch.float32
     assert llm32.store.layers[0].dtype == torch.float32

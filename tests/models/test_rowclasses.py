@@ -1,0 +1,53 @@
+"""A `deterministic` model pads fp32 matmuls to the row count this machine's BLAS needs (measured, cached), not to a
+count that held on another CPU (4 rows held on an AVX2 machine; up to 16 are needed on AVX-512 ones)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specmoe import LLM, machine_cache
+from specmoe.models import rowclasses
+from specmoe.models.layers import linear
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECMOE_CACHE_DIR", str(tmp_path))
+    rowclasses._rows.cache_clear()
+    yield tmp_path
+    rowclasses._rows.cache_clear()
+
+
+def test_probe_finds_the_count_from_which_rows_are_alike():
+    r = rowclasses.probe(contractions=(64, 512, 2048))
+    R = r["rows"]
+    assert 1 <= R < rowclasses.PROBE_ROWS
+    g = torch.Generator().manual_seed(1)
+    for K in (64, 512, 2048):  # fresh data: from R rows on a row's bits do not depend on the rows beside it
+        w, x = torch.randn(48, K, generator=g), torch.randn(40, K, generator=g)
+        ref = F.linear(x, w)
+        assert all(torch.equal(F.linear(x[:m], w), ref[:m]) for m in range(R, 40))
+        # and `linear` padded to R rows gives a single row those same bits
+        assert torch.equal(linear(x[:1], w, rows=R), ref[:1])
+    assert R == max(v for per in r["by_op"].values() for v in per.values())  # the least count for every op
+
+
+def test_measured_once_cached_and_used_by_a_deterministic_model(fresh, monkeypatch):
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return {"rows": 7, "by_op": {}}
+    monkeypatch.setattr(rowclasses, "probe", probe)
+    llm = LLM(dtype="float32", deterministic=True)
+    assert llm.model.rows == 7 and all(layer.mlp.rows == 7 for layer in llm.model.layers)
+    assert LLM(dtype="float32").model.rows == 1  # off: no padding
+    assert calls == [1]
+    data = json.loads((fresh / "machine.json").read_text())
+    entry = data[machine_cache.machine_key("fp32 matmul row classes")]
+    assert entry["rows"] == 7
+    rowclasses._rows.cache_clear()  # a new process reads the cache without probing
+    assert rowclasses.deterministic_rows() == 7 and calls == [1]
