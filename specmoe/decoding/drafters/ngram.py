@@ -29,14 +29,27 @@ class NgramIndex:
         self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(n_min, n_max + 1)}
         self.indexed = 0  # n-grams ending before this position are in the maps
         self.older: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in range(n_min, n_max + 1)}
+        self.keep_older = False  # older occurrences are indexed once a tree first asks for them
 
     def extend(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
 
     def _index_upto(self, end: int) -> None:
-        """Index every n-gram ending at a position < end (its continuation starts at most at `end`)."""
-        toks = self.tokens
-        for j in range(self.indexed, end):  # n-gram toks[j-n+1 .. j], continuation starts at j+1
+        """Index every n-gram ending at a position < end (its continuation starts at most at `end`). Until a tree
+        first asks for older occurrences (`propose_many` with width > 1) only the latest is kept, indexed a whole
+        run of tokens at a time (a prompt of a few hundred tokens in ~0.1 ms instead of ~1 ms)."""
+        toks, start = self.tokens, self.indexed
+        if end <= start:
+            return
+        if not self.keep_older:
+            for n, m in self.maps.items():
+                lo = max(start, n - 1)  # n-grams toks[j-n+1 .. j] for j in [lo, end), continuations at j+1
+                if lo < end:
+                    grams = zip(*(toks[lo - n + 1 + i: end - n + 1 + i] for i in range(n)))
+                    m.update(zip(grams, range(lo + 1, end + 1)))
+            self.indexed = end
+            return
+        for j in range(start, end):  # n-gram toks[j-n+1 .. j], continuation starts at j+1
             for n, m in self.maps.items():
                 if j + 1 >= n:
                     key = tuple(toks[j + 1 - n: j + 1])
@@ -46,7 +59,13 @@ class NgramIndex:
                         old.insert(0, prev)
                         del old[self.KEEP - 1:]
                     m[key] = j + 1
-        self.indexed = max(self.indexed, end)
+        self.indexed = end
+
+    def _keep_older(self) -> None:
+        """From now on remember up to KEEP occurrences per n-gram: the history indexed again that way."""
+        if not self.keep_older:
+            self.keep_older, self.indexed = True, 0
+            self.maps = {n: {} for n in self.maps}
 
     def propose(self, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""
@@ -64,6 +83,8 @@ class NgramIndex:
         """Up to `width` distinct continuations of at most k tokens, none a prefix of another one taken
         before it: first `propose(k)`'s, then those of older occurrences of the same suffix, then of shorter
         matching suffixes (latest occurrence first)."""
+        if width > 1:
+            self._keep_older()
         L = len(self.tokens)
         if k <= 0 or width <= 0 or L < self.n_min + 1:
             return []
