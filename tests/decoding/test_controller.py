@@ -4,6 +4,7 @@ draft-guided prefetch's precision / recall, and the calibrated cost model's choi
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -291,9 +292,41 @@ def test_any_call_is_reused_when_planning_costs_a_noticeable_share_of_the_step()
     p = ctl.plan(ids, [4] * 8, res, spec_res)
     assert p.kind == "spec" and p.reason == "model" and p.spec_rate < ctl.coast_above * p.plain_rate
     assert ctl.spec_coasting is None
-    ctl.plan_s = p.predicted_s  # planning as dear as the step itself
+    ctl.plan_s = p.predicted_s  # planning as dear as the step itself: reused as long as allowed
     ctl.plan(ids, [4] * 8, res, spec_res)
-    assert ctl.spec_coasting is not None and ctl.spec_coasting[2] == ctl.coast_steps
+    assert ctl.spec_coasting is not None and ctl.spec_coasting[2] == ctl.coast_max
+    ctl.plan_s = 5 * ctl.coast_share * p.predicted_s  # 5 steps' share: one plan per ~5 steps
+    q = ctl.plan(ids, [4] * 8, res, spec_res)
+    assert ctl.spec_coasting[2] == math.ceil(ctl.plan_s / (ctl.coast_share * q.predicted_s)) in (5, 6)
+
+
+def test_a_reused_call_follows_its_sequences_as_some_finish():
+    """Spec coasting keeps each remaining sequence's drafter and length when others finished; a sequence that was
+    not in the plan makes the next step plan afresh."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)  # a slow link: speculation
+
+    class Lookup:  # a drafter that always has `limit` tokens
+        def available(self, seqs, limits):
+            return list(limits)
+
+        def catchup(self, seqs):
+            return [0] * len(seqs)
+
+    class Seq:
+        def __init__(self, sid):
+            self.seq_id = sid
+    ctl.decoder = type("D", (), {"drafters": {"self": Lookup()}})()
+    ids = list(range(6))
+    ctl.acc.record(ids, [4] * 6, [2] * 6, [[0.9] * 4] * 6)
+    ctl.realized.record("self", 6, 1.0, 1.0, 0)
+    ctl.plan_s = 1.0  # dear: the call is reused
+    p = ctl.plan(ids, [4, 3, 2, 4, 1, 4], res, spec_res)
+    assert p.kind == "spec" and ctl.spec_coasting is not None
+    left = [Seq(i) for i in (1, 4, 5)]  # 0, 2 and 3 finished
+    q = ctl.coast_spec(left, [4, 4, 4])
+    assert q.reason == "coast" and q.gammas == [p.gammas[1], p.gammas[4], p.gammas[5]]
+    assert q.drafter_of == [p.drafter_of[b] for b in (1, 4, 5)] and q.probs.shape[0] == 3
+    assert ctl.coast_spec([Seq(1), Seq(9)], [4, 4]) is None and ctl.spec_coasting is None  # 9 joined
 
 
 def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():

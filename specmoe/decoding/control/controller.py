@@ -27,6 +27,7 @@ the calibrated probability of the token just drafted below `p_min`.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -91,6 +92,7 @@ class Controller:
         self.last_used = dict.fromkeys(self.names, 0)
         self.coasting = (0, 0)  # (batch size, steps left) of a plain call reused without planning
         self.coast_steps, self.coast_below = 3, 0.8
+        self.coast_max = 8  # the most steps a call is reused for while planning is dear
         # (sequence ids, plan, steps left) of a clear speculative call reused without planning (`coast_spec`)
         self.spec_coasting: tuple | None = None
         self.coast_above = 1.25
@@ -163,20 +165,24 @@ class Controller:
 
     def coast_spec(self, seqs, limits: list[int]) -> Plan | None:
         """The last plan again, without planning, when it chose speculation by a clear margin
-        (`coast_above` × the plain rate) or planning costs more than `coast_share` of the step, and this step has
-        the same sequences: for `coast_steps` steps each row
-        keeps its drafter and draft length (capped by what the drafter has now: a lookup's proposal, the
-        sequence's limit), and the in-draft stopper still cuts drafts on their confidence."""
+        (`coast_above` × the plain rate) or planning costs more than `coast_share` of the step, and this step's
+        sequences were all in it (sequences that finished leave; one that joins plans afresh): for `coast_steps`
+        steps (more while planning is dear, `_coast_len`) each row keeps its drafter and draft length (capped by
+        what the drafter has now: a lookup's proposal, the sequence's limit), and the in-draft stopper still cuts
+        drafts on their confidence."""
         if self.spec_coasting is None:
             return None
         ids, plan, left = self.spec_coasting
-        if left <= 0 or self.schedule is not None or self.force is not None or ids != tuple(s.seq_id for s in seqs):
+        row = {sid: b for b, sid in enumerate(ids)}
+        keep = [row.get(s.seq_id) for s in seqs]
+        if left <= 0 or self.schedule is not None or self.force is not None or None in keep:
             self.spec_coasting = None
             return None
         drafters = self.decoder.drafters
-        used = set(d for d in plan.drafter_of if d)
+        drafter_of = [plan.drafter_of[b] for b in keep]
+        used = set(d for d in drafter_of if d)
         avail = {n: drafters[n].available(seqs, limits) for n in used}
-        gam = [min(g, avail[d][b]) if d else 0 for b, (d, g) in enumerate(zip(plan.drafter_of, plan.gammas))]
+        gam = [min(plan.gammas[b], avail[d][i]) if d else 0 for i, (b, d) in enumerate(zip(keep, drafter_of))]
         if not any(gam):
             self.spec_coasting = None
             return None
@@ -188,8 +194,10 @@ class Controller:
         self.reasons["coast"] = self.reasons.get("coast", 0) + 1
         for n in used:
             self.last_used[n] = self.steps
-        return replace(plan, gammas=gam, drafter_of=[d if g else None for d, g in zip(plan.drafter_of, gam)],
-                       reason="coast")
+        return replace(plan, gammas=gam, drafter_of=[d if g else None for d, g in zip(drafter_of, gam)],
+                       spec_gammas=[plan.spec_gammas[b] for b in keep],
+                       spec_drafters=[plan.spec_drafters[b] for b in keep],
+                       probs=None if plan.probs is None else plan.probs[keep], reason="coast")
 
     # ------------------------------------------------------------ the choice, over arrays
     def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float,
@@ -345,7 +353,7 @@ class Controller:
             self.since_spec += 1
             if reason == "forced" or (reason == "model" and (spec_rate < self.coast_below * plain_rate
                                                              or self._dear(B / plain_rate))):
-                self.coasting = (B, self.coast_steps)  # a clear call: the next steps reuse it without planning
+                self.coasting = (B, self._coast_len(B / plain_rate))  # the next steps reuse it without planning
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
             return Plan("plain", None, 1.0, B / plain_rate, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
                         spec_g, None, spec_d, "plain", plain_raw)
@@ -361,12 +369,19 @@ class Controller:
         plan = Plan("spec", gam.astype(int).tolist(), theta, t, d_raw + v_raw, miss, plain_rate, rate, reason,
                     spec_g, drafter_of, spec_d, tag, raw_rate, probs)
         if reason == "model" and (rate >= self.coast_above * plain_rate or self._dear(t)):  # the next steps reuse it
-            self.spec_coasting = (tuple(seq_ids), plan, self.coast_steps)
+            self.spec_coasting = (tuple(seq_ids), plan, self._coast_len(t))
         return plan
 
     def _dear(self, step_s: float) -> bool:
         """Whether planning costs more than `coast_share` of a step of step_s seconds."""
         return self.plan_s is not None and self.plan_s > self.coast_share * step_s
+
+    def _coast_len(self, step_s: float) -> int:
+        """Steps a call is reused for: `coast_steps`; while planning is dear, enough that one plan per reuse costs
+        about `coast_share` of the steps it serves, at most `coast_max` (the plan's lengths go stale)."""
+        if not self._dear(step_s):
+            return self.coast_steps
+        return min(self.coast_max, max(self.coast_steps, math.ceil(self.plan_s / (self.coast_share * step_s))))
 
     def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
              setup_s: float = 0.0) -> Plan:
