@@ -221,11 +221,11 @@ def test_an_arm_whose_steps_measure_slower_than_predicted_is_priced_so_until_it_
         ctl.realized.record("self", 8, 6 * p.predicted_s, p.predicted_s, ctl.steps)  # 6x slower than modelled
         ctl.realized.record("plain", 8, 1.0, 1.0, ctl.steps)
     assert ctl.realized.slowdown("self", 8, ctl.steps) == pytest.approx(6.0)
-    ctl.coasting = (0, 0)
+    ctl.coasting = (frozenset(), 0)
     q = ctl.plan(ids, lim, res, spec_res)
     assert q.kind == "plain" and q.spec_rate == pytest.approx(p.spec_rate / 6, rel=0.05)
     ctl.steps += 20 * int(Realized.FADE)  # long unused: back to the model's price
-    ctl.coasting = (0, 0)
+    ctl.coasting = (frozenset(), 0)
     assert ctl.plan(ids, lim, res, spec_res).kind == "spec"
 
 
@@ -242,7 +242,7 @@ def test_plans_whose_rows_accept_less_than_expected_are_calibrated_down():
         ctl.acc.record_plan(p.probs, p.gammas, [1] * 8)
     k = ctl.acc.calibration()
     assert k[0] >= 0.9 and k[1] < 0.5 and k[2] < 0.5
-    ctl.coasting, ctl.spec_coasting = (0, 0), None
+    ctl.coasting, ctl.spec_coasting = (frozenset(), 0), None
     q = ctl.plan(ids, lim, res, spec_res)
     assert sum(q.gammas or [0]) < sum(p.gammas)
 
@@ -259,7 +259,7 @@ def test_speculation_is_tried_once_per_batch_size_before_plain_defends_its_margi
     ctl.realized.record("self", 8, first.predicted_s, first.predicted_s, ctl.steps)  # its step, measured
     ctl.last_arm, ctl.spec_coasting = "plain", None
     assert ctl.plan(ids, [4] * 8, res, spec_res).kind == "plain"  # measured here: plain keeps its margin
-    ctl.coasting = (0, 0)
+    ctl.coasting = (frozenset(), 0)
     wide = list(range(100, 132))
     again = ctl.plan(wide, [4] * 32, res, spec_res)  # a batch size not measured yet
     assert again.kind == "spec" and again.reason == "explore"
@@ -298,6 +298,46 @@ def test_any_call_is_reused_when_planning_costs_a_noticeable_share_of_the_step()
     ctl.plan_s = 5 * ctl.coast_share * p.predicted_s  # 5 steps' share: one plan per ~5 steps
     q = ctl.plan(ids, [4] * 8, res, spec_res)
     assert ctl.spec_coasting[2] == math.ceil(ctl.plan_s / (ctl.coast_share * q.predicted_s)) in (5, 6)
+
+
+def test_a_plain_call_is_reused_only_for_its_own_sequences():
+    """A sequence's last step (nothing may be drafted) is plain without being reused: at batch 1 the next request
+    would otherwise start with several plain steps; a reused plain call stops when another sequence joins."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.MIN_TRIALS = 0
+    ctl.acc.record([0], [4], [3], [[0.9] * 4])
+    ctl.plan_s = 1.0  # planning dear: any call with a choice in it is reused
+    last = ctl.plan([0], [0], res, spec_res)  # sequence 0 at its last token
+    assert last.kind == "plain" and last.spec_rate == 0.0 and ctl.coasting[1] == 0
+    assert not ctl.coast([1])  # the next request plans its first step
+    ctl.force = "plain"
+    ctl.plan([1, 2], [4, 4], res, spec_res)
+    assert ctl.coasting[1] > 0 and ctl.coast([1, 2]) and ctl.coast([2])  # reused while its sequences remain
+    assert not ctl.coast([2, 3]) and ctl.coasting[1] == 0  # 3 joined: plan afresh
+
+
+def test_a_new_sequence_on_a_reused_id_starts_with_nothing_measured(tiny_ckpt):
+    """Finished sequences' ids are reused (every batch-1 request is sequence 0): the decoder admits the new one to
+    the controller, which drops what it measured on the old one (its acceptance factor); a call being reused
+    goes on (the workload's drafter and length)."""
+    llm = auto_llm(tiny_ckpt("mixtral"))
+    ctl = controller_of(llm)
+    admitted, orig = [], ctl.admit
+
+    def admit(seqs):
+        admitted.append([s.seq_id for s in seqs])
+        coasting = ctl.coasting
+        orig(seqs)
+        assert all(i not in a.seq for a in ctl.accs.values() for i in admitted[-1])
+        assert ctl.coasting == coasting
+    ctl.admit = admit
+    ctl.force = "spec"  # every step drafts: the request's acceptance is measured on its id
+    ps, sp = BATCHES["b1"]
+    for _ in range(2):
+        llm.generate(ps, sp)
+        assert any(a.seq for a in ctl.accs.values())  # measured on this request's id by its end
+    assert len(admitted) == 2 and admitted[1] == admitted[0]  # the second request came on the same id
+
 
 
 def test_a_reused_call_follows_its_sequences_as_some_finish():
@@ -344,7 +384,7 @@ def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():
         ctl.realized.win.clear()
         for _ in range(Realized.WINDOW):
             ctl.realized.record("self", 8, slowdown, 1.0, 1)
-        ctl.steps, ctl.last_arm, ctl.coasting, ctl.spec_coasting = 1, last, (0, 0), None
+        ctl.steps, ctl.last_arm, ctl.coasting, ctl.spec_coasting = 1, last, (frozenset(), 0), None
         return ctl.plan(ids, lim, res, spec_res)
 
     r = plan_with(1.0, "self")
@@ -358,7 +398,8 @@ def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():
 
 def test_a_clear_speculative_call_is_reused_for_a_few_steps_of_the_same_sequences(tiny_ckpt):
     """Spec coasting: after a plan that chose speculation by `coast_above`, the next `coast_steps` steps of the
-    same sequences reuse its drafters and lengths without planning; a changed batch plans again."""
+    same sequences reuse its drafters and lengths without planning (more while planning is dear); a sequence
+    that joins makes the next step plan again."""
     path = tiny_ckpt("mixtral")
     llm = auto_llm(path)
     ctl = controller_of(llm)
@@ -378,7 +419,7 @@ def test_a_clear_speculative_call_is_reused_for_a_few_steps_of_the_same_sequence
     coasted = ctl.reasons.get("coast", 0)
     assert coasted > 0 and ctl.choices["spec"] > 0
     assert len(seen) + coasted == ctl.steps  # a coasted step never planned
-    assert coasted <= ctl.coast_steps * len(seen)
+    assert coasted <= ctl.coast_max * len(seen)  # coast_steps, more while planning is dear
 
 
 def test_the_acceptance_memory_warms_a_new_engine_and_is_capped(tmp_path, monkeypatch):

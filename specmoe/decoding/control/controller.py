@@ -90,7 +90,7 @@ class Controller:
         self.steps = self.stops = 0
         self.since_spec = 0
         self.last_used = dict.fromkeys(self.names, 0)
-        self.coasting = (0, 0)  # (batch size, steps left) of a plain call reused without planning
+        self.coasting = (frozenset(), 0)  # (sequence ids, steps left) of a plain call reused without planning
         self.coast_steps, self.coast_below = 3, 0.8
         self.coast_max = 8  # the most steps a call is reused for while planning is dear
         # (sequence ids, plan, steps left) of a clear speculative call reused without planning (`coast_spec`)
@@ -147,16 +147,25 @@ class Controller:
         self.cost.warm(memory.section("cost"))
         self.realized.warm(memory.section("realized"))
 
-    def coast(self, B: int) -> bool:
+    def admit(self, seqs) -> None:
+        """Sequences new to the decoder (ids are reused once a sequence finishes): nothing measured on an earlier
+        holder of the id is theirs. A call being reused goes on for them (the workload's drafter and length, a
+        better start than none: at batch 1 every request would otherwise plan its first steps afresh)."""
+        ids = [s.seq_id for s in seqs]
+        for acc in self.accs.values():
+            acc.forget(ids)
+
+    def coast(self, seq_ids: list[int]) -> bool:
         """True when this step repeats the last plain call without planning: after a plan that chose plain by a
         clear margin (or forced plain), or when planning costs more than `coast_share` of the step, the next
-        `coast_steps` steps at the same batch size do (the controller's own cost stays a small share of a plain
-        step)."""
-        b, left = self.coasting
-        if b != B or left <= 0 or self.schedule is not None:
-            self.coasting = (0, 0)
+        `coast_steps` steps (more while planning is dear, `_coast_len`) of the same sequences do, those that
+        finish leaving (the controller's own cost stays a small share of a plain step); a sequence that joins
+        plans afresh."""
+        ids, left = self.coasting
+        if left <= 0 or self.schedule is not None or not set(seq_ids) <= ids:
+            self.coasting = (frozenset(), 0)
             return False
-        self.coasting = (b, left - 1)
+        self.coasting = (ids, left - 1)
         self.steps += 1
         self.since_spec += 1
         self.choices["plain"] += 1
@@ -351,9 +360,11 @@ class Controller:
             self.last_arm = "plain" if want == "plain" or best is None else best[4]
         if want == "plain" or best is None:
             self.since_spec += 1
-            if reason == "forced" or (reason == "model" and (spec_rate < self.coast_below * plain_rate
-                                                             or self._dear(B / plain_rate))):
-                self.coasting = (B, self._coast_len(B / plain_rate))  # the next steps reuse it without planning
+            # a clear call, or dear planning: the next steps reuse it without planning (not when nothing could be
+            # drafted this step: a sequence at its last token, a lookup without a match)
+            if reason == "forced" or (reason == "model" and best is not None
+                                      and (spec_rate < self.coast_below * plain_rate or self._dear(B / plain_rate))):
+                self.coasting = (frozenset(seq_ids), self._coast_len(B / plain_rate))
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
             return Plan("plain", None, 1.0, B / plain_rate, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
                         spec_g, None, spec_d, "plain", plain_raw)
@@ -406,7 +417,7 @@ class Controller:
         t0 = time.perf_counter()
         B = len(seqs)
         try:
-            if self.coast(B):
+            if self.coast([s.seq_id for s in seqs]):
                 return StepPlan([None] * B, [0] * B, None)
             plan = self.coast_spec(seqs, limits)
             if plan is None:

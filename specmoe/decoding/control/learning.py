@@ -79,6 +79,11 @@ class Acceptance:
             self.plan_pred[:g] += p[:g]
             self.plan_acc[:min(n, g)] += 1
 
+    def forget(self, seq_ids) -> None:
+        """Drop what was measured on these sequence ids (new sequences reuse ids of finished ones)."""
+        for s in seq_ids:
+            self.seq.pop(s, None)
+
     def seq_factor(self, seq_ids: list[int]) -> np.ndarray:
         g = self.rate()
         out = np.ones(len(seq_ids))

@@ -139,6 +139,8 @@ class SpeculativeDecoder:
             with clock.phase("admit"):
                 for d in self.drafters.values():
                     d.admit(new)
+                if self.ctl is not None:
+                    self.ctl.admit(new)
         with clock.phase("plan"):
             plan = self.plan(seqs)
         b0 = self.runner.provider.bytes_moved
