@@ -92,7 +92,7 @@ class Controller:
         self.last_used = dict.fromkeys(self.names, 0)
         self.coasting = (frozenset(), 0)  # (sequence ids, steps left) of a plain call reused without planning
         self.coast_steps, self.coast_below = 3, 0.8
-        self.coast_max = 8  # the most steps a call is reused for while planning is dear
+        self.coast_max = 16  # the most steps a call is reused for while planning is dear
         # (sequence ids, plan, steps left) of a clear speculative call reused without planning (`coast_spec`)
         self.spec_coasting: tuple | None = None
         self.coast_above = 1.25
