@@ -2,9 +2,10 @@
 this machine (a `deterministic` model pads every smaller matmul to that many rows, `layers.linear`).
 
 CPU sgemm takes another kernel (a small-matrix path, a matrix-vector one) below some row count, and that kernel
-rounds a row differently; where the switch lies depends on the CPU and the BLAS build: 4 rows on some AVX2 machines,
-up to 16 on AVX-512 ones, growing with the contraction length. `probe` multiplies a first m rows for every m below
-`PROBE_ROWS` against the same rows inside `PROBE_ROWS` (linear, addmm, bmm with either layout of its second operand; contraction lengths of real models) and
+rounds a row differently; where the switch lies depends on the CPU and the BLAS build: 4 rows sufficed on the AMD
+EPYC machines this project ran on before, an Intel Xeon (AVX-512) needs up to 16, growing with the contraction
+length. `probe` multiplies a first m rows for every m below `PROBE_ROWS` against the same rows inside
+`PROBE_ROWS` (linear, addmm, bmm with either layout of its second operand; contraction lengths of real models) and
 returns the smallest count from which every result is equal; it is measured once per CPU, torch build and thread
 count and kept in the machine cache (`specmoe.machine_cache`)."""
 from __future__ import annotations

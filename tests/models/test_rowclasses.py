@@ -1,5 +1,5 @@
 """A `deterministic` model pads fp32 matmuls to the row count this machine's BLAS needs (measured, cached), not to a
-count that held on another CPU (4 rows held on an AVX2 machine; up to 16 are needed on AVX-512 ones)."""
+count that held on another CPU (4 rows sufficed on an AMD EPYC; an Intel Xeon with AVX-512 needs up to 16)."""
 from __future__ import annotations
 
 import json
