@@ -19,7 +19,7 @@ PACKAGE = "specmoe"  # specmoe/__init__.py, the public API (LLM, SamplingParams,
 # lowest first; a module belongs to the longest unit name that names it (itself or a package above it)
 LAYERS: list[tuple[str, ...]] = [
     ("specmoe.errors",),
-    ("specmoe.config", "specmoe.memory", "specmoe.bundled"),
+    ("specmoe.config", "specmoe.memory", "specmoe.bundled", "specmoe.machine_cache"),
     ("specmoe.families", "specmoe.options", "specmoe.tokenizer"),
     ("specmoe.weights",),
     ("specmoe.models",),
