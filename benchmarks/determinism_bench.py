@@ -267,7 +267,7 @@ def main() -> None:
                 "threads": a.threads, "max_tokens": a.max_tokens, "date": time.strftime("%Y-%m-%d"),
                 "default_dtype": str(resolve_dtype("auto", default="bfloat16", device="cpu")).replace("torch.", "")})
     try:
-        from specmoe.weights.autodtype import cpu_model
+        from specmoe.machine_cache import cpu_model
         res["cpu"] = cpu_model()
     except ImportError:
         pass

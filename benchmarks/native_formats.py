@@ -34,7 +34,7 @@ from specmoe import LLM, SamplingParams  # noqa: E402
 from specmoe.bench.machine import provenance  # noqa: E402
 from specmoe.families import read_config  # noqa: E402
 from specmoe.experts.formats import ExpertShape, Native, Plain  # noqa: E402
-from specmoe.weights.autodtype import cpu_model  # noqa: E402
+from specmoe.machine_cache import cpu_model  # noqa: E402
 from specmoe.weights.checkpoint import Checkpoint  # noqa: E402
 from specmoe.weights.names import expert_parts, non_expert_keys  # noqa: E402
 from tests.formats.native import make_fp8_checkpoint, make_mxfp4_checkpoint  # noqa: E402

@@ -12,7 +12,6 @@ import time
 import torch
 
 from specmoe import machine_cache
-from specmoe.machine_cache import cached, cpu_model  # noqa: F401  (cpu_model: part of this module's interface)
 
 SHAPE = (16, 1024, 2048)  # tokens x hidden x expert intermediate: the shape of decode-time expert GEMMs
 REPEATS = 5
@@ -44,4 +43,4 @@ def half_matmul_is_fast(dtype: torch.dtype) -> bool:
     def run() -> dict:
         t = measure(dtype)
         return {**t, "fast": t["half_s"] <= t["float32_s"], "shape": list(SHAPE)}
-    return cached(machine_key(dtype), run, lambda e: isinstance(e.get("fast"), bool))["fast"]
+    return machine_cache.cached(machine_key(dtype), run, lambda e: isinstance(e.get("fast"), bool))["fast"]

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from specmoe import LLM
+from specmoe import LLM, machine_cache
 from specmoe.weights import autodtype
 from specmoe.weights.checkpoint import resolve_dtype
 
@@ -35,7 +35,7 @@ def test_measured_once_then_cached(cache_dir, monkeypatch):
     assert calls == [torch.bfloat16]  # measured once, then read from the cache
     data = json.loads((cache_dir / "machine.json").read_text())
     (key, entry), = data.items()
-    assert autodtype.cpu_model() in key and torch.__version__ in key and "bfloat16" in key
+    assert machine_cache.cpu_model() in key and torch.__version__ in key and "bfloat16" in key
     assert entry["fast"] is False and entry["half_s"] == 3.0
     # the cached decision is what counts: flip it on disk and auto follows without measuring
     entry["fast"] = True
