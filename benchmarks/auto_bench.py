@@ -56,7 +56,7 @@ DOMAINS = ("code", "bible", "docs", "fortunes")
 AUTO_KEEP = ("controller_steps", "controller_reasons", "controller_rows_by_drafter", "drafters", "tokens_per_step",
              "ar_steps", "steps", "plain_step_share", "expert_bytes_per_token", "acceptance_calibrated_by_drafter",
              "acceptance_plan_calibration_by_drafter",
-             "controller_s", "time_refinement", "step_overhead_s_per_token")
+             "controller_s", "time_refinement", "fwd_refinement", "step_overhead_s_per_token")
 
 
 def paired(tps: dict, a: str, b: str) -> float:

@@ -18,9 +18,9 @@ often each expert is picked per token) and the resident set at the start of the 
 The coefficients come from short micro-measurements (`calibrate`: forwards by row count with the expert
 computation stubbed out and with every expert resident, one expert FFN by row count at the model's shapes,
 cold fetches of 1 and 4 experts from the store), cached per machine + model + tier as JSON in the user cache directory, and
-are refined online: an EMA of measured / predicted time of target forwards per batch bucket and token-count
-bucket (plain steps and verifications alike) and of draft phases per batch bucket, and per step kind an EMA of measured /
-predicted misses (tokens of one sequence route alike, so a verification's union is
+are refined online (`refinement.py`): measured / predicted time of target forwards per batch bucket as a line in
+log2(tokens per row) (plain steps and verifications alike), an EMA of it for draft phases per batch bucket, and per
+step kind an EMA of measured / predicted misses (tokens of one sequence route alike, so a verification's union is
 smaller than independent tokens would give).
 """
 from __future__ import annotations
@@ -31,12 +31,13 @@ import math
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from specmoe.decoding.control.refinement import Refinement, bucket
 from specmoe.decoding.control.routing import RoutingStats
 from specmoe.decoding.runtime.breakdown import now
 
@@ -271,29 +272,6 @@ def load_or_calibrate(model, store, device, *, tier: str, key: str, draft_expert
     return c
 
 
-def bucket(B: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(B, 1))))
-
-
-@dataclass
-class Refinement:
-    """Online corrections: EMA of measured/predicted step time per (kind, batch bucket) and of measured /
-    predicted misses per kind."""
-    alpha: float = 0.25
-    FADE = 32.0  # refinements of a part after which a bucket not re-measured has mostly faded to its freshest one
-    time: dict = field(default_factory=dict)
-    seen: dict = field(default_factory=dict)  # (part, bucket) → the part's refinement count when last measured
-    count: dict = field(default_factory=dict)  # part → refinements so far
-    misses: dict = field(default_factory=dict)
-    overhead: dict = field(default_factory=dict)  # (kind, batch bucket) → seconds per computed token a step spends
-    # outside its forwards
-
-    def ema(self, table: dict, key, ratio: float) -> None:
-        ratio = min(max(ratio, 0.05), 20.0)
-        old = table.get(key)
-        table[key] = ratio if old is None else (1 - self.alpha) * old + self.alpha * ratio
-
-
 class CostModel:
     """Predicts plain and speculative step times (module docstring); `refine` folds measured steps in."""
 
@@ -308,24 +286,12 @@ class CostModel:
         self.union_obs: list[tuple[int, float, float]] = []  # (tokens, observed union, predicted union) recent
 
     def state(self) -> dict:
-        """The online refinements (`warm` reads them back): time / overhead EMAs, miss ratios, ρ."""
-        r = self.ref
-        return {"time": [[k, b, v] for (k, b), v in r.time.items()],
-                "overhead_per_token": [[k, b, v] for (k, b), v in r.overhead.items()], "misses": dict(r.misses),
-                "rho": self.rho}
+        """The online refinements (`warm` reads them back): forward fits, draft / overhead EMAs, miss ratios, ρ."""
+        return {**self.ref.state(), "rho": self.rho}
 
     def warm(self, state: dict) -> None:
         """Start from remembered refinements (a `state`; malformed entries are skipped)."""
-        for name, table in (("time", self.ref.time), ("overhead_per_token", self.ref.overhead)):
-            for row in state.get(name, []):
-                try:
-                    k, b, v = row
-                    table[(str(k), int(b))] = float(v)
-                except (TypeError, ValueError):
-                    continue
-        for k, v in (state.get("misses") or {}).items():
-            if isinstance(v, (int, float)):
-                self.ref.misses[str(k)] = float(v)
+        self.ref.warm(state)
         if isinstance(state.get("rho"), (int, float)):
             self.rho = min(max(float(state["rho"]), 0.02), 1.0)
 
@@ -428,50 +394,26 @@ class CostModel:
     @staticmethod
     def fwd(B: int) -> str:
         """The part name of target forwards over a batch of B sequences (`ratio`, `refine`): their corrections
-        are kept per batch bucket, then by token count, since 4 tokens of one sequence (a verification at batch
-        1) and of four (a plain step at batch 4) are different forwards for the model's error."""
+        are kept per batch bucket, as a function of the token count, since 4 tokens of one sequence (a
+        verification at batch 1) and of four (a plain step at batch 4) are different forwards for the model's
+        error."""
         return f"fwd/{bucket(B)}"
 
     def ratio(self, part: str, n: int) -> float:
-        """Measured / predicted time of a part (`fwd(B)`: target forwards at batch B by token count; "draft:<d>":
-        draft phases by batch size) at n's bucket; an unmeasured bucket takes the nearest measured one of the
-        same part (mostly the machine's speed, e.g. its load), forwards at a batch size never measured the
-        nearest batch size's, a draft phase never measured the forwards' ratio at its batch size (both are
-        mostly the non-expert model)."""
-        t = self.ref.time
-        b = bucket(n)
-        if (part, b) in t:
-            return self._faded(part, b)
-        near = [k for k in t if k[0] == part]
-        if near:
-            return self._faded(*min(near, key=lambda k: (abs(math.log2(k[1]) - math.log2(b)), k[1])))
-        if part.startswith("fwd/"):
-            other = [k for k in t if k[0].startswith("fwd/")]
-            if not other:
-                return 1.0
-            at = math.log2(int(part[4:]))
-            return t[min(other, key=lambda k: (abs(math.log2(int(k[0][4:])) - at), abs(math.log2(k[1]) - math.log2(b))))]
+        """Measured / predicted time of a part (`fwd(B)`: target forwards at batch B over n tokens; "draft:<d>":
+        draft phases at batch n) from the refinements (`Refinement.ratio`: forwards at a batch size never
+        measured take the nearest measured batch size's at the same tokens per row); a draft phase never
+        measured takes the forwards' ratio at its batch size (both are mostly the non-expert model); 1 before
+        anything is measured."""
+        r = self.ref.ratio(part, n)
+        if r is not None:
+            return r
         return self.ratio(self.fwd(n), n) if part.startswith("draft") else 1.0
-
-    def _faded(self, part: str, b: int) -> float:
-        """The part's ratio at bucket b, faded toward its most recently measured bucket's by the part's
-        refinements since b was measured: a correction measured under other load (the machine's speed drifts)
-        does not stick to a bucket the controller stopped choosing because of it."""
-        r = self.ref
-        age = r.count.get(part, 0) - r.seen.get((part, b), 0)
-        if age <= 0:
-            return r.time[(part, b)]
-        fresh = max((k for k in r.time if k[0] == part), key=lambda k: r.seen.get(k, 0))
-        w = math.exp(-age / r.FADE)
-        return w * r.time[(part, b)] + (1 - w) * r.time[fresh]
 
     def refine(self, part: str, n: int, measured_s: float, raw_predicted_s: float) -> None:
         """Fold in one measured part of a step (`raw_predicted_s`: its prediction without refinement)."""
         if raw_predicted_s > 0 and measured_s > 0:
-            r = self.ref
-            r.ema(r.time, (part, bucket(n)), measured_s / raw_predicted_s)
-            r.count[part] = r.count.get(part, 0) + 1
-            r.seen[(part, bucket(n))] = r.count[part]
+            self.ref.refine(part, n, measured_s / raw_predicted_s)
 
     def overhead(self, kind: str, B: int, tokens=None):
         """Seconds a step of this kind at batch B spends outside its modelled forwards (sampling, acceptance,
@@ -503,6 +445,6 @@ class CostModel:
         return {"draft_routing_rho": self.rho,
                 "union_prediction_error": float(np.median(err)) if len(err) else None,
                 "coefficients": {**asdict(self.c), "read_gbps": self.c.read_gbps},
-                "time_refinement": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.time.items())},
+                **self.ref.stats(),
                 "miss_refinement": dict(self.ref.misses),
                 "step_overhead_s_per_token": {f"{k}@{b}": v for (k, b), v in sorted(self.ref.overhead.items())}}
