@@ -319,9 +319,10 @@ class Controller:
                 c = int(np.flatnonzero(tag_arr == tag)[np.argmax(raw[tag_arr == tag])])
                 who, gam, _, th, _, _ = rows[c]
                 slow = self.realized.slowdown(tag, B, self.steps)
-                # the arm is scored by its upper-confidence rate (exploration); raw: the unbiased prediction
-                by_drafter[tag] = (float(raw_ucb[c]) / slow, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
-                                   float(t[c]) * slow, float(miss[c]), float(raw[c]))
+                # the arm is scored by its unbiased rate, corrected by what its steps realized; the
+                # upper-confidence one (last) only decides which arms are worth a trial (exploration)
+                by_drafter[tag] = (float(raw[c]) / slow, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
+                                   float(t[c]) * slow, float(miss[c]), float(raw[c]), float(raw_ucb[c]) / slow)
             best = max(by_drafter.values(), key=lambda row: row[0])
         spec_rate = best[0] if best is not None else 0.0
         self.arm_rates = {"plain": plain_rate, **{tag: row[0] for tag, row in by_drafter.items()}}
@@ -337,7 +338,7 @@ class Controller:
             top = max(spec_rate, plain_rate)
             # a drafter's acceptance is its prior until it drafts, and its step time a model until measured at this
             # batch size: try it on a few rows first, and once per batch size, when predicted close to the best
-            untried = [tag for tag in by_drafter if "+" not in tag and by_drafter[tag][0] >= self.EXPLORE_WITHIN * top
+            untried = [tag for tag in by_drafter if "+" not in tag and by_drafter[tag][-1] >= self.EXPLORE_WITHIN * top
                        and (self.accs[tag].drafted[0] < self.MIN_TRIALS
                             or (self.MIN_TRIALS and not self.realized.measured(tag, B)))]
             if untried:
@@ -346,13 +347,18 @@ class Controller:
                 # a drafter not used for a while: try its best plan when it is predicted close to the best
                 stale = [tag for tag in by_drafter if "+" not in tag
                          and self.steps - self.last_used.get(tag, 0) >= self.explore_every
-                         and by_drafter[tag][0] >= self.EXPLORE_WITHIN * max(spec_rate, plain_rate)]
+                         and by_drafter[tag][-1] >= self.EXPLORE_WITHIN * max(spec_rate, plain_rate)]
                 if stale:
                     best = by_drafter[min(stale, key=lambda tag: self.last_used.get(tag, 0))]
                     want, reason = "spec", "explore"
             if (want == "plain" and best is not None and self.since_spec >= self.explore_every
                     and spec_rate >= 0.9 * plain_rate):
                 want, reason = "spec", "explore"  # keep the acceptance estimates alive near the break-even
+            elif (want == "spec" and reason == "model" and plain_rate >= self.EXPLORE_WITHIN * spec_rate
+                  and self.explore_every <= self.realized.age("plain", B, self.steps) < math.inf):
+                # plain steps measured at this batch size long ago while speculating near a tie: one plain step
+                # re-measures what speculation is compared against
+                want, reason = "plain", "explore"
         self.steps += 1
         self.choices[want] += 1
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
@@ -371,7 +377,7 @@ class Controller:
             _, miss = cm.expected_union(np.array([B]), resident, "plain")
             return Plan("plain", None, 1.0, B / plain_rate, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
                         spec_g, None, spec_d, "plain", plain_raw)
-        rate, who, gam, th, tag, d_raw, v_raw, t, miss, raw_rate = best
+        rate, who, gam, th, tag, d_raw, v_raw, t, miss, raw_rate, _ = best
         self.since_spec = 0
         theta = 0.0 if reason in ("forced", "schedule") or th is None else float(th)
         drafter_of = [names[i] if g else None for i, g in zip(who, gam)]
@@ -498,13 +504,17 @@ class Controller:
         if plan is None:  # a coasting plain step
             return
         measured = sum(clock.wall(p) for p in ("draft", "select", "verify", "accept", "commit"))
+        timed = plan.reason != "coast" or self.learn_skip <= 0
+        # the tokens the step was expected to emit, on the estimates before it (the realized correction compares)
+        expect = self._expected_tokens(splan, seqs, depths) if timed and plan.kind == "spec" else len(seqs)
         if plan.kind == "spec":
             self._learn_acceptance(splan, plan, seqs, depths, out)
-        if plan.reason == "coast" and self.learn_skip > 0:
+        if not timed:
             self.learn_skip -= 1
             return
         t0 = time.perf_counter()
-        self._learn_time(splan, plan, seqs, depths, clock, step_bytes, measured)
+        self._learn_time(splan, plan, seqs, depths, clock, step_bytes, measured,
+                         expect, sum(len(o) for o in out))
         dt = time.perf_counter() - t0
         self.learn_s = dt if self.learn_s is None else 0.8 * self.learn_s + 0.2 * dt
         self.learn_skip = self._learn_stride(measured) - 1
@@ -515,6 +525,15 @@ class Controller:
         if self.learn_s is None or step_s <= 0 or self.learn_s <= self.learn_share * step_s:
             return 1
         return min(self.coast_max, math.ceil(self.learn_s / max(self.learn_share * step_s, 1e-12)))
+
+    def _expected_tokens(self, splan, seqs, depths: list[int]) -> float:
+        """B + the drafts each row was expected to get accepted at the depth it drafted (unbiased estimates)."""
+        ids = [s.seq_id for s in seqs]
+        total = float(len(seqs))
+        for n in set(d for d in splan.drafter_of if d):
+            rows = [b for b, d in enumerate(splan.drafter_of) if d == n]
+            total += float(self._probs(n, [ids[b] for b in rows], [depths[b] for b in rows], 0.0).sum())
+        return total
 
     def _learn_acceptance(self, splan, plan: Plan, seqs, depths: list[int], out: list[list[int]]) -> None:
         ids = [s.seq_id for s in seqs]
@@ -530,19 +549,24 @@ class Controller:
             self.memory.save(self.accs, cost=self.cost.state(), realized=self.realized.state())
 
     def _learn_time(self, splan, plan: Plan, seqs, depths: list[int] | None, clock, step_bytes: int,
-                    measured: float) -> None:
+                    measured: float, expect: float, emitted: int) -> None:
+        """The step-time model's refinements, and the arm's realized correction: seconds per emitted token measured
+        against those predicted (by the model before this step's refinements, for the depths really drafted)."""
         cm = self.cost
         B = len(seqs)
         if plan.kind == "plain":
+            self.realized.record("plain", B, measured, B / plan.raw_rate, self.steps)
             cm.refine_misses("plain", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
             cm.refine(cm.fwd(B), B, clock.wall("verify"), plan.raw_s)
             cm.refine_overhead("plain", B, measured - clock.wall("verify"))
-            self.realized.record("plain", B, measured, B / plan.raw_rate, self.steps)
             self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
             return
         names = self.names
         who = np.array([names.index(d) if d else -1 for d in splan.drafter_of])
         gam = np.array(depths)
+        W, Gm = np.where(who >= 0, who, 0)[None], np.where(who >= 0, gam, 0)[None]
+        predicted = float(self._costs(W, Gm, names, self.resident, self.spec_resident, {}, self.catchup)[2][0])
+        self.realized.record(plan.arm, B, measured, predicted, self.steps, emitted, expect)
         draft_raw = {}
         for i, n in enumerate(names):
             mine = (who == i) & (gam > 0)
@@ -561,9 +585,6 @@ class Controller:
             cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
         drafted = sum(clock.wall(f"draft:{n}") for n in names)
         cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"), B * (1 + int(gam.max())))
-        W, Gm = np.where(who >= 0, who, 0)[None], np.where(who >= 0, gam, 0)[None]
-        actual = float(self._costs(W, Gm, names, self.resident, self.spec_resident, {}, self.catchup)[2][0])
-        self.realized.record(plan.arm, B, measured, actual, self.steps)
         if plan.reason != "coast":
             self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))
 

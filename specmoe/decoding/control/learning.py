@@ -206,39 +206,43 @@ class ControllerMemory:
 
 
 class Realized:
-    """Measured / predicted step time per arm (a plain step, or a speculative plan's drafter or drafter mix) and
-    batch bucket: what the step-time model, refined per component, still gets wrong for that arm (e.g. a verify
-    forward of many drafted rows on a loaded machine). Over the arm's last `WINDOW` steps at the bucket, the
-    ratio of their summed seconds, leaving out stalls (a step over 4× the window's median ratio: the machine,
-    not the arm). It prices time only (acceptance is learned apart, so a few unlucky rows do not write an arm
-    off), counts from `MIN_STEPS` steps, and fades back to 1 over `FADE` steps in which the arm is not used (a
-    correction measured under other load does not stick)."""
+    """Measured / predicted seconds per emitted token per arm (a plain step, or a speculative plan's drafter or
+    drafter mix) and batch bucket: what the arm's prediction (the refined step-time model and the unbiased
+    acceptance estimates together) still gets wrong, e.g. a verify forward of many drafted rows on a loaded
+    machine, or rows that accept less than their drafter's average. Over the arm's last `WINDOW` steps at the
+    bucket: (Σ measured s / Σ emitted tokens) / (Σ predicted s / Σ expected tokens) (ratios of sums: a mean of
+    per-step ratios would overweight the steps that emitted one token), leaving out stalls (a step over 4× the
+    window's median time ratio: the machine, not the arm); counts from `MIN_STEPS` steps, and fades back to 1
+    over `FADE` steps in which the arm is not used (a correction measured under other load does not stick)."""
 
-    WINDOW = 8
+    WINDOW = 16
     MIN_STEPS = 3
     FADE = 256.0
     LO, HI = 0.25, 8.0
 
     def __init__(self):
-        self.win: dict[tuple[str, int], deque] = {}  # (arm, bucket) -> (measured s, predicted s) of recent steps
+        # (arm, bucket) -> (measured s, predicted s, emitted tokens, expected tokens) of recent steps
+        self.win: dict[tuple[str, int], deque] = {}
         self.last: dict[tuple[str, int], int] = {}  # the step it was last measured at
         self.ratio: dict[tuple[str, int], float] = {}  # _of(key), recomputed when the key records a step
 
-    def record(self, arm: str, B: int, measured_s: float, predicted_s: float, step: int) -> None:
-        if measured_s <= 0 or predicted_s <= 0:
+    def record(self, arm: str, B: int, measured_s: float, predicted_s: float, step: int,
+               emitted: float = 1.0, expected: float = 1.0) -> None:
+        if measured_s <= 0 or predicted_s <= 0 or emitted <= 0 or expected <= 0:
             return
         key = (arm, bucket(B))
-        self.win.setdefault(key, deque(maxlen=self.WINDOW)).append((measured_s, predicted_s))
+        self.win.setdefault(key, deque(maxlen=self.WINDOW)).append((measured_s, predicted_s, emitted, expected))
         self.last[key] = step
         self.ratio[key] = self._of(key)
 
     def _of(self, key) -> float:
-        w = self.win[key]  # a few (measured, predicted) pairs: plain Python beats numpy at this size
-        r = sorted(m / p for m, p in w)
+        w = self.win[key]  # a few steps: plain Python beats numpy at this size
+        r = sorted(m / p for m, p, _, _ in w)
         k = len(r)
         med = r[k // 2] if k % 2 else 0.5 * (r[k // 2 - 1] + r[k // 2])
-        keep = [(m, p) for m, p in w if m / p <= 4 * med]
-        return min(max(sum(m for m, _ in keep) / sum(p for _, p in keep), self.LO), self.HI)
+        keep = [row for row in w if row[0] / row[1] <= 4 * med]
+        m, p, e, x = (sum(row[i] for row in keep) for i in range(4))
+        return min(max((m / e) / (p / x), self.LO), self.HI)
 
     def slowdown(self, arm: str, B: int, step: int) -> float:
         """Measured / predicted seconds of this arm at B's bucket (the nearest bucket with MIN_STEPS steps until
@@ -252,6 +256,11 @@ class Realized:
             key = min(near, key=lambda k: abs(np.log2(k[1]) - np.log2(b)))
         fade = math.exp(-(step - self.last[key]) / self.FADE)
         return 1.0 + (self.ratio[key] - 1.0) * fade
+
+    def age(self, arm: str, B: int, step: int) -> float:
+        """Steps since this arm was last measured at B's bucket (inf: never)."""
+        last = self.last.get((arm, bucket(B)))
+        return math.inf if last is None else step - last
 
     def measured(self, arm: str, B: int) -> bool:
         """Whether this arm has a step measured at B's bucket."""
@@ -270,7 +279,7 @@ class Realized:
                 key = (arm, int(b))
             except (TypeError, ValueError):
                 continue
-            self.win[key] = deque([(r, 1.0)] * self.MIN_STEPS, maxlen=self.WINDOW)
+            self.win[key] = deque([(r, 1.0, 1.0, 1.0)] * self.MIN_STEPS, maxlen=self.WINDOW)
             self.last[key], self.ratio[key] = 0, r
 
     def stats(self) -> dict:
