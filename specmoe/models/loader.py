@@ -7,6 +7,7 @@ from torch import nn
 from tqdm import tqdm
 
 from specmoe.models.decoder import Transformer
+from specmoe.models.rowclasses import deterministic_rows
 from specmoe.models.seq2seq import Seq2SeqModel
 from specmoe.weights.checkpoint import Checkpoint
 from specmoe.weights.names import fp32_params, non_expert_keys
@@ -26,4 +27,8 @@ def load_model(ckpt: Checkpoint, *, dtype: torch.dtype, device: torch.device | s
         setattr(model.get_submodule(mod_name), attr, nn.Parameter(t, requires_grad=False))
     leftover = [n for n, p in model.named_parameters() if p.is_meta]
     assert not leftover, f"parameters never assigned: {leftover}"
+    if cfg.attention_sinks and dtype == torch.float32:
+        # fp32 attention with sinks pads its query rows to this machine's row classes: measure them now (once per
+        # machine, ~2 s, then cached), not inside the first forward
+        deterministic_rows()
     return model.fuse().eval()

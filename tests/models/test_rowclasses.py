@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specmoe import LLM, machine_cache
+from specmoe import LLM, SamplingParams, machine_cache
 from specmoe.models import rowclasses
 from specmoe.models.layers import linear
 
@@ -51,3 +51,23 @@ def test_measured_once_cached_and_used_by_a_deterministic_model(fresh, monkeypat
     assert entry["rows"] == 7
     rowclasses._rows.cache_clear()  # a new process reads the cache without probing
     assert rowclasses.deterministic_rows() == 7 and calls == [1]
+
+
+def test_fp32_attention_with_sinks_measures_the_row_classes_at_load_not_in_a_forward(fresh, monkeypatch, tiny_ckpt):
+    """GPT-OSS's sinks take the fixed-split attention, which pads query rows to the row classes: the ~2 s probe
+    runs when the model loads (then is cached), so no request's first forward pays it."""
+    from specmoe.models import attention
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return {"rows": 5, "by_op": {}}
+    monkeypatch.setattr(rowclasses, "probe", probe)
+    llm = LLM(tiny_ckpt("gpt_oss"), dtype="float32")
+    assert calls == [1] and llm.config.attention_sinks
+    assert attention.min_rows(torch.float32, 64) >= 5
+    llm.generate(["hello"], SamplingParams(max_tokens=2))
+    assert calls == [1]
+    rowclasses._rows.cache_clear()
+    LLM(tiny_ckpt("gpt_oss"), dtype="bfloat16")  # not fp32: nothing to measure
+    assert calls == [1]

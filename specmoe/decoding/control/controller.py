@@ -29,45 +29,29 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from specmoe.decoding.control.candidates import candidates
+from specmoe.decoding.control.coasting import Coasting
 from specmoe.decoding.control.costmodel import CostModel, bucket
+from specmoe.decoding.control.feedback import StepFeedback
 from specmoe.decoding.control.learning import Acceptance, Realized
+from specmoe.decoding.control.plan import Plan
 
 PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
 
 
-@dataclass
-class Plan:
-    kind: str                    # "plain" | "spec"
-    gammas: list[int] | None     # per sequence (spec)
-    theta: float                 # in-draft stopping threshold on the running acceptance probability
-    predicted_s: float           # refined prediction of the chosen step
-    raw_s: float                 # before the time refinement
-    predicted_misses: float
-    plain_rate: float            # predicted tokens/s of the plain step and of the best speculative plan
-    spec_rate: float
-    reason: str = "model"        # "model" | "forced" | "schedule" | "explore" | "coast"
-    spec_gammas: list[int] | None = None  # the best speculative plan's γ_b, chosen or not
-    drafter_of: list[str | None] | None = None  # per sequence (spec)
-    spec_drafters: list[str | None] | None = None  # the best speculative plan's drafters, chosen or not
-    arm: str = "plain"           # "plain" or the chosen speculative plan's drafter (mix), e.g. "eagle+ngram"
-    raw_rate: float = 0.0        # the chosen arm's predicted tokens/s before its realized correction
-    probs: np.ndarray | None = None  # [B, γ_max] each drafting row's acceptance probabilities before calibration
-
-
-class Controller:
+class Controller(Coasting, StepFeedback):
     """Chooses each step (module docstring). Every choice is an *arm*: a plain step, or a speculative plan named by
-    its drafter (mix). Its step time is the cost model's (refined per component, `CostModel.refine`) times what
-    that arm's steps measured against it (`Realized.slowdown`). Draft lengths come from unbiased acceptance
-    estimates; arms are compared on upper-confidence ones (UCB: the bonus shrinks with the rows a drafter has
-    drafted and grows slowly with the steps taken, so an arm that lost on a few unlucky rows is tried again), and
-    a drafter predicted within `EXPLORE_WITHIN` of the best
-    choice is first tried on `MIN_TRIALS` rows. `force` ("plain" / "spec", None = choose) and `schedule` (a
+    its drafter (mix). Its rate is the cost model's (refined per component, `CostModel.refine`) over unbiased
+    acceptance estimates, divided by what that arm's steps realized against such predictions
+    (`Realized.slowdown`, seconds per emitted token). Upper-confidence acceptance estimates (UCB: the bonus shrinks
+    with the rows a drafter has drafted and grows slowly with the steps taken, so an arm that lost on a few
+    unlucky rows is tried again) decide only which drafters get a trial: a drafter whose upper-confidence rate is
+    within `EXPLORE_WITHIN` of the best choice is first tried on `MIN_TRIALS` rows. Reusing a call
+    (`coasting.Coasting`) and folding measured steps back in (`feedback.StepFeedback`) are mixed in. `force` ("plain" / "spec", None = choose) and `schedule` (a
     callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
     drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
     floor (0 turns it off)."""
@@ -100,6 +84,7 @@ class Controller:
         # own time is what a step of a few ms loses to it)
         self.coast_share = 0.03
         self.plan_s: float | None = None  # EMA of a fresh plan's seconds
+        self.outside: dict[int, float] = {}  # batch bucket -> EMA of a step's cycle seconds the model does not price
         self.learn_s: float | None = None  # EMA of `_learn_time`'s seconds
         self.learn_share = 0.01  # the share of a step the time model's learning may cost on reused-call steps
         self.learn_skip = 0  # reused-call steps left before the next one whose time is learned
@@ -158,60 +143,21 @@ class Controller:
         for acc in self.accs.values():
             acc.forget(ids)
 
-    def coast(self, seq_ids: list[int]) -> bool:
-        """True when this step repeats the last plain call without planning: after a plan that chose plain by a
-        clear margin (or forced plain), or when planning costs more than `coast_share` of the step, the next
-        `coast_steps` steps (more while planning is dear, `_coast_len`) of the same sequences do, those that
-        finish leaving (the controller's own cost stays a small share of a plain step); a sequence that joins
-        plans afresh."""
-        ids, left = self.coasting
-        if left <= 0 or self.schedule is not None or not set(seq_ids) <= ids:
-            self.coasting = (frozenset(), 0)
-            return False
-        self.coasting = (ids, left - 1)
-        self.steps += 1
-        self.since_spec += 1
-        self.choices["plain"] += 1
-        self.reasons["coast"] = self.reasons.get("coast", 0) + 1
-        return True
-
-    def coast_spec(self, seqs, limits: list[int]) -> Plan | None:
-        """The last plan again, without planning, when it chose speculation by a clear margin
-        (`coast_above` × the plain rate) or planning costs more than `coast_share` of the step, and this step's
-        sequences were all in it (sequences that finished leave; one that joins plans afresh): for `coast_steps`
-        steps (more while planning is dear, `_coast_len`) each row keeps its drafter and draft length (capped by
-        what the drafter has now: a lookup's proposal, the sequence's limit), and the in-draft stopper still cuts
-        drafts on their confidence."""
-        if self.spec_coasting is None:
-            return None
-        ids, plan, left = self.spec_coasting
-        row = {sid: b for b, sid in enumerate(ids)}
-        keep = [row.get(s.seq_id) for s in seqs]
-        if left <= 0 or self.schedule is not None or self.force is not None or None in keep:
-            self.spec_coasting = None
-            return None
-        drafters = self.decoder.drafters
-        drafter_of = [plan.drafter_of[b] for b in keep]
-        used = set(d for d in drafter_of if d)
-        avail = {n: drafters[n].available(seqs, limits) for n in used}
-        gam = [min(plan.gammas[b], avail[d][i]) if d else 0 for i, (b, d) in enumerate(zip(keep, drafter_of))]
-        if not any(gam):
-            self.spec_coasting = None
-            return None
-        self.spec_coasting = (ids, plan, left - 1)
-        self.catchup = {n: np.asarray(drafters[n].catchup(seqs)) for n in used}
-        self.steps += 1
-        self.since_spec = 0
-        self.choices["spec"] += 1
-        self.reasons["coast"] = self.reasons.get("coast", 0) + 1
-        for n in used:
-            self.last_used[n] = self.steps
-        return replace(plan, gammas=gam, drafter_of=[d if g else None for d, g in zip(drafter_of, gam)],
-                       spec_gammas=[plan.spec_gammas[b] for b in keep],
-                       spec_drafters=[plan.spec_drafters[b] for b in keep],
-                       probs=None if plan.probs is None else plan.probs[keep], reason="coast")
-
     # ------------------------------------------------------------ the choice, over arrays
+    def note_outside(self, B: int, seconds: float) -> None:
+        """Fold in one step's cycle seconds outside what the model prices (`SpeculativeDecoder.step`): the plan,
+        the controller's learning, the engine's loop between steps; an EMA per batch bucket."""
+        if seconds >= 0:
+            b, old = bucket(B), self.outside.get(bucket(B))
+            self.outside[b] = seconds if old is None else 0.9 * old + 0.1 * seconds
+
+    def outside_s(self, B: int) -> float:
+        """Seconds a step at batch B spends outside what the model prices (nearest measured bucket; 0 before)."""
+        if not self.outside:
+            return 0.0
+        b = bucket(B)
+        return self.outside[b if b in self.outside else min(self.outside, key=lambda k: abs(math.log2(k / b)))]
+
     def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float,
                calibrated: bool = True) -> np.ndarray:
         """[B, G] P_{b,j}: position estimate × the sequence's factor (× the plans' calibration k_j), non-increasing
@@ -281,7 +227,8 @@ class Controller:
         t_plain_raw, t_plain = cm.plain_parts(B, resident)
         t_plain += cm.overhead("plain", B)
         plain_raw = B / t_plain
-        plain_rate = plain_raw / self.realized.slowdown("plain", B, self.steps)
+        ext = self.outside_s(B)  # every step's cost outside what the model prices, whichever the arm
+        plain_rate = B / (t_plain * self.realized.slowdown("plain", B, self.steps) + ext)
         opt = self.optimism * np.sqrt(np.log(2.0 + self.steps))  # UCB: an arm left unused grows more optimistic
         # draft lengths come from unbiased acceptance (optimism there would draft every row deeper than pays, on
         # every step); the upper-confidence estimate only scores the arms against each other (exploration)
@@ -313,16 +260,18 @@ class Controller:
             gains = np.array([r[2] for r in rows])
             d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
             raw = (B + gains) / t
-            raw_ucb = (B + np.array([r[5] for r in rows])) / t
             tag_arr = np.array([r[4] for r in rows])
+            ucb = np.array([r[5] for r in rows])
             for tag in dict.fromkeys(tag_arr.tolist()):  # the best candidate of each drafter (mix), unbiased
-                c = int(np.flatnonzero(tag_arr == tag)[np.argmax(raw[tag_arr == tag])])
-                who, gam, _, th, _, _ = rows[c]
                 slow = self.realized.slowdown(tag, B, self.steps)
+                mine = np.flatnonzero(tag_arr == tag)
+                c = int(mine[np.argmax((B + gains[mine]) / (t[mine] * slow + ext))])
+                who, gam, _, th, _, _ = rows[c]
                 # the arm is scored by its unbiased rate, corrected by what its steps realized; the
                 # upper-confidence one (last) only decides which arms are worth a trial (exploration)
-                by_drafter[tag] = (float(raw[c]) / slow, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
-                                   float(t[c]) * slow, float(miss[c]), float(raw[c]), float(raw_ucb[c]) / slow)
+                step = float(t[c]) * slow + ext
+                by_drafter[tag] = (float(B + gains[c]) / step, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
+                                   float(t[c]) * slow, float(miss[c]), float(raw[c]), float(B + ucb[c]) / step)
             best = max(by_drafter.values(), key=lambda row: row[0])
         spec_rate = best[0] if best is not None else 0.0
         self.arm_rates = {"plain": plain_rate, **{tag: row[0] for tag, row in by_drafter.items()}}
@@ -391,17 +340,6 @@ class Controller:
         if reason == "model" and (rate >= self.coast_above * plain_rate or self._dear(t)):  # the next steps reuse it
             self.spec_coasting = (tuple(seq_ids), plan, self._coast_len(t))
         return plan
-
-    def _dear(self, step_s: float) -> bool:
-        """Whether planning costs more than `coast_share` of a step of step_s seconds."""
-        return self.plan_s is not None and self.plan_s > self.coast_share * step_s
-
-    def _coast_len(self, step_s: float) -> int:
-        """Steps a call is reused for: `coast_steps`; while planning is dear, enough that one plan per reuse costs
-        about `coast_share` of the steps it serves, at most `coast_max` (the plan's lengths go stale)."""
-        if not self._dear(step_s):
-            return self.coast_steps
-        return min(self.coast_max, max(self.coast_steps, math.ceil(self.plan_s / (self.coast_share * step_s))))
 
     def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
              setup_s: float = 0.0) -> Plan:
@@ -495,103 +433,6 @@ class Controller:
                     self.stops += 1
         return hook
 
-    def learn(self, splan, seqs, depths: list[int] | None, out: list[list[int]], clock, step_bytes: int) -> None:
-        """Fold one step into the estimates: acceptance per drafter and sequence (every speculative step), and the
-        cost model's time and miss refinements against predictions for what the step really drafted (`_learn_time`:
-        every freshly planned step; of the steps reusing a call, one in `_learn_stride` while folding a step in
-        costs more than `learn_share` of it: at batch 1 on a CPU it measured ~5% of an 11 ms step)."""
-        plan = splan.decision
-        if plan is None:  # a coasting plain step
-            return
-        measured = sum(clock.wall(p) for p in ("draft", "select", "verify", "accept", "commit"))
-        timed = plan.reason != "coast" or self.learn_skip <= 0
-        # the tokens the step was expected to emit, on the estimates before it (the realized correction compares)
-        expect = self._expected_tokens(splan, seqs, depths) if timed and plan.kind == "spec" else len(seqs)
-        if plan.kind == "spec":
-            self._learn_acceptance(splan, plan, seqs, depths, out)
-        if not timed:
-            self.learn_skip -= 1
-            return
-        t0 = time.perf_counter()
-        self._learn_time(splan, plan, seqs, depths, clock, step_bytes, measured,
-                         expect, sum(len(o) for o in out))
-        dt = time.perf_counter() - t0
-        self.learn_s = dt if self.learn_s is None else 0.8 * self.learn_s + 0.2 * dt
-        self.learn_skip = self._learn_stride(measured) - 1
-
-    def _learn_stride(self, step_s: float) -> int:
-        """1 in how many reused-call steps `_learn_time` runs: enough that it costs ~`learn_share` of the steps,
-        at most `coast_max`."""
-        if self.learn_s is None or step_s <= 0 or self.learn_s <= self.learn_share * step_s:
-            return 1
-        return min(self.coast_max, math.ceil(self.learn_s / max(self.learn_share * step_s, 1e-12)))
-
-    def _expected_tokens(self, splan, seqs, depths: list[int]) -> float:
-        """B + the drafts each row was expected to get accepted at the depth it drafted (unbiased estimates)."""
-        ids = [s.seq_id for s in seqs]
-        total = float(len(seqs))
-        for n in set(d for d in splan.drafter_of if d):
-            rows = [b for b, d in enumerate(splan.drafter_of) if d == n]
-            total += float(self._probs(n, [ids[b] for b in rows], [depths[b] for b in rows], 0.0).sum())
-        return total
-
-    def _learn_acceptance(self, splan, plan: Plan, seqs, depths: list[int], out: list[list[int]]) -> None:
-        ids = [s.seq_id for s in seqs]
-        for n in set(d for d in splan.drafter_of if d):
-            rows = [b for b, d in enumerate(splan.drafter_of) if d == n]
-            self.accs[n].record([ids[b] for b in rows], [depths[b] for b in rows], [len(out[b]) - 1 for b in rows],
-                                [self.conf.get(b, []) for b in rows])
-            if plan.reason != "coast" and plan.probs is not None:  # what the plan expected of the rows it planned
-                self.accs[n].record_plan(plan.probs[rows], [plan.gammas[b] for b in rows],
-                                         [len(out[b]) - 1 for b in rows])
-        self.learned += 1
-        if self.memory is not None and self.learned % self.SAVE_EVERY == 0:
-            self.memory.save(self.accs, cost=self.cost.state(), realized=self.realized.state())
-
-    def _learn_time(self, splan, plan: Plan, seqs, depths: list[int] | None, clock, step_bytes: int,
-                    measured: float, expect: float, emitted: int) -> None:
-        """The step-time model's refinements, and the arm's realized correction: seconds per emitted token measured
-        against those predicted (by the model before this step's refinements, for the depths really drafted)."""
-        cm = self.cost
-        B = len(seqs)
-        if plan.kind == "plain":
-            self.realized.record("plain", B, measured, B / plan.raw_rate, self.steps)
-            cm.refine_misses("plain", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
-            cm.refine(cm.fwd(B), B, clock.wall("verify"), plan.raw_s)
-            cm.refine_overhead("plain", B, measured - clock.wall("verify"))
-            self._log(plan, B, plan.predicted_s, plan.raw_s, measured)
-            return
-        names = self.names
-        who = np.array([names.index(d) if d else -1 for d in splan.drafter_of])
-        gam = np.array(depths)
-        W, Gm = np.where(who >= 0, who, 0)[None], np.where(who >= 0, gam, 0)[None]
-        predicted = float(self._costs(W, Gm, names, self.resident, self.spec_resident, {}, self.catchup)[2][0])
-        self.realized.record(plan.arm, B, measured, predicted, self.steps, emitted, expect)
-        draft_raw = {}
-        for i, n in enumerate(names):
-            mine = (who == i) & (gam > 0)
-            if mine.any() and f"draft:{n}" in clock.spans:
-                rows = self.draft_rows(mine[None], gam[None], self.catchup.get(n))
-                draft_raw[n] = float(cm.drafter_time(n, rows).sum())
-                cm.refine(f"draft:{n}", B, clock.wall(f"draft:{n}"), draft_raw[n])
-        n_tok = B + int(gam.sum())
-        cm.routing.flush()  # the verification's routing: its union refines ρ
-        cm.fold_union(B, int(gam.sum()))
-        res = self.spec_resident if "self" in draft_raw else self.resident  # as `_costs` prices it
-        union, miss = cm.expected_union(cm.effective(B, [int(gam.sum())]), res, "spec")
-        v_raw = float(cm.forward_time(np.array([n_tok]), union, miss, np.array([B * (1 + int(gam.max()))]))[0])
-        cm.refine(cm.fwd(B), n_tok, clock.wall("verify"), v_raw)
-        if plan.reason != "coast":  # a coasted step's gammas are not the ones its predictions were made for
-            cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
-        drafted = sum(clock.wall(f"draft:{n}") for n in names)
-        cm.refine_overhead("spec", B, measured - drafted - clock.wall("verify"), B * (1 + int(gam.max())))
-        if plan.reason != "coast":
-            self._log(plan, B, plan.predicted_s, plan.raw_s, measured + clock.wall("setup"))
-
-    def _log(self, plan: Plan, B: int, predicted: float, raw: float, measured: float) -> None:
-        if len(self.predictions) < 20000:
-            self.predictions.append((plan.kind, B, predicted, raw, measured, plan.plain_rate, plan.spec_rate))
-
     def stats(self) -> dict:
         st = {"controller_steps": dict(self.choices), "controller_reasons": dict(self.reasons),
               "controller_draft_stops": self.stops, "controller_p_min": self.p_min,
@@ -603,4 +444,5 @@ class Controller:
         st["acceptance_plan_calibration_by_drafter"] = {n: a.calibration().tolist() for n, a in self.accs.items()}
         st["arm_slowdown"] = self.realized.stats()  # measured / predicted step seconds per arm@bucket
         st["controller_arm_rates"] = {k: round(v, 2) for k, v in self.arm_rates.items()}
+        st["step_outside_s"] = {str(b): v for b, v in sorted(self.outside.items())}  # per batch bucket
         return st

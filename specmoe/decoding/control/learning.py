@@ -209,13 +209,16 @@ class Realized:
     """Measured / predicted seconds per emitted token per arm (a plain step, or a speculative plan's drafter or
     drafter mix) and batch bucket: what the arm's prediction (the refined step-time model and the unbiased
     acceptance estimates together) still gets wrong, e.g. a verify forward of many drafted rows on a loaded
-    machine, or rows that accept less than their drafter's average. Over the arm's last `WINDOW` steps at the
-    bucket: (Σ measured s / Σ emitted tokens) / (Σ predicted s / Σ expected tokens) (ratios of sums: a mean of
-    per-step ratios would overweight the steps that emitted one token), leaving out stalls (a step over 4× the
-    window's median time ratio: the machine, not the arm); counts from `MIN_STEPS` steps, and fades back to 1
-    over `FADE` steps in which the arm is not used (a correction measured under other load does not stick)."""
+    machine, or rows that accept less than their drafter's average: (Σ measured s / Σ predicted s) over the arm's
+    last `WINDOW` steps at the bucket, leaving out stalls (a step over 4× the window's median: the machine, not the
+    arm), times (Σ expected tokens / Σ emitted tokens) over its last `TOKEN_WINDOW` steps (ratios of sums: a mean
+    of per-step ratios would overweight the steps that emitted one token; a longer window for the tokens, whose
+    count a step draws by chance: over 16 steps at batch 1 it moves by ~±12%, as much as the arms differ near a
+    tie); counts from `MIN_STEPS` steps, and fades back to 1 over `FADE` steps in which the arm is not used (a
+    correction measured under other load does not stick)."""
 
     WINDOW = 16
+    TOKEN_WINDOW = 64
     MIN_STEPS = 3
     FADE = 256.0
     LO, HI = 0.25, 8.0
@@ -231,18 +234,20 @@ class Realized:
         if measured_s <= 0 or predicted_s <= 0 or emitted <= 0 or expected <= 0:
             return
         key = (arm, bucket(B))
-        self.win.setdefault(key, deque(maxlen=self.WINDOW)).append((measured_s, predicted_s, emitted, expected))
+        self.win.setdefault(key, deque(maxlen=self.TOKEN_WINDOW)).append((measured_s, predicted_s, emitted, expected))
         self.last[key] = step
         self.ratio[key] = self._of(key)
 
     def _of(self, key) -> float:
-        w = self.win[key]  # a few steps: plain Python beats numpy at this size
-        r = sorted(m / p for m, p, _, _ in w)
+        w = list(self.win[key])  # a few dozen steps: plain Python beats numpy at this size
+        recent = w[-self.WINDOW:]
+        r = sorted(m / p for m, p, _, _ in recent)
         k = len(r)
         med = r[k // 2] if k % 2 else 0.5 * (r[k // 2 - 1] + r[k // 2])
-        keep = [row for row in w if row[0] / row[1] <= 4 * med]
-        m, p, e, x = (sum(row[i] for row in keep) for i in range(4))
-        return min(max((m / e) / (p / x), self.LO), self.HI)
+        keep = [row for row in recent if row[0] / row[1] <= 4 * med]
+        time_ratio = sum(row[0] for row in keep) / sum(row[1] for row in keep)
+        token_ratio = sum(row[3] for row in w) / sum(row[2] for row in w)
+        return min(max(time_ratio * token_ratio, self.LO), self.HI)
 
     def slowdown(self, arm: str, B: int, step: int) -> float:
         """Measured / predicted seconds of this arm at B's bucket (the nearest bucket with MIN_STEPS steps until
@@ -279,7 +284,7 @@ class Realized:
                 key = (arm, int(b))
             except (TypeError, ValueError):
                 continue
-            self.win[key] = deque([(r, 1.0, 1.0, 1.0)] * self.MIN_STEPS, maxlen=self.WINDOW)
+            self.win[key] = deque([(r, 1.0, 1.0, 1.0)] * self.MIN_STEPS, maxlen=self.TOKEN_WINDOW)
             self.last[key], self.ratio[key] = 0, r
 
     def stats(self) -> dict:

@@ -72,6 +72,11 @@ class PhaseClock:
     def wall(self, name: str) -> float:
         return self.spans.get(name, (0.0,))[0]
 
+    def step_s(self) -> float:
+        """The step's own seconds as the controller prices them: draft, select, verify, accept, commit (not the
+        admission of new sequences, the plan, nor the self draft's setup)."""
+        return sum(self.wall(p) for p in ("draft", "select", "verify", "accept", "commit"))
+
 
 class DrafterTally:
     """Per drafter: rows it drafted, tokens they emitted and accepted, and a row-share of each step's bytes."""
@@ -115,6 +120,7 @@ class SpeculativeDecoder:
         self.nodes = self.proposed_nodes = self.branched = self.moved = 0
         self.refresh0 = {n: d.refresh_s for n, d in drafters.items()}
         self.seen: dict[int, Sequence] = {}  # the sequences of the last step (new ones are admitted)
+        self._last: tuple[float, float, int] | None = None  # the last step's (start, priced seconds, batch)
 
     # ------------------------------------------------------------ the step
     def limit(self, s: Sequence) -> int:
@@ -129,8 +135,14 @@ class SpeculativeDecoder:
         return StepPlan([self.default] * len(seqs), limits)
 
     def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+        t0 = now(self.runner.device)
         live = {s.seq_id for s in seqs}
         new = [s for s in seqs if self.seen.get(s.seq_id) is not s]
+        if self.ctl is not None and self._last is not None and not new:
+            # the last step's whole cycle (its start to this one's) less what it priced: the plan, the controller's
+            # learning, the engine's loop between steps; not across a request's admission (its prefill)
+            start, priced, B = self._last
+            self.ctl.note_outside(B, t0 - start - priced)
         self.seen = {s.seq_id: s for s in seqs}
         for d in self.drafters.values():
             d.retire(live)
@@ -150,6 +162,7 @@ class SpeculativeDecoder:
             out, depths = self.speculate(seqs, plan, clock)
         if self.ctl is not None:
             self.ctl.learn(plan, seqs, depths, out, clock, self.runner.provider.bytes_moved - b0)
+        self._last = (t0, clock.step_s(), len(seqs))
         return {s.seq_id: toks for s, toks in zip(seqs, out)}
 
     @torch.inference_mode()

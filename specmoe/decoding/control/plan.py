@@ -1,0 +1,25 @@
+"""What `auto`'s controller decided for one step (`Controller.choose`), as the decoder and the feedback read it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Plan:
+    kind: str                    # "plain" | "spec"
+    gammas: list[int] | None     # per sequence (spec)
+    theta: float                 # in-draft stopping threshold on the running acceptance probability
+    predicted_s: float           # refined prediction of the chosen step
+    raw_s: float                 # before the time refinement
+    predicted_misses: float
+    plain_rate: float            # predicted tokens/s of the plain step and of the best speculative plan
+    spec_rate: float
+    reason: str = "model"        # "model" | "forced" | "schedule" | "explore" | "coast"
+    spec_gammas: list[int] | None = None  # the best speculative plan's γ_b, chosen or not
+    drafter_of: list[str | None] | None = None  # per sequence (spec)
+    spec_drafters: list[str | None] | None = None  # the best speculative plan's drafters, chosen or not
+    arm: str = "plain"           # "plain" or the chosen speculative plan's drafter (mix), e.g. "eagle+ngram"
+    raw_rate: float = 0.0        # the chosen arm's predicted tokens/s before its realized correction
+    probs: np.ndarray | None = None  # [B, γ_max] each drafting row's acceptance probabilities before calibration
