@@ -66,7 +66,7 @@ def test_fp32_attention_with_sinks_measures_the_row_classes_at_load_not_in_a_for
     llm = LLM(tiny_ckpt("gpt_oss"), dtype="float32")
     assert calls == [1] and llm.config.attention_sinks
     assert attention.min_rows(torch.float32, 64) >= 5
-    llm.generate(["hello"], SamplingParams(max_tokens=2))
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     assert calls == [1]
     rowclasses._rows.cache_clear()
     LLM(tiny_ckpt("gpt_oss"), dtype="bfloat16")  # not fp32: nothing to measure

@@ -36,8 +36,9 @@ class Coasting:
         (`coast_above` × the plain rate) or planning costs more than `coast_share` of the step, and this step's
         sequences were all in it (sequences that finished leave; one that joins plans afresh): for `coast_steps`
         steps (more while planning is dear, `_coast_len`) each row keeps its drafter and draft length (capped by
-        what the drafter has now: a lookup's proposal, the sequence's limit), and the in-draft stopper still cuts
-        drafts on their confidence."""
+        what the drafter has now: a lookup's proposal, the sequence's limit; a row of a mix whose lookup has no
+        proposal now drafts with the mix's model drafter), and the in-draft stopper still cuts drafts on their
+        confidence."""
         if self.spec_coasting is None:
             return None
         ids, plan, left = self.spec_coasting
@@ -48,8 +49,12 @@ class Coasting:
             return None
         drafters = self.decoder.drafters
         drafter_of = [plan.drafter_of[b] for b in keep]
-        used = set(d for d in drafter_of if d)
+        # a mix's model drafter ("eagle" of "eagle+ngram") drafts the rows whose lookup has nothing now
+        model = plan.arm.split("+")[0] if "+" in plan.arm else None
+        used = set(d for d in drafter_of if d) | ({model} if model else set())
         avail = {n: drafters[n].available(seqs, limits) for n in used}
+        if model:
+            drafter_of = [model if d and d != model and not avail[d][i] else d for i, d in enumerate(drafter_of)]
         gam = [min(plan.gammas[b], avail[d][i]) if d else 0 for i, (b, d) in enumerate(zip(keep, drafter_of))]
         if not any(gam):
             self.spec_coasting = None

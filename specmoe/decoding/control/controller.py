@@ -15,8 +15,8 @@ capped at each common depth (the verification pads rows to the longest), every d
 drafter mixed with the lookup drafter (a row takes whichever expects more
 accepted tokens), plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted
 `switch_margin` faster (hysteresis: near a tie, flipping follows prediction noise and pays catch-ups) once a
-speculative step has been measured at the batch size (before that each drafter predicted within 0.8× of the best
-is tried there once); every `explore_every` steps a
+speculative step has been measured at the batch size or one next to it (before that each drafter predicted within
+0.8× of the best is tried there once); every `explore_every` steps a
 drafter not used for that long is tried when its best plan is predicted within 0.8× of the best, so its
 acceptance estimate follows the workload.
 
@@ -289,7 +289,7 @@ class Controller(Coasting, StepFeedback):
             # batch size: try it on a few rows first, and once per batch size, when predicted close to the best
             untried = [tag for tag in by_drafter if "+" not in tag and by_drafter[tag][-1] >= self.EXPLORE_WITHIN * top
                        and (self.accs[tag].drafted[0] < self.MIN_TRIALS
-                            or (self.MIN_TRIALS and not self.realized.measured(tag, B)))]
+                            or (self.MIN_TRIALS and not self.realized.measured_near(tag, B)))]
             if untried:
                 best, want, reason = by_drafter[untried[0]], "spec", "explore"
             elif best is not None and self.steps and self.steps % self.explore_every == 0:

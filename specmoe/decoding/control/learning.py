@@ -267,6 +267,12 @@ class Realized:
         last = self.last.get((arm, bucket(B)))
         return math.inf if last is None else step - last
 
+    def measured_near(self, arm: str, B: int) -> bool:
+        """Whether this arm has a step measured at B's bucket or at one next to it (half or double): a batch's
+        ragged tail (4 sequences, then 3, 2, 1) needs no first trial at each size it passes through."""
+        b = bucket(B)
+        return any((arm, k) in self.win for k in (b // 2, b, 2 * b))
+
     def measured(self, arm: str, B: int) -> bool:
         """Whether this arm has a step measured at B's bucket."""
         return (arm, bucket(B)) in self.win
