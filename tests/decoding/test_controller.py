@@ -269,6 +269,38 @@ def test_plain_steps_measured_long_ago_are_re_measured_while_speculating_near_a_
     assert ctl.plan(ids, [4] * 8, res, spec_res).kind == "spec"
 
 
+def test_realized_rates_compare_seconds_per_emitted_token_as_ratios_of_sums():
+    """An arm whose rows emit fewer tokens than its prediction expected is priced slower by that ratio (over the
+    last TOKEN_WINDOW steps), its time by the last WINDOW steps; one-token steps do not dominate (ratios of sums)."""
+    r = Realized()
+    for i in range(Realized.TOKEN_WINDOW):  # on time, but half the expected tokens half the time
+        r.record("eagle", 1, 0.01, 0.01, i, emitted=1.0 if i % 2 else 3.0, expected=3.0)
+    assert r.slowdown("eagle", 1, Realized.TOKEN_WINDOW - 1) == pytest.approx(6.0 / 4.0)  # Σ expected / Σ emitted
+    for i in range(Realized.WINDOW):  # the latest steps take twice their predicted time, emitting as expected
+        r.record("eagle", 1, 0.02, 0.01, 100 + i, emitted=3.0, expected=3.0)
+    tokens = (6 * Realized.TOKEN_WINDOW / 2) / ((4 * (Realized.TOKEN_WINDOW - Realized.WINDOW) / 2)
+                                                + 3 * Realized.WINDOW)
+    assert r.slowdown("eagle", 1, 99 + Realized.WINDOW) == pytest.approx(2.0 * tokens)
+
+
+def test_every_arm_pays_the_steps_cost_outside_the_model():
+    """What steps measure outside the model's pricing (the plan, the controller's learning, the engine's loop)
+    is added to every arm's step: it lowers plain's rate more than a speculative arm's, which emits more tokens per
+    step."""
+    ctl, res, spec_res = synthetic(read_s=1.2e-4)
+    ids = list(range(8))
+    ctl.acc.record(ids, [4] * 8, [2] * 8, [[0.9] * 4] * 8)
+    ctl.realized.record("self", 8, 1.0, 1.0, 0)
+    p = ctl.plan(ids, [4] * 8, res, spec_res)
+    ctl.spec_coasting, ctl.coasting = None, (frozenset(), 0)
+    for _ in range(50):
+        ctl.note_outside(8, p.predicted_s)  # as much again as the step itself
+    assert ctl.outside_s(8) == pytest.approx(p.predicted_s) and ctl.outside_s(64) == ctl.outside_s(8)
+    q = ctl.plan(ids, [4] * 8, res, spec_res)
+    assert q.plain_rate < p.plain_rate and q.spec_rate < p.spec_rate
+    assert q.spec_rate / q.plain_rate > p.spec_rate / p.plain_rate
+
+
 def test_plans_whose_rows_accept_less_than_expected_are_calibrated_down():
     """`Acceptance.calibration` (k_j): when the rows a plan drafts deep accept less than the plan's probabilities
     said, later plans price those positions lower and draft shallower."""
