@@ -40,12 +40,18 @@ def read_jsonl(path) -> list[dict]:
 
 
 def batch(*args) -> tuple[int, dict | None, str]:
-    """`specmoe batch ... --json` in this process: (exit status, the JSON summary, stderr)."""
+    """`specmoe batch ... --json` in this process: (exit status, the JSON summary, stderr). The summary is read from
+    its first line (`{`): a Ray driver thread left by an earlier run in this process (an interrupted one's error
+    listener) may still print a "(raylet) Task ... submit failed" line to this call's redirected stdout, which a
+    fresh `specmoe batch` process never sees."""
     from specmoe.cli import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["batch", *map(str, args), "--json"])
-    return rc, (json.loads(out.getvalue()) if rc == 0 else None), err.getvalue()
+    if rc != 0:
+        return rc, None, err.getvalue()
+    lines = out.getvalue().splitlines()
+    return rc, json.loads("\n".join(lines[lines.index("{"):])), err.getvalue()
 
 
 @pytest.fixture(scope="package")
