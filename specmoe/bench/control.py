@@ -90,7 +90,8 @@ def _slim(row: dict) -> dict:
     keep = {k: v for k, v in row.items() if k not in ("stats", "expert_counts", "expert_forwards")}
     for k in ("controller_steps", "controller_reasons", "controller_draft_stops", "acceptance_calibrated",
               "time_refinement", "fwd_refinement", "miss_refinement", "coefficients", "controller_s",
-              "draft_set_unpins", "draft_prefetch_precision", "draft_prefetch_recall", "steps", "ar_steps", "step_breakdown"):
+              "draft_set_unpins", "draft_prefetch_precision", "draft_prefetch_recall", "steps", "ar_steps",
+              "step_breakdown"):
         if k in st:
             keep[k] = st[k]
     preds = st.get("step_predictions") or []

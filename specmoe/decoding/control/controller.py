@@ -51,10 +51,10 @@ class Controller(Coasting, StepFeedback):
     with the rows a drafter has drafted and grows slowly with the steps taken, so an arm that lost on a few
     unlucky rows is tried again) decide only which drafters get a trial: a drafter whose upper-confidence rate is
     within `EXPLORE_WITHIN` of the best choice is first tried on `MIN_TRIALS` rows. Reusing a call
-    (`coasting.Coasting`) and folding measured steps back in (`feedback.StepFeedback`) are mixed in. `force` ("plain" / "spec", None = choose) and `schedule` (a
-    callable step index -> "plain" / "spec") override the choice, for tests and benchmarks; forced speculation
-    drafts every sequence's full γ with the first drafter (what decoding="specmoe" does) but for the p_min
-    floor (0 turns it off)."""
+    (`coasting.Coasting`) and folding measured steps back in (`feedback.StepFeedback`) are mixed in. `force`
+    ("plain" / "spec", None = choose) and `schedule` (a callable step index -> "plain" / "spec") override the
+    choice, for tests and benchmarks; forced speculation drafts every sequence's full γ with the first drafter
+    (what decoding="specmoe" does) but for the p_min floor (0 turns it off)."""
 
     SAVE_EVERY = 32  # speculative steps between writes of the memory
     MIN_TRIALS = 4  # rows a drafter first drafts when predicted within EXPLORE_WITHIN of the best choice (0: no

@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from specmoe.decoding.control.costmodel import bucket
+from specmoe.decoding.control.refinement import bucket
 
 CONF_BINS = 12  # over log10(confidence) in [-3, 0]: a head whose softmax is flat (confidences ~0.01) still
 # spreads over bins
@@ -213,9 +213,9 @@ class Realized:
     last `WINDOW` steps at the bucket, leaving out stalls (a step over 4× the window's median: the machine, not the
     arm), times (Σ expected tokens / Σ emitted tokens) over its last `TOKEN_WINDOW` steps (ratios of sums: a mean
     of per-step ratios would overweight the steps that emitted one token; a longer window for the tokens, whose
-    count a step draws by chance: over 16 steps at batch 1 it moves by ~±12%, as much as the arms differ near a
-    tie); counts from `MIN_STEPS` steps, and fades back to 1 over `FADE` steps in which the arm is not used (a
-    correction measured under other load does not stick)."""
+    count each step draws by chance, so that near a tie the arms are not flipped by a few unlucky steps); counts
+    from `MIN_STEPS` steps, and fades back to 1 over `FADE` steps in which the arm is not used (a correction
+    measured under other load does not stick)."""
 
     WINDOW = 16
     TOKEN_WINDOW = 64

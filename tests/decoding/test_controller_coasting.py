@@ -1,0 +1,122 @@
+"""decoding="auto": reusing a call without planning (`control/coasting.py`): when it is reused, for which
+sequences, how long, and what a reused call does as its sequences finish or are replaced."""
+from __future__ import annotations
+
+import math
+
+from specmoe.engine.auto import controller_of
+
+from tests.decoding.test_controller import auto_llm, synthetic
+from tests.decoding.test_specmoe import BATCHES, reference
+
+
+def test_any_call_is_reused_when_planning_costs_a_noticeable_share_of_the_step():
+    """Coasting: a speculative call short of `coast_above` is planned afresh each step while planning is cheap
+    against the step, and reused for the next steps once planning costs more than `coast_share` of it."""
+    ctl, res, spec_res = synthetic(read_s=1.2e-4)  # speculation predicted ~18% faster than plain
+    ids = list(range(8))
+    ctl.acc.record(ids, [4] * 8, [2] * 8, [[0.9] * 4] * 8)
+    ctl.realized.record("self", 8, 1.0, 1.0, 0)  # measured here: no first trial
+    p = ctl.plan(ids, [4] * 8, res, spec_res)
+    assert p.kind == "spec" and p.reason == "model" and p.spec_rate < ctl.coast_above * p.plain_rate
+    assert ctl.spec_coasting is None
+    ctl.plan_s = p.predicted_s  # planning as dear as the step itself: reused as long as allowed
+    ctl.plan(ids, [4] * 8, res, spec_res)
+    assert ctl.spec_coasting is not None and ctl.spec_coasting[2] == ctl.coast_max
+    ctl.plan_s = 5 * ctl.coast_share * p.predicted_s  # 5 steps' share: one plan per ~5 steps
+    q = ctl.plan(ids, [4] * 8, res, spec_res)
+    assert ctl.spec_coasting[2] == math.ceil(ctl.plan_s / (ctl.coast_share * q.predicted_s)) in (5, 6)
+
+
+def test_a_plain_call_is_reused_only_for_its_own_sequences():
+    """A sequence's last step (nothing may be drafted) is plain without being reused: at batch 1 the next request
+    would otherwise start with several plain steps; a reused plain call stops when another sequence joins."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.MIN_TRIALS = 0
+    ctl.acc.record([0], [4], [3], [[0.9] * 4])
+    ctl.plan_s = 1.0  # planning dear: any call with a choice in it is reused
+    last = ctl.plan([0], [0], res, spec_res)  # sequence 0 at its last token
+    assert last.kind == "plain" and last.spec_rate == 0.0 and ctl.coasting[1] == 0
+    assert not ctl.coast([1])  # the next request plans its first step
+    ctl.force = "plain"
+    ctl.plan([1, 2], [4, 4], res, spec_res)
+    assert ctl.coasting[1] > 0 and ctl.coast([1, 2]) and ctl.coast([2])  # reused while its sequences remain
+    assert not ctl.coast([2, 3]) and ctl.coasting[1] == 0  # 3 joined: plan afresh
+
+
+def test_a_reused_call_follows_its_sequences_as_some_finish():
+    """Spec coasting keeps each remaining sequence's drafter and length when others finished; a sequence that was
+    not in the plan makes the next step plan afresh."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)  # a slow link: speculation
+
+    class Lookup:  # a drafter that always has `limit` tokens
+        def available(self, seqs, limits):
+            return list(limits)
+
+        def catchup(self, seqs):
+            return [0] * len(seqs)
+
+    class Seq:
+        def __init__(self, sid):
+            self.seq_id = sid
+    ctl.decoder = type("D", (), {"drafters": {"self": Lookup()}})()
+    ids = list(range(6))
+    ctl.acc.record(ids, [4] * 6, [2] * 6, [[0.9] * 4] * 6)
+    ctl.realized.record("self", 6, 1.0, 1.0, 0)
+    ctl.plan_s = 1.0  # dear: the call is reused
+    p = ctl.plan(ids, [4, 3, 2, 4, 1, 4], res, spec_res)
+    assert p.kind == "spec" and ctl.spec_coasting is not None
+    left = [Seq(i) for i in (1, 4, 5)]  # 0, 2 and 3 finished
+    q = ctl.coast_spec(left, [4, 4, 4])
+    assert q.reason == "coast" and q.gammas == [p.gammas[1], p.gammas[4], p.gammas[5]]
+    assert q.drafter_of == [p.drafter_of[b] for b in (1, 4, 5)] and q.probs.shape[0] == 3
+    assert ctl.coast_spec([Seq(1), Seq(9)], [4, 4]) is None and ctl.spec_coasting is None  # 9 joined
+
+
+def test_a_clear_speculative_call_is_reused_for_a_few_steps_of_the_same_sequences(tiny_ckpt):
+    """Spec coasting: after a plan that chose speculation by `coast_above`, the next `coast_steps` steps of the
+    same sequences reuse its drafters and lengths without planning (more while planning is dear); a sequence
+    that joins makes the next step plan again."""
+    path = tiny_ckpt("mixtral")
+    llm = auto_llm(path)
+    ctl = controller_of(llm)
+    seen = []
+    orig = ctl.choose
+
+    def choose(*a, **k):
+        seen.append("plan")
+        return orig(*a, **k)
+    ctl.choose = choose
+    ctl.coast_above = 0.0  # every speculative call counts as clear
+    ctl.MIN_TRIALS = 0
+    for n in ctl.accs:  # every drafter measured good: the model speculates
+        ctl.accs[n].record(list(range(100, 108)), [4] * 8, [4] * 8, [[0.9] * 4] * 8)
+    ps, sp = BATCHES["b7"]
+    assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
+    coasted = ctl.reasons.get("coast", 0)
+    assert coasted > 0 and ctl.choices["spec"] > 0
+    assert len(seen) + coasted == ctl.steps  # a coasted step never planned
+    assert coasted <= ctl.coast_max * len(seen)  # coast_steps, more while planning is dear
+
+
+def test_a_new_sequence_on_a_reused_id_starts_with_nothing_measured(tiny_ckpt):
+    """Finished sequences' ids are reused (every batch-1 request is sequence 0): the decoder admits the new one to
+    the controller, which drops what it measured on the old one (its acceptance factor); a call being reused
+    goes on (the workload's drafter and length)."""
+    llm = auto_llm(tiny_ckpt("mixtral"))
+    ctl = controller_of(llm)
+    admitted, orig = [], ctl.admit
+
+    def admit(seqs):
+        admitted.append([s.seq_id for s in seqs])
+        coasting = ctl.coasting
+        orig(seqs)
+        assert all(i not in a.seq for a in ctl.accs.values() for i in admitted[-1])
+        assert ctl.coasting == coasting
+    ctl.admit = admit
+    ctl.force = "spec"  # every step drafts: the request's acceptance is measured on its id
+    ps, sp = BATCHES["b1"]
+    for _ in range(2):
+        llm.generate(ps, sp)
+        assert any(a.seq for a in ctl.accs.values())  # measured on this request's id by its end
+    assert len(admitted) == 2 and admitted[1] == admitted[0]  # the second request came on the same id
