@@ -69,10 +69,10 @@ def prepare(args) -> dict:
     cache = Path(args.cache_dir)
     t0 = time.perf_counter()
     art = overram.build_artifacts(src, cache, sizes, gguf=args.gguf, llama_src=args.llama_cpp_src,
-                                  progress=not args.dry_run)
+                                  progress=not args.dry_run, dtype=args.dtype)
     art["prepare_s"] = time.perf_counter() - t0
     art["prompts"] = prompts_of(Tokenizer.load(Path(art["path"])), args.repeats, args.prompt_tokens)
-    art["warm_caches"] = overram.warm_caches(Path(art["path"]), cache / "repack", art["prompts"][0])
+    art["warm_caches"] = overram.warm_caches(Path(art["path"]), cache / "repack", art["prompts"][0], args.dtype)
     if args.costs:
         art["costs"] = overram.cost_profile(Path(art["path"]), cache / "repack")
     return art
@@ -175,7 +175,7 @@ def run_block(args, art: dict, gib: float, llama_reason: str | None, log: Path) 
                     spec = {"path": art["path"], "repack_dir": str(Path(args.cache_dir) / "repack"),
                             "memory_budget": budget, "system": sysname, "prompt": prompt,
                             "max_tokens": args.max_tokens, "threads": args.threads, "window": args.window,
-                            "io_depth": args.io_depth}
+                            "io_depth": args.io_depth, "dtype": args.dtype}
                     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
                     res = overram.run_child(overram.specmoe_argv(spec), env=env, files=files, device=device, log=log,
                                             timeout=args.child_timeout)
@@ -419,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=None, help="default 3; dry run 1")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="auto", help="specmoe's compute dtype (default auto: the engine's rule, bf16 "
+                    "where this CPU's bf16 matmul is fast, else fp32; experts stay bf16 on disk either way)")
     ap.add_argument("--io-depth", type=int, default=1)
     ap.add_argument("--llama-site", default=os.environ.get("SPECMOE_LLAMA_SITE"),
                     help="a directory with llama_cpp installed (pip install --target), put on the llama.cpp child's "
@@ -482,7 +484,8 @@ def write(args, art: dict, blocks: list[dict], out: Path, argv, t_start: float, 
            "dry_run": args.dry_run, "commit": provenance()["git_commit"], "provenance": provenance(),
            "machine": machine_info(art["path"]),
            "flags": {k: getattr(args, k) for k in ("systems", "fixed", "budgets", "balloons", "max_tokens", "window",
-                                                   "prompt_tokens", "repeats", "threads", "io_depth", "floor_gib")},
+                                                   "prompt_tokens", "repeats", "threads", "io_depth", "floor_gib",
+                                                   "dtype")},
            "llama_cpp": {"skipped_reason": llama_reason, "site": args.llama_site},
            "artifacts": {k: v for k, v in art.items() if k != "prompts"}, "prompts": art["prompts"],
            "blocks": blocks, "elapsed_s": time.perf_counter() - t_start}

@@ -100,9 +100,9 @@ def _fully_allocated(path: Path, what: str) -> dict:
 
 
 def build_artifacts(src: Path, cache_dir: Path, sizes: Sizes, *, gguf: bool, llama_src: str | None,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, dtype: str = "auto") -> dict:
     """The widened copy (sparse), its repack and (`gguf`) its bf16 GGUF under `cache_dir`, built once; each step
-    timed; the copy checked (greedy, bf16) against the source on the disk tier."""
+    timed; the copy checked (greedy, compute dtype `dtype`) against the source on the disk tier."""
     import torch
 
     from specmoe.bench.peers import convert_gguf, gguf_path
@@ -134,13 +134,13 @@ def build_artifacts(src: Path, cache_dir: Path, sizes: Sizes, *, gguf: bool, lla
     info["repack"] = {"file": str(rp.file), "manifest": str(rp.manifest), "base": file_base(ck, torch.bfloat16),
                       "expert_bytes": rp.expert_bytes, "stride": rp.stride,
                       **_fully_allocated(rp.file, "the expert repack file")}
-    marker = path / "overram-check.json"  # the copy's greedy check on the disk tier, once per copy
+    marker = path / f"overram-check-{dtype}.json"  # the copy's greedy check on the disk tier, once per copy and dtype
     if marker.is_file():
         info["greedy_check"] = json.loads(marker.read_text())
     else:
         t0 = time.perf_counter()
         opts = {"offload": "disk", "repack_dir": str(repack_dir), "cache_experts": 2 * ck.config.top_k}
-        info["greedy_check"] = greedy_check(src, path, dtype="bfloat16", prompts=[[1, 2, 3, 4, 5, 6, 7, 8]],
+        info["greedy_check"] = greedy_check(src, path, dtype=dtype, prompts=[[1, 2, 3, 4, 5, 6, 7, 8]],
                                             max_tokens=8, options=opts)
         info["greedy_check"]["s"] = time.perf_counter() - t0
         marker.write_text(json.dumps(info["greedy_check"]))
@@ -156,13 +156,13 @@ def build_artifacts(src: Path, cache_dir: Path, sizes: Sizes, *, gguf: bool, lla
     return info
 
 
-def warm_caches(path: Path, repack_dir: Path, prompt: list[int]) -> dict:
+def warm_caches(path: Path, repack_dir: Path, prompt: list[int], dtype: str = "auto") -> dict:
     """What `decoding="auto"` computes once per model and caches on disk (its cost model's calibration, the self
     draft's affinity table), computed here so that no timed run pays for it: one short auto run (the smallest
     cache auto allows: draft experts + top-k slots per layer). Seconds taken."""
     from specmoe import LLM, SamplingParams
     t0 = time.perf_counter()
-    llm = LLM(path, dtype="bfloat16", max_batch=1, offload="disk", repack_dir=str(repack_dir), prefetch="none",
+    llm = LLM(path, dtype=dtype, max_batch=1, offload="disk", repack_dir=str(repack_dir), prefetch="none",
               **SPECMOE["auto"])
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     st = llm.stats
@@ -229,7 +229,7 @@ def child_specmoe(spec: dict) -> dict:
     t0 = time.perf_counter()
     # the budget both caps all expert memory and sizes the cache (memory_budget alone only caps the default cache
     # of a quarter of the experts)
-    llm = LLM(spec["path"], dtype="bfloat16", threads=spec["threads"], max_batch=1, offload="disk",
+    llm = LLM(spec["path"], dtype=spec.get("dtype", "auto"), threads=spec["threads"], max_batch=1, offload="disk",
               repack_dir=spec["repack_dir"], memory_budget=spec["memory_budget"], cache_bytes=spec["memory_budget"],
               prefetch="none",
               io_depth=spec.get("io_depth", 1), **system_options(spec["system"]))
@@ -251,7 +251,7 @@ def child_specmoe(spec: dict) -> dict:
     for k in ("memory", "drafters", "controller_steps", "controller_rows_by_drafter", "step_breakdown"):
         if k in st:
             keep[k] = st[k]
-    res = {"load_s": load_s, "token_ids": tokens, **tl.summary(spec["window"]),
+    res = {"load_s": load_s, "dtype": str(llm.dtype).removeprefix("torch."), "token_ids": tokens, **tl.summary(spec["window"]),
            "expert_memory_bytes": llm.expert_memory.total, "expert_memory_parts": llm.expert_memory.parts,
            "cache_slots_per_layer": llm.expert_memory.slots, "hit_rate": st.get("hit_rate"), "stats": keep,
            "status_at_end": sysprobe.proc_status(), "io_at_end": sysprobe.proc_io()}

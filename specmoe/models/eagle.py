@@ -27,14 +27,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specmoe.config import Fields, ModelConfig, read_json_object
 from specmoe.errors import CheckpointError, UnsupportedModelError
 from specmoe.models.decoder import Attention, BatchView
 from specmoe.models.kv_cache import KVCache
-from specmoe.models.layers import DenseMLP, RMSNorm
+from specmoe.models.layers import DenseMLP, RMSNorm, linear
 from specmoe.models.rope import inv_freq, rope_tables
 
 # B=batch, T=positions, D=head hidden, Dt=target hidden, V=target vocab, Vd=draft vocab
@@ -182,12 +181,12 @@ class EagleHead(nn.Module):
             bv.write_index = cache.write_index(bv.slots, bv.positions)
         e, h = embeds.reshape(B * T, D), feats.reshape(B * T, -1)
         if self.hc.version == 1:
-            x = self.fc(torch.cat((e, h), dim=-1))
+            x = linear(torch.cat((e, h), dim=-1), self.fc.weight, self.fc.bias)
             for i, layer in enumerate(self.layers):
                 x = layer(x if layer.input_norm is None else layer.input_norm(x), x, cos, sin, mask, cache, i, bv)
         else:
             if h.shape[-1] != D:  # the target's three hidden states; the head's own output skips fc
-                h = self.fc(h)
+                h = linear(h, self.fc.weight, self.fc.bias)
             x = self.layers[0](torch.cat((self.embed_norm(e), self.hidden_norm(h)), dim=-1), h, cos, sin, mask,
                                cache, 0, bv)
         return x.view(B, T, D)
@@ -212,8 +211,8 @@ class EagleHead(nn.Module):
         """[..., D] → scores over the draft vocabulary [..., Vd] (`to_target` maps a draft id back); an EAGLE-1
         head without a reduced vocabulary: the target's LM head (Vd = V, draft id = target id)."""
         if self.lm_head is None:
-            return F.linear(x, target_head)
-        return self.lm_head(x if self.norm is None else self.norm(x))  # EAGLE-1 regresses the normed feature
+            return linear(x, target_head)
+        return linear(x if self.norm is None else self.norm(x), self.lm_head.weight)  # EAGLE-1 regresses the normed feature
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids → target ids."""

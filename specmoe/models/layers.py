@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specmoe.models.orientation import use_weight_major, weight_major
+
 # D=hidden, N=rows (tokens)
 
 
@@ -44,8 +46,12 @@ def min_rows(dtype: torch.dtype, inner_outer: int, rows: int = 1) -> int:
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
     """F.linear, with an input of fewer than `min_rows` rows padded with zero rows first: each row goes through the
-    kernel that many rows get, so its result does not depend on how many rows came with it."""
+    kernel that many rows get, so its result does not depend on how many rows came with it. A model that is not
+    deterministic (`rows` 1) computes 2 rows or more weight-major where this CPU is faster so (`orientation`)."""
     n = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
+    if rows == 1 and n >= 2 and use_weight_major(x, w.numel()):
+        y = weight_major(x.reshape(n, x.shape[-1]), w, b)
+        return y.view(*x.shape[:-1], y.shape[-1])
     if n >= rows if x.dtype == torch.float32 else n * w.shape[0] * w.shape[1] > ONEDNN_MIN:  # no padding (the rule)
         return F.linear(x, w, b)
     need = min_rows(x.dtype, w.shape[0] * w.shape[1], rows)
@@ -54,8 +60,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows
 
 
 def addmm(acc: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, rows: int = 1) -> torch.Tensor:
-    """acc + x @ w_t (one addmm), padded like `linear`: acc [N, O], x [N, I], w_t [I, O]."""
+    """acc + x @ w_t (one addmm), padded like `linear` (or weight-major like it): acc [N, O], x [N, I], w_t [I, O]."""
     n = x.shape[0]
+    if rows == 1 and n >= 2 and use_weight_major(x, w_t.numel()):
+        return torch.addmm(acc.t(), w_t.t(), x.t()).t().contiguous()
     if n >= rows if x.dtype == torch.float32 else n * w_t.shape[0] * w_t.shape[1] > ONEDNN_MIN:
         return torch.addmm(acc, x, w_t)
     need = min_rows(x.dtype, w_t.shape[0] * w_t.shape[1], rows)

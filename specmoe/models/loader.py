@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from specmoe.models import orientation
 from specmoe.models.decoder import Transformer
 from specmoe.models.rowclasses import deterministic_rows
 from specmoe.models.seq2seq import Seq2SeqModel
@@ -31,4 +32,5 @@ def load_model(ckpt: Checkpoint, *, dtype: torch.dtype, device: torch.device | s
         # fp32 attention with sinks pads its query rows to this machine's row classes: measure them now (once per
         # machine, ~2 s, then cached), not inside the first forward
         deterministic_rows()
+    orientation.prepare(dtype, device)  # which way round this CPU computes a few rows' projections (cached)
     return model.fuse().eval()

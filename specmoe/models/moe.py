@@ -23,6 +23,7 @@ from torch import nn
 
 from specmoe.config import ModelConfig
 from specmoe.models.layers import DenseMLP, linear, min_rows, sigmoid, silu
+from specmoe.models.orientation import use_weight_major
 from specmoe.models.routers import route
 
 # N=tokens (B·T flattened), D=hidden, E=experts, K=top-k, I=expert hidden, S=slots of a group
@@ -179,13 +180,17 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate_up_b
 
 
 def swiglu_grouped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torch.Tensor | None,
-                   math: ExpertMath, n: int | None = None, live: torch.Tensor | None = None) -> torch.Tensor:
+                   math: ExpertMath, n: int | None = None, live: torch.Tensor | None = None,
+                   weight_major: bool = False) -> torch.Tensor:
     """`swiglu` (the family's expert math) over a group's slots: x [n, D] rows sorted by slot, `offs` [S] int32 the end row of each slot's
     rows (rows past offs[-1] are left unwritten; with `n`, the rows from n on are zeroed before the activation),
     `slot` [n] the slot of each row (for the biases) → [n, D], one grouped matmul per projection. `live`: n as a
-    device scalar (rows from it on zeroed likewise, without a host read)."""
+    device scalar (rows from it on zeroed likewise, without a host read). `weight_major`: computed so where this CPU
+    is faster so (`orientation`; not in a deterministic model, whose rows are padded to `F.linear`'s row classes)."""
     if not (g.grouped and grouped_mm_works(x.device, x.dtype)):
         return _looped(x, g, offs, math)
+    if weight_major and use_weight_major(x, g.gate_up.shape[1] * g.gate_up.shape[2]):
+        return _weight_major(x, g, offs, slot, math, n, live)
     h = F.grouped_mm(x, g.w_in, offs=offs)  # [n, 2I]
     if n is not None and n < h.shape[0]:
         h[n:] = 0  # rows past offs[-1] are left unwritten: no activation over garbage (denormals crawl)
@@ -194,6 +199,29 @@ def swiglu_grouped(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torc
     if g.gate_up_bias is not None:
         h = h + g.gate_up_bias[slot.clamp(max=g.gate_up_bias.shape[0] - 1)]
     y = F.grouped_mm(math(h), g.w_out, offs=offs)  # [n, D]
+    if g.down_bias is not None:
+        y = y + g.down_bias[slot.clamp(max=g.down_bias.shape[0] - 1)]
+    return y
+
+
+def _weight_major(x: torch.Tensor, g: SlotGroup, offs: torch.Tensor, slot: torch.Tensor | None, math: ExpertMath,
+                  n: int | None, live: torch.Tensor | None) -> torch.Tensor:
+    """`swiglu_grouped` weight-major (`orientation`): each slot's weights times its rows' transpose, (W @ xᵀ)ᵀ. The
+    rows are padded to a multiple of 16 bytes (the grouped product's strides), the padding outside every slot."""
+    rows = x.shape[0]
+    al = 16 // x.element_size()
+    P = -(-rows // al) * al
+    xp = F.pad(x, (0, 0, 0, P - rows)) if P > rows else x
+    h = F.grouped_mm(g.gate_up, xp.t(), offs=offs).t()  # [P, 2I] (memory [2I, P])
+    m = rows if n is None else n
+    if m < P:
+        h[m:] = 0  # rows past offs[-1] are left unwritten
+    if live is not None:
+        h.masked_fill_(_arange(P, h.device)[:, None] >= live, 0)
+    if g.gate_up_bias is not None:
+        h[:rows] += g.gate_up_bias[slot.clamp(max=g.gate_up_bias.shape[0] - 1)]
+    a = math(h).t()  # [I, P]
+    y = F.grouped_mm(g.down, a if a.is_contiguous() else a.contiguous(), offs=offs).t()[:rows]  # [rows, D]
     if g.down_bias is not None:
         y = y + g.down_bias[slot.clamp(max=g.down_bias.shape[0] - 1)]
     return y
@@ -262,7 +290,7 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
             ys = padded_groups(rows_in, g, slot, offs, math, R)
         else:
             ys = swiglu_grouped(rows_in, g, offs, slot if g.gate_up_bias is not None else None,
-                                math, n)  # [N·K, D] sorted by slot; rows from n on are not this group's
+                                math, n, weight_major=N * K >= 2)  # [N·K, D] sorted by slot; rows from n on are not this group's
         if y is None and n == N * K and g.complete:  # the one group: its rows put back in routing order
             y = torch.index_copy(ys, 0, order, ys).view(N, K, -1)
             break

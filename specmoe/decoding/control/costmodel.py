@@ -41,7 +41,7 @@ from specmoe.decoding.control.refinement import Refinement, bucket
 from specmoe.decoding.control.routing import RoutingStats
 from specmoe.decoding.runtime.breakdown import now
 
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 LOOKUP_DRAFTERS = ("ngram",)
 LOOKUP_ROW_S = 2e-5  # host seconds per row of a lookup proposal (prior; refined online)
 EAGLE_LAYERS = 1.5   # an EAGLE head's forward as this many of the draft's layers (prior; refined online)

@@ -1,0 +1,103 @@
+"""Weight-major projections (`specmoe.models.orientation`): the same products as F.linear, taken where the probe
+says so and only there, in the dense layers, the routed experts and a whole model's decoding."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specmoe.models import layers, moe, orientation
+
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Weight-major for every fp32 weight on this thread count (as if the probe had found it faster from 1
+    element); the calls to `weight_major` and to the weight-major grouped product are counted."""
+    calls = {"dense": 0, "grouped": 0}
+    monkeypatch.setitem(orientation._MIN, (torch.float32, torch.get_num_threads()), (1, 64))
+    real = layers.weight_major
+
+    def counted(*a, **k):
+        calls["dense"] += 1
+        return real(*a, **k)
+    monkeypatch.setattr(layers, "weight_major", counted)
+    real_gmm = moe.F.grouped_mm
+
+    class _F:  # moe's F with grouped_mm counted when its first operand is the 3-D weight
+        def __getattr__(self, name):
+            return getattr(F, name)
+
+        @staticmethod
+        def grouped_mm(a, b, **k):
+            calls["grouped"] += a.dim() == 3
+            return real_gmm(a, b, **k)
+    monkeypatch.setattr(moe, "F", _F())
+    return calls
+
+
+def test_weight_major_is_the_same_product():
+    g = torch.Generator().manual_seed(0)
+    for n, out, inn in ((2, 64, 32), (5, 300, 256), (17, 8, 1024)):
+        x, w, b = torch.randn(n, inn, generator=g), torch.randn(out, inn, generator=g), torch.randn(out, generator=g)
+        y = orientation.weight_major(x, w, b)
+        assert y.is_contiguous() and y.shape == (n, out)
+        torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(orientation.weight_major(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+def test_dense_layers_take_it_only_where_told(forced):
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(2, 3, 64, generator=g), torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
+    torch.testing.assert_close(layers.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    assert forced["dense"] == 1
+    acc = torch.randn(6, 48, generator=g)
+    torch.testing.assert_close(layers.addmm(acc, x.view(6, 64), w.t()), torch.addmm(acc, x.view(6, 64), w.t()),
+                               rtol=1e-5, atol=1e-4)
+    assert forced["dense"] == 1  # addmm's weight-major form is its own addmm
+    layers.linear(x[:1, :1], w)  # one row: F.linear
+    layers.linear(x, w, rows=4)  # a deterministic model: padded F.linear (its row classes)
+    layers.linear(x.to(torch.float64), w.to(torch.float64))  # no threshold known for this dtype
+    assert forced["dense"] == 1
+    orientation._MIN.pop((torch.float32, torch.get_num_threads()))
+    layers.linear(x, w)
+    assert forced["dense"] == 1
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_routed_experts_weight_major_equal(forced, bias):
+    g = torch.Generator().manual_seed(2)
+    S, D, I, n = 4, 32, 48, 7
+    gate_up, down = torch.randn(S, 2 * I, D, generator=g), torch.randn(S, D, I, generator=g)
+    group = moe.SlotGroup(gate_up, down, slot_of=torch.arange(S + 1))
+    if bias:
+        group.gate_up_bias, group.down_bias = torch.randn(S, 2 * I, generator=g), torch.randn(S, D, generator=g)
+    slot = torch.tensor([0, 0, 1, 3, 3, 3, S])  # sorted; the last row is another group's
+    offs = torch.searchsorted(slot, torch.arange(S), right=True, out_int32=True)
+    x = torch.randn(n, D, generator=g)
+    ref = moe.swiglu_grouped(x, group, offs, slot if bias else None, moe.ExpertMath(), n=6)
+    assert forced["grouped"] == 0
+    got = moe.swiglu_grouped(x, group, offs, slot if bias else None, moe.ExpertMath(), n=6, weight_major=True)
+    assert forced["grouped"] == 2  # both projections
+    torch.testing.assert_close(got[:6], ref[:6], rtol=1e-5, atol=1e-4)
+
+
+def test_model_decodes_the_same_weight_major(forced):
+    from specmoe import LLM, SamplingParams
+    llm = LLM(dtype="float32", max_batch=3)
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13]]
+    got = [o.token_ids for o in llm.generate(prompts, sp)]
+    assert forced["dense"] > 0 and forced["grouped"] > 0
+    orientation._MIN.pop((torch.float32, torch.get_num_threads()))
+    n = dict(forced)
+    ref = [o.token_ids for o in llm.generate(prompts, sp)]
+    assert forced == n  # the reference never took it
+    assert got == ref
+
+
+def test_probe_and_prepare():
+    r = orientation.probe(sizes=(32, 64), rows=(2, 4), rounds=1)
+    assert set(r["ratio"]) == {"32", "64"} and all(set(v) == {"2", "4"} for v in r["ratio"].values())
+    assert r["min_numel"] in (None, 32 * 32, 64 * 64)
+    assert orientation.prepare(torch.float32, "meta") is None
+    key = (torch.float32, torch.get_num_threads())
+    assert orientation.prepare(torch.float32, "cpu") == orientation._MIN[key]
