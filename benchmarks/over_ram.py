@@ -371,7 +371,8 @@ def readme_block(res: dict) -> str:
     lines = [BEGIN, "", f"Batch 1, greedy, {f['prompt_tokens']}-token prompts, {f['max_tokens']} new tokens (first "
              f"{f['window']} timed apart, steady = the rest), {f['repeats']} repeat(s) with the systems' order "
              f"alternated, each system a fresh process with the model files dropped from the page cache first; "
-             f"{f['threads']} threads; commit `{res['commit'][:10]}` (`benchmarks/results/over_ram.json`):", "",
+             f"{f['threads']} threads; specmoe computes in {dtypes(res)} (experts stay bf16 on disk), llama.cpp in "
+             f"the GGUF's bf16; commit `{res['commit'][:10]}` (`benchmarks/results/over_ram.json`):", "",
              "| RAM | model ÷ RAM | system | steady tok/s | ÷ llama.cpp | first tok/s | MiB read per token (steady) "
              "| expert hit rate | peak private GiB | repeats with llama.cpp's tokens |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -390,7 +391,24 @@ def readme_block(res: dict) -> str:
                      and r["repeat"] == k}) <= 1 for b in res["blocks"] for k in range(f["repeats"]))
     lines += ["", f"Every specmoe system's tokens equal the other specmoe systems' in every repeat: "
               f"{'yes' if equal else 'no'}; the last column compares with llama.cpp's tokens."]
+    for b in res["blocks"]:
+        ref = (b["summary"].get(LLAMA) or {}).get("steady_tok_s")
+        split = [f"{name} {t['target_expert_compute_s']:.3f} + {t['fetch_wait_s']:.3f} of {t['decode_wall_s']:.3f}"
+                 for name, s in b["summary"].items() if (t := s.get("seconds_per_decoded_token"))]
+        skipped = sorted({r["system"] for r in b["runs"] if r.get("status") == "skipped"})
+        if split:
+            lines += [f"{b['label']}: seconds per decoded token in expert compute + fetch wait, of the whole "
+                      f"decode: {'; '.join(split)}" + (f" (llama.cpp: {1 / ref:.3f} per token in all)" if ref else "")
+                      + "." + (f" Not run (the balloon's memory floor): {', '.join(skipped)}." if skipped else "")]
     return "\n".join(lines + ["", END])
+
+
+def dtypes(res: dict) -> str:
+    """The compute dtype(s) the specmoe runs resolved (`--dtype auto`: the engine's rule on this CPU)."""
+    got = sorted({r["dtype"] for b in res["blocks"] for r in b.get("runs", []) if r.get("dtype")})
+    rule = " (`dtype=\"auto\"`: this CPU's bf16 matmul is slower than fp32)" if got == ["float32"] and \
+        res["flags"].get("dtype", "auto") == "auto" else ""
+    return " / ".join(got) + rule if got else "the dtype it was given"
 
 
 def same(block: dict, name: str) -> str:
