@@ -205,7 +205,7 @@ class SpecConfig:
                               "it (measured once per machine: 4 to 16), so that a request's tokens do not depend on "
                               "what runs beside or before it; bf16/fp16 and "
                               "attention are batch-invariant without it; costs fp32 decode speed at small batches "
-                              "(see README, Determinism)")
+                              "(see docs/models.md, Determinism)")
     auto_memory: bool = opt(True, "decoding=auto: start from what earlier engines learned on this machine for this "
                             "model, dtype, tier and drafter set (each drafter's acceptance, weighted as a few dozen "
                             "rows, and the step-time corrections; a small JSON file in the user cache, "
