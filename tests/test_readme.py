@@ -172,10 +172,7 @@ def test_readme_auto_block_is_generated_from_the_auto_bench_results():
 
 def test_readme_over_ram_block_is_generated_from_the_over_ram_results():
     """README's over-RAM block is exactly what benchmarks/over_ram.py writes from results/over_ram.json."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("over_ram", REPO / "benchmarks" / "over_ram.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from specmoe.bench import overram_report as bench
     res = json.loads((REPO / "benchmarks" / "results" / "over_ram.json").read_text())
     text = (REPO / "README.md").read_text()
     block = text[text.index(bench.BEGIN): text.index(bench.END) + len(bench.END)]

@@ -251,7 +251,8 @@ def child_specmoe(spec: dict) -> dict:
     for k in ("memory", "drafters", "controller_steps", "controller_rows_by_drafter", "step_breakdown"):
         if k in st:
             keep[k] = st[k]
-    res = {"load_s": load_s, "dtype": str(llm.dtype).removeprefix("torch."), "token_ids": tokens, **tl.summary(spec["window"]),
+    res = {"load_s": load_s, "dtype": str(llm.dtype).removeprefix("torch."), "token_ids": tokens,
+           **tl.summary(spec["window"]),
            "expert_memory_bytes": llm.expert_memory.total, "expert_memory_parts": llm.expert_memory.parts,
            "cache_slots_per_layer": llm.expert_memory.slots, "hit_rate": st.get("hit_rate"), "stats": keep,
            "status_at_end": sysprobe.proc_status(), "io_at_end": sysprobe.proc_io()}

@@ -212,7 +212,8 @@ class EagleHead(nn.Module):
         head without a reduced vocabulary: the target's LM head (Vd = V, draft id = target id)."""
         if self.lm_head is None:
             return linear(x, target_head)
-        return linear(x if self.norm is None else self.norm(x), self.lm_head.weight)  # EAGLE-1 regresses the normed feature
+        # EAGLE-1 regresses the normed feature
+        return linear(x if self.norm is None else self.norm(x), self.lm_head.weight)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids → target ids."""

@@ -8,8 +8,9 @@ expert. Reading the weight is the cost, so k rows should cost about what 1 row c
 11 ms: speculation's verification then costs what the physics says it should. Elsewhere the two may be equal, or
 `F.linear` faster, so nothing is assumed: `probe` times both on square weights of growing size (rows 2 to 32) and
 finds the smallest weight from which the weight-major product is faster at every row count probed, at that size and
-every larger one, then up to how many rows (64, 128, 256) it stays faster; it is measured once per CPU, torch build, thread count and dtype and kept in the machine cache
-(`specmoe.machine_cache`). `prepare` (at load) puts it where `use_weight_major` reads it per call.
+every larger one, then up to how many rows (64, 128, 256) it stays faster; it is measured once per CPU, torch build,
+thread count and dtype and kept in the machine cache (`specmoe.machine_cache`). `prepare` (at load) puts it where
+`use_weight_major` reads it per call.
 
 Only models that are not `deterministic` use it: a deterministic model pads its rows to the row classes measured
 for `F.linear` (`rowclasses`), a property of that kernel. One row always goes through `F.linear` (the two are the
@@ -28,10 +29,11 @@ SIZES = (256, 512, 1024, 2048)  # square weights probed (numel = size²)
 ROWS = (2, 4, 8, 32)  # the rows the threshold is decided on
 MORE_ROWS = (64, 128, 256)  # then: up to which of these it still wins (many sequences' verification)
 WIN = 0.9  # weight-major time / F.linear time at most this (median over rows) ...
-NEVER_WORSE = 1.05  # ... and at no row count above this; past ROWS, while it is within WIN at every size from there and at
+NEVER_WORSE = 1.05  # ... and at no row count above this
+# past ROWS, it keeps winning while within WIN at every size from the threshold on and at WIDE
 WIDE = (8192, 256)  # a wide, short weight (an LM head's shape), where it stops winning first
 
-_MIN: dict[tuple[torch.dtype, int], tuple[int, int] | None] = {}  # (min numel, max rows)
+_WINS: dict[tuple[torch.dtype, int], tuple[int, int] | None] = {}  # (min numel, max rows)
 
 
 def _time(f, reps: int) -> float:
@@ -86,17 +88,17 @@ def prepare(dtype: torch.dtype, device: torch.device | str) -> tuple[int, int] |
     if torch.device(device).type != "cpu":
         return None
     key = (dtype, torch.get_num_threads())
-    if key not in _MIN:
+    if key not in _WINS:
         entry = machine_cache.cached(machine_cache.machine_key(f"projection orientation {dtype}"),
                                      lambda: probe(dtype), lambda e: "max_rows" in e)
-        _MIN[key] = None if entry["min_numel"] is None else (entry["min_numel"], entry["max_rows"])
-    return _MIN[key]
+        _WINS[key] = None if entry["min_numel"] is None else (entry["min_numel"], entry["max_rows"])
+    return _WINS[key]
 
 
 def use_weight_major(x: torch.Tensor, numel: int) -> bool:
     """Whether a projection of x's rows (2 or more) by a weight of `numel` elements is computed weight-major
     (known only after `prepare` for x's dtype and this thread count; CPU only)."""
-    at = _MIN.get((x.dtype, torch.get_num_threads())) if x.device.type == "cpu" else None
+    at = _WINS.get((x.dtype, torch.get_num_threads())) if x.device.type == "cpu" else None
     return at is not None and numel >= at[0] and x.numel() <= at[1] * x.shape[-1]
 
 

@@ -13,7 +13,7 @@ def forced(monkeypatch):
     """Weight-major for every fp32 weight on this thread count (as if the probe had found it faster from 1
     element); the calls to `weight_major` and to the weight-major grouped product are counted."""
     calls = {"dense": 0, "grouped": 0}
-    monkeypatch.setitem(orientation._MIN, (torch.float32, torch.get_num_threads()), (1, 64))
+    monkeypatch.setitem(orientation._WINS, (torch.float32, torch.get_num_threads()), (1, 64))
     real = layers.weight_major
 
     def counted(*a, **k):
@@ -57,7 +57,7 @@ def test_dense_layers_take_it_only_where_told(forced):
     layers.linear(x, w, rows=4)  # a deterministic model: padded F.linear (its row classes)
     layers.linear(x.to(torch.float64), w.to(torch.float64))  # no threshold known for this dtype
     assert forced["dense"] == 1
-    orientation._MIN.pop((torch.float32, torch.get_num_threads()))
+    orientation._WINS.pop((torch.float32, torch.get_num_threads()))
     layers.linear(x, w)
     assert forced["dense"] == 1
 
@@ -87,7 +87,7 @@ def test_model_decodes_the_same_weight_major(forced):
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13]]
     got = [o.token_ids for o in llm.generate(prompts, sp)]
     assert forced["dense"] > 0 and forced["grouped"] > 0
-    orientation._MIN.pop((torch.float32, torch.get_num_threads()))
+    orientation._WINS.pop((torch.float32, torch.get_num_threads()))
     n = dict(forced)
     ref = [o.token_ids for o in llm.generate(prompts, sp)]
     assert forced == n  # the reference never took it
@@ -100,4 +100,4 @@ def test_probe_and_prepare():
     assert r["min_numel"] in (None, 32 * 32, 64 * 64)
     assert orientation.prepare(torch.float32, "meta") is None
     key = (torch.float32, torch.get_num_threads())
-    assert orientation.prepare(torch.float32, "cpu") == orientation._MIN[key]
+    assert orientation.prepare(torch.float32, "cpu") == orientation._WINS[key]
