@@ -128,7 +128,8 @@ def test_per_sequence_gamma_follows_each_sequences_acceptance():
         ctl.acc.record([0, 1], [4, 4], [4, 0], [[0.9] * 4, [0.2]])
     p = ctl.plan([0, 1], [4, 4], res, spec_res)
     assert p.kind == "spec" and p.gammas[0] > p.gammas[1], p
-    assert ctl.plan([0, 1], [1, 0], res, spec_res).gammas in (None, [1, 0]), "limits cap γ_b"
+    capped = ctl.plan([0, 1], [1, 0], res, spec_res)
+    assert capped.kind == "spec" and capped.gammas == [1, 0], ("limits cap γ_b", capped)
 
 
 @pytest.mark.parametrize("family", ("gpt_oss", "deepseek_v3"))
@@ -241,3 +242,24 @@ def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():
     assert q.kind == "spec" and ctl.last_arm == "self"  # within the margin: speculation stays
     assert plan_with(tie, "plain").kind == "plain"  # had the last step been plain, it stays plain
     assert plan_with(3 * tie, "self").kind == "plain"  # a clear loss: plain takes over
+
+
+@pytest.mark.parametrize("how", ["constructor", "use"])
+def test_every_drafter_is_planned_over_not_only_the_first(how):
+    """A controller given two drafters plans over both: when the second one accepts everything and the first
+    nothing, every row drafts with the second (a controller that looked only at its first drafter would draft
+    with the failing one, or not at all)."""
+    base, res, spec_res = synthetic(read_s=20e-3)
+    if how == "constructor":
+        ctl = Controller(base.cost, base.g, ("self", "eagle"))
+    else:
+        ctl = base
+        ctl.use(["self", "eagle"])
+    ctl.MIN_TRIALS = 0
+    ids, lim = list(range(8)), [4] * 8
+    for _ in range(20):
+        ctl.accs["self"].record(ids, [4] * 8, [0] * 8, [[0.9] * 4] * 8)
+        ctl.accs["eagle"].record(ids, [4] * 8, [4] * 8, [[0.9] * 4] * 8)
+    p = ctl.choose(ids, {"self": lim, "eagle": lim}, res, spec_res)
+    assert p.kind == "spec" and p.drafter_of == ["eagle"] * 8, p
+    assert set(ctl.arm_rates) >= {"plain", "eagle"}

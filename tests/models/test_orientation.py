@@ -1,5 +1,7 @@
 """Weight-major projections (`specmoe.models.orientation`): the same products as F.linear, taken where the probe
 says so and only there, in the dense layers, the routed experts and a whole model's decoding."""
+import statistics
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -95,9 +97,82 @@ def test_model_decodes_the_same_weight_major(forced):
 
 
 def test_probe_and_prepare():
-    r = orientation.probe(sizes=(32, 64), rows=(2, 4), rounds=1)
-    assert set(r["ratio"]) == {"32", "64"} and all(set(v) == {"2", "4"} for v in r["ratio"].values())
-    assert r["min_numel"] in (None, 32 * 32, 64 * 64)
+    """The real probe: its threshold and max rows are the ones the rule gives on the ratios it measured (the
+    decision itself is checked on ratios set by hand below)."""
+    r = orientation.probe(sizes=(32, 64), rows=(2, 4), more_rows=(8,), rounds=1)
+    ratio = r["ratio"]
+    assert all({"2", "4"} <= set(ratio[n]) for n in ("32", "64"))
+    wins = [statistics.median(ratio[n][m] for m in ("2", "4")) <= orientation.WIN
+            and max(ratio[n][m] for m in ("2", "4")) <= orientation.NEVER_WORSE for n in ("32", "64")]
+    assert r["min_numel"] == (32 * 32 if all(wins) else 64 * 64 if wins[1] else None), r
+    if r["min_numel"] is None:
+        assert set(ratio) == {"32", "64"} and r["max_rows"] is None
+    else:
+        wide = f"{orientation.WIDE[0]}x{orientation.WIDE[1]}"
+        kept = [k for k in ("32", "64") if int(k) ** 2 >= r["min_numel"]] + [wide]
+        assert set(ratio) == {"32", "64", wide}
+        assert r["max_rows"] == (8 if max(ratio[k]["8"] for k in kept) <= orientation.WIN else 4), r
     assert orientation.prepare(torch.float32, "meta") is None
     key = (torch.float32, torch.get_num_threads())
     assert orientation.prepare(torch.float32, "cpu") == orientation._WINS[key]
+
+
+def fake_ratios(monkeypatch, table):
+    """`orientation._ratio` replaced by `table[(size, rows)]` (size: the weight's first dimension), so the probe's
+    decision is checked on ratios set by hand."""
+    seen = []
+
+    def ratio(w, m, g, rounds):
+        seen.append((w.shape[0], m))
+        return table(w.shape[0], m)
+    monkeypatch.setattr(orientation, "_ratio", ratio)
+    return seen
+
+
+def test_probe_takes_the_smallest_size_from_which_every_larger_one_wins(monkeypatch):
+    """Sizes 16 and 64 win, 32 does not: the threshold is 64² (from 64 on, every size wins), not 16² (the first
+    size that wins)."""
+    loses = {32}
+    fake_ratios(monkeypatch, lambda n, m: 1.5 if n in loses else 0.5)
+    r = orientation.probe(sizes=(16, 32, 64, 128), rows=(2, 4), more_rows=(8,), rounds=1)
+    assert r["min_numel"] == 64 * 64 and r["max_rows"] == 8
+    loses.add(128)  # the largest size loses: no size wins at it and every larger one
+    assert orientation.probe(sizes=(16, 32, 64, 128), rows=(2, 4), more_rows=(8,), rounds=1)["min_numel"] is None
+    loses.clear()
+    assert orientation.probe(sizes=(16, 32, 64, 128), rows=(2, 4), more_rows=(8,), rounds=1)["min_numel"] == 16 * 16
+
+
+def test_probe_win_needs_the_median_and_every_row_count(monkeypatch):
+    """A size wins when its median ratio over the rows is at most WIN and none is above NEVER_WORSE; past the
+    rows probed, max_rows grows while every size from the threshold on (and the wide shape) stays within WIN."""
+    fake_ratios(monkeypatch, lambda n, m: {2: 0.5, 4: 0.5, 8: 1.2}[m] if n == 16 else 0.5 if m <= 64 else 0.95)
+    r = orientation.probe(sizes=(16, 32), rows=(2, 4, 8), more_rows=(64, 128), rounds=1)
+    assert r["min_numel"] == 32 * 32 and r["max_rows"] == 64  # 16: median 0.5 but 8 rows at 1.2
+    assert set(r["ratio"]) == {"16", "32", f"{orientation.WIDE[0]}x{orientation.WIDE[1]}"}
+    fake_ratios(monkeypatch, lambda n, m: {2: 0.5, 4: 0.95, 8: 0.95}[m])  # median 0.95 > WIN: never wins
+    assert orientation.probe(sizes=(16, 32), rows=(2, 4, 8), more_rows=(64,), rounds=1)["max_rows"] is None
+
+
+def test_weight_major_only_from_the_threshold_and_up_to_its_rows(monkeypatch):
+    """`use_weight_major` takes the probe's (min numel, max rows): weights below the threshold and more rows than
+    max rows keep F.linear."""
+    monkeypatch.setitem(orientation._WINS, (torch.float32, torch.get_num_threads()), (1000, 8))
+    x = torch.zeros(4, 16)
+    assert orientation.use_weight_major(x, 1000) and orientation.use_weight_major(x, 5000)
+    assert not orientation.use_weight_major(x, 999)
+    assert orientation.use_weight_major(torch.zeros(8, 16), 1000)
+    assert not orientation.use_weight_major(torch.zeros(9, 16), 1000)
+    assert not orientation.use_weight_major(x.double(), 5000)  # no threshold known for fp64
+
+
+def test_dense_layers_keep_f_linear_below_the_threshold(forced, monkeypatch):
+    """Through `layers.linear`: with the threshold between two weights' sizes, only the larger takes the
+    weight-major product."""
+    monkeypatch.setitem(orientation._WINS, (torch.float32, torch.get_num_threads()), (48 * 64, 64))
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 64, generator=g)
+    small, big = torch.randn(47, 64, generator=g), torch.randn(48, 64, generator=g)
+    torch.testing.assert_close(layers.linear(x, small), F.linear(x, small), rtol=1e-5, atol=1e-4)
+    assert forced["dense"] == 0
+    torch.testing.assert_close(layers.linear(x, big), F.linear(x, big), rtol=1e-5, atol=1e-4)
+    assert forced["dense"] == 1

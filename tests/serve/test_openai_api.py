@@ -50,6 +50,28 @@ def test_models_health_and_auth(server):
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
 
+@pytest.mark.parametrize("header", [f"Bearer wrong-{KEY}", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", "Bearer",
+                                    f"Basic {KEY}", KEY, f"bearer {KEY}"])
+def test_a_wrong_key_is_refused_over_the_socket(server, header):
+    """Any Authorization header but `Bearer <the key>` is a 401, on every authenticated route; the right one
+    passes (over a real connection to the running server)."""
+    for method, path, body in (("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1}),
+                               ("POST", "/v1/chat/completions",
+                                {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
+                               ("GET", "/v1/models", None)):
+        r = httpx.request(method, server.url + path, json=body, headers={"Authorization": header}, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (header, path, r.text)
+    ok = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert ok.status_code == 200
+
+
+def test_the_openai_client_with_a_wrong_key_gets_an_authentication_error(server):
+    import openai
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="not-" + KEY, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model=MODEL, prompt="x", max_tokens=1)
+
+
 def test_completion_stream_and_non_stream_equal_generate(server, ref):
     c = server.client()
     p = "def fibonacci(n):"

@@ -114,3 +114,21 @@ def test_cli_bad_config_is_one_line(ckpt):
     assert_one_line_error(p, "num_experts_per_tok")
     assert snapshot(ckpt) == before
     assert issubclass(CheckpointError, SpecMoEError)
+
+
+def test_missing_num_key_value_heads_means_one_per_attention_head(tiny_ckpt, tmp_path):
+    """transformers' rule: a config without num_key_value_heads is multi-head attention (as many K/V heads as
+    attention heads), not one K/V head. An MHA checkpoint with the key dropped reads so and decodes as with it."""
+    import shutil
+    from tests.validation.conftest import NO_REPACK
+    src = tiny_ckpt("qwen3_moe", num_key_value_heads=4)
+    dst = tmp_path / "mha"
+    shutil.copytree(src, dst, ignore=NO_REPACK)
+    write(dst / "config.json", delk("num_key_value_heads"))
+    assert "num_key_value_heads" not in json.loads((dst / "config.json").read_text())
+    cfg = load_config(dst)
+    assert cfg.num_heads == 4 and cfg.num_kv_heads == 4
+    assert load_config(dst).num_kv_heads == load_config(src).num_kv_heads
+    ps = [[1, 2, 3, 4], [5, 6]]
+    want = [o.token_ids for o in LLM(src, dtype="float32").generate(ps)]
+    assert [o.token_ids for o in LLM(dst, dtype="float32").generate(ps)] == want
