@@ -71,14 +71,42 @@ def test_mixed_drafters_seeded_rows_equal_plain_seeded_and_unseeded_rows_run(ar_
     assert all(st["drafters"][n]["rows"] > 0 for n in ("self", "eagle")), st["drafters"]
 
 
-def test_auto_reports_what_it_chose():
+@pytest.fixture
+def step_log(monkeypatch):
+    """What the decoder did, recorded from outside its accounting: per speculative step (drafter of each row,
+    its tree's size, the tokens it emitted, the step's expert bytes), and the plain steps."""
+    log = {"spec": [], "plain": 0}
+    record, plain_step = SpeculativeDecoder._record, SpeculativeDecoder.plain_step
+
+    def _record(self, plan, trees, out, clock, step_bytes):
+        log["spec"].append((list(plan.drafter_of), [len(t) for t in trees], [len(o) for o in out], step_bytes))
+        return record(self, plan, trees, out, clock, step_bytes)
+
+    def _plain(self, seqs, clock):
+        log["plain"] += 1
+        return plain_step(self, seqs, clock)
+    monkeypatch.setattr(SpeculativeDecoder, "_record", _record)
+    monkeypatch.setattr(SpeculativeDecoder, "plain_step", _plain)
+    return log
+
+
+def test_auto_reports_what_it_chose(step_log):
+    """The stats are what the steps did: plain and speculative step counts and share, per drafter the rows it
+    drafted, their tokens (drafted, accepted, emitted per row) and their share of the step's expert bytes."""
     llm = auto_llm()
     ps, sp = BATCHES[7]
     llm.generate(ps, sp)
     st = llm.stats
     assert st["decoding"] == "auto" and set(st["drafters"]) == {"self", "eagle", "ngram"}
-    assert 0.0 <= st["plain_step_share"] <= 1.0
-    steps = st["controller_steps"]
-    assert steps["plain"] + steps["spec"] > 0
-    for d in st["drafters"].values():
-        assert {"rows", "tokens_per_step", "expert_bytes_per_token"} <= set(d)
+    spec, plain = step_log["spec"], step_log["plain"]
+    assert spec and st["ar_steps"] == plain and st["steps"] == len(spec)
+    assert st["plain_step_share"] == plain / (plain + len(spec))
+    assert st["controller_steps"] == {"plain": plain, "spec": len(spec)}  # one choice per step, coasting included
+    for name, d in st["drafters"].items():
+        rows = [(n, e, b / len(ds)) for ds, ns, es, b in spec for who, n, e in zip(ds, ns, es) if who == name and n]
+        emitted = sum(e for _, e, _ in rows)
+        assert d["rows"] == len(rows) and d["drafted_tokens"] == sum(n for n, _, _ in rows), name
+        assert d["accepted_tokens"] == emitted - len(rows), name
+        assert d["tokens_per_step"] == pytest.approx(emitted / len(rows) if rows else 0.0), name
+        assert d["expert_bytes_per_token"] == pytest.approx(sum(b for *_, b in rows) / emitted if emitted else 0.0)
+    assert sum(d["rows"] for d in st["drafters"].values()) > 0

@@ -87,8 +87,28 @@ class CountingProvider(ExpertStore):
     bytes_moved = 0  # a plain counter attribute satisfies the abstract property
 
 
+@pytest.fixture
+def hit_count(monkeypatch):
+    """An independent count of the draft set's hit rate: per `DraftExperts`, in creation order, the routing
+    assignments of its verification forwards [hits, all], a hit being an assignment to an expert of the layer's
+    draft set as the forward found it."""
+    from specmoe.decoding.drafters.draft_experts import DraftExperts
+    seen: dict = {}
+    real = DraftExperts.observe
+
+    def observe(self, layer, routing):
+        n = seen.setdefault(self, [0, 0])
+        if self.verifying and layer in self.ids:
+            c = routing.counts.tolist()
+            n[0] += sum(c[e] for e in self.ids[layer])
+            n[1] += sum(c)
+        real(self, layer, routing)
+    monkeypatch.setattr(DraftExperts, "observe", observe)
+    return seen
+
+
 @pytest.mark.parametrize("family,N,gamma,substitution,policy", CONFIGS)
-def test_greedy_specmoe_equals_plain_greedy(tiny_ckpt, family, N, gamma, substitution, policy):
+def test_greedy_specmoe_equals_plain_greedy(tiny_ckpt, hit_count, family, N, gamma, substitution, policy):
     path = tiny_ckpt(family)
     llm = LLM(path, decoding="specmoe", draft_experts=N, num_draft_tokens=gamma, substitution=substitution,
               draft_policy=policy)
@@ -100,7 +120,12 @@ def test_greedy_specmoe_equals_plain_greedy(tiny_ckpt, family, N, gamma, substit
     assert len(st["acceptance_per_position"]) == gamma
     assert 1.0 <= st["tokens_per_step"] <= gamma + 1
     assert st["steps"] > 0 and st["draft_time_s"] > 0 and st["verify_time_s"] > 0
-    assert 0.0 <= st["draft_set_hit_rate"] <= 1.0
+    hits, routed = list(hit_count.values())[-1]  # the last generate call's draft set
+    assert routed > 0 and st["draft_set_hit_rate"] == hits / routed
+    if N >= 8:  # every expert is a draft expert
+        assert st["draft_set_hit_rate"] == 1.0
+    else:
+        assert st["draft_set_hit_rate"] < 1.0
     assert st["draft_phase_bytes"] == 0
 
 

@@ -32,8 +32,16 @@ def test_bad_tokenizer_file(text_ckpt, name, data, needle):
 
 
 def test_good_tokenizer_loads(text_ckpt):
+    """The demo model's tokenizer, copied in: its template puts <|endoftext|> (id 0) first, "hello" is one token
+    (6957) and " world" another (2236); without the template only the words' ids; decoding skips the special
+    token and gives the text back."""
     llm = LLM(text_ckpt)
-    assert llm.tokenizer is not None and llm.tokenizer.encode("hello")
+    tok = llm.tokenizer
+    assert tok is not None
+    assert tok.encode("hello") == [0, 6957]
+    assert tok.encode("hello world") == [0, 6957, 2236] and tok.encode("hello world", special=False) == [6957, 2236]
+    assert tok.encode_in_thread("hello") == [0, 6957]
+    assert tok.decode([0, 6957, 2236]) == "hello world"
 
 
 def test_cli_bad_tokenizer(text_ckpt):
