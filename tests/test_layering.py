@@ -20,6 +20,7 @@ PACKAGE = "specmoe"  # specmoe/__init__.py, the public API (LLM, SamplingParams,
 LAYERS: list[tuple[str, ...]] = [
     ("specmoe.errors",),
     ("specmoe.config", "specmoe.memory", "specmoe.bundled", "specmoe.machine_cache"),
+    ("specmoe.kernels",),  # the native CPU kernels (C++ built on first use)
     ("specmoe.families", "specmoe.options", "specmoe.tokenizer"),
     ("specmoe.weights",),
     ("specmoe.models",),

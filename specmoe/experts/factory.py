@@ -5,9 +5,10 @@ import warnings
 
 import torch
 
+from specmoe import kernels as native
 from specmoe.options import OffloadConfig
 from specmoe.errors import InputError
-from specmoe.experts.formats import ExpertShape, make_format
+from specmoe.experts.formats import ExpertShape, Plain, make_format
 from specmoe.experts.budget import SCRATCH_BUFFERS, plan_offload, plan_resident
 from specmoe.memory import check_budget_value, round_up
 from specmoe.experts.resident import ResidentExperts
@@ -26,6 +27,7 @@ def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, dev
     check_budget_value("cache_bytes", cfg.cache_bytes, device)
     mc = ckpt.config
     fmt = make_format(cfg.expert_format, ExpertShape.of(mc), ckpt.storage_dtype)
+    dtype = slot_dtype(fmt, dtype, device)
     expert_bytes = mc.expert_numel * torch.empty((), dtype=dtype).element_size()
     if cfg.offload == "none":
         plan = plan_resident(mc, expert_bytes=expert_bytes, draft_experts=draft_experts,
@@ -80,6 +82,15 @@ def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, dev
     if cfg.cache_policy == "static":
         cache.set_static(static_hot_set(ckpt, cfg, cache, model, dtype=dtype, device=device))
     return cache, plan
+
+
+def slot_dtype(fmt, compute: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype expert slots hold: the stored one (bf16 / fp16 experts stay bf16 / fp16 everywhere, no compute-dtype
+    copy, budgets count stored bytes) where the native CPU kernels compute from it; else the compute dtype."""
+    if isinstance(fmt, Plain) and fmt.dtype in (torch.bfloat16, torch.float16) and fmt.dtype != compute \
+            and device.type == "cpu" and native.available():
+        return fmt.dtype
+    return compute
 
 
 def static_hot_set(ckpt: Checkpoint, cfg: OffloadConfig, cache, model, *, dtype, device) -> dict[int, list[int]]:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specmoe import kernels as native
 from specmoe.config import ModelConfig
 from specmoe.models.layers import DenseMLP, linear, min_rows, sigmoid, silu
 from specmoe.models.orientation import use_weight_major
@@ -269,6 +270,8 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     `rows` > 1 with fp32 (a deterministic model), or experts too small for oneDNN's threshold in bf16/fp16: each
     slot's rows are padded (see `padded_groups`, `layers.min_rows`), so a token's result does not depend on how many
     others share its expert."""
+    if x.device.type == "cpu" and native.available():
+        return native_experts(x, routing, groups, math, invariant=rows > 1)
     N, K = routing.ids.shape
     flat = routing.ids.view(-1)  # [N·K]
     y = None  # [N·K, D] per assignment, in routing order
@@ -302,6 +305,29 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     if y is None:  # nothing routed (every token is padding)
         return torch.zeros_like(x)
     return y.sum(1) if math.scale_input else (y * routing.weights_col(x.dtype)).sum(1)
+
+
+def native_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup],
+                   math: ExpertMath = ExpertMath(), invariant: bool = False) -> torch.Tensor:
+    """`routed_experts` on the CPU's native kernels (specmoe.kernels): one call per slot group computes each of its
+    assignments from the slots in their stored dtype (bf16 / fp16 / fp32, read once per call for all the rows that
+    use an expert), with fp32 activations; then the K results of a token summed in routing order, each times its
+    weight. A row's result does not depend on the other rows, the group split or which slot holds an expert (an expert
+    of more than `native.BLAS_ROWS` rows, in a prefill, takes BLAS unless `invariant`: a deterministic model), so no
+    padding is needed and offloaded == resident bit for bit."""
+    N, K = routing.ids.shape
+    flat = routing.ids.view(-1)
+    y = torch.zeros(N * K, x.shape[1], dtype=torch.float32)
+    scale = routing.weights.reshape(-1) if math.scale_input else None
+    for g in groups:
+        if (routing.real_tokens * K if g.rows is None else g.rows) == 0:
+            continue
+        native.moe(x, flat if g.identity else g.slot_of[flat], g.gate_up, g.down, y, k=K, act=math.act,
+                   limit=math.limit, alpha=math.alpha, gate_up_bias=g.gate_up_bias, down_bias=g.down_bias,
+                   row_scale=scale, invariant=invariant)
+    y = y.view(N, K, -1)
+    out = y.sum(1) if math.scale_input else (y * routing.weights.unsqueeze(-1)).sum(1)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def padded_groups(rows_in: torch.Tensor, g: SlotGroup, slot: torch.Tensor, offs: torch.Tensor, math: ExpertMath,

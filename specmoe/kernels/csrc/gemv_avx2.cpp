@@ -1,0 +1,55 @@
+// AVX2 + FMA + F16C kernels (gemv_impl.h with 8-lane traits). Chosen at run time where the CPU has them.
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+#include "gemv.h"
+
+namespace smk {
+namespace avx2 {
+
+struct V {
+  using T = __m256;
+  static constexpr int L = 8, R = 4, B = 48;
+  // R·O accumulators + O weight vectors + x within 16 registers (4 rows: 12 + 3 + 1)
+  static constexpr int O_of(int r) { return r >= 4 ? 3 : r == 3 ? 4 : r == 2 ? 6 : 8; }
+  static inline T zero() { return _mm256_setzero_ps(); }
+  static inline T loadx(const float* p) { return _mm256_loadu_ps(p); }
+  static inline T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  static inline float hsum(T v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static inline __m128i nibbles(const uint8_t* p) {  // 4 bytes → 8 bytes, low nibble first
+    int32_t b;
+    std::memcpy(&b, p, 4);
+    const __m128i v = _mm_cvtsi32_si128(b), f = _mm_set1_epi8(15);
+    return _mm_unpacklo_epi8(_mm_and_si128(v, f), _mm_and_si128(_mm_srli_epi16(v, 4), f));
+  }
+  template <int FMT>
+  static inline T load(const uint8_t* row, const uint16_t* rs, int64_t k, int gs) {
+    if constexpr (FMT == F32) {
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+    } else if constexpr (FMT == BF16) {
+      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else if constexpr (FMT == F16) {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+    } else if constexpr (FMT == I8) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k))));
+    } else {
+      __m256i n = _mm256_sub_epi32(_mm256_cvtepu8_epi32(nibbles(row + (k >> 1))), _mm256_set1_epi32(8));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(_cvtsh_ss(rs[k >> gs])));
+    }
+  }
+};
+
+#include "gemv_impl.h"
+
+}  // namespace avx2
+
+KernelFn kernel_avx2() { return &avx2::kernel; }
+
+}  // namespace smk

@@ -1,0 +1,55 @@
+// AVX-512 (F, BW, VL, DQ) kernels (gemv_impl.h with 16-lane traits). Chosen at run time where the CPU has them,
+// and only after the self-test (ops.cpp) agrees with the portable path on this machine.
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#include <immintrin.h>
+
+#include "gemv.h"
+
+namespace smk {
+namespace avx512 {
+
+struct V {
+  using T = __m512;
+  static constexpr int L = 16, R = 4, B = 48;
+  // R·O accumulators + O weight vectors + x within 32 registers (4 rows: 24 + 6 + 1)
+  static constexpr int O_of(int r) { return r >= 4 ? 6 : r == 3 ? 6 : 8; }
+  static inline T zero() { return _mm512_setzero_ps(); }
+  static inline T loadx(const float* p) { return _mm512_loadu_ps(p); }
+  static inline T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  static inline float hsum(T v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static inline __m128i nibbles(const uint8_t* p) {  // 8 bytes → 16 bytes, low nibble first
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), f = _mm_set1_epi8(15);
+    return _mm_unpacklo_epi8(_mm_and_si128(v, f), _mm_and_si128(_mm_srli_epi16(v, 4), f));
+  }
+  template <int FMT>
+  static inline T load(const uint8_t* row, const uint16_t* rs, int64_t k, int gs) {
+    if constexpr (FMT == F32) {
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+    } else if constexpr (FMT == BF16) {
+      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else if constexpr (FMT == F16) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
+    } else if constexpr (FMT == I8) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k))));
+    } else {
+      __m512i n = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nibbles(row + (k >> 1))), _mm512_set1_epi32(8));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(_cvtsh_ss(rs[k >> gs])));
+    }
+  }
+};
+
+#include "gemv_impl.h"
+
+}  // namespace avx512
+
+KernelFn kernel_avx512() { return &avx512::kernel; }
+
+}  // namespace smk
