@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from specmoe import LLM  # noqa: E402
 from specmoe.bench.measure import measure  # noqa: E402
 from specmoe.bench.machine import machine_info  # noqa: E402
+from specmoe.bench.plots import plot_or_skip  # noqa: E402
 from specmoe.engine.auto import controller_of  # noqa: E402
 from specmoe.engine.llm import default_model_path  # noqa: E402
 
@@ -288,8 +289,9 @@ def main() -> int:
            else str(out), "points": points}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str) + "\n")
-    plot(res, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    png = out.with_suffix(".png")
+    png = None if plot_or_skip(plot, res, png) is False else png
+    print(f"wrote {out}{f' and {png}' if png else ''}")
     return 0
 
 

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
+from specmoe.bench.plots import plot_or_skip  # noqa: E402
 from specmoe.models import orientation  # noqa: E402
 
 SHAPES = {  # name -> (out, in)
@@ -85,8 +86,9 @@ def main() -> int:
            "provenance": provenance(), "machine": machine_info(), "threads": args.threads, "rounds": args.rounds,
            "table": table, "probe": probes}
     out.write_text(json.dumps(res, indent=1) + "\n")
-    plot(res, out.with_suffix(".png"))
-    print(f"wrote {out}")
+    png = out.with_suffix(".png")
+    png = None if plot_or_skip(plot, res, png) is False else png
+    print(f"wrote {out}{f' and {png}' if png else ''}")
     return 0
 
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from specmoe.bench import overram, sysprobe  # noqa: E402
 from specmoe.bench.overram_report import LLAMA, plot, ratios, summarize, targets, write_readme  # noqa: E402
+from specmoe.bench.plots import plot_or_skip  # noqa: E402
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
 from specmoe.errors import InputError  # noqa: E402
 
@@ -313,12 +314,14 @@ def main(argv: list[str] | None = None) -> int:
         except InputError as e:  # the balloon's guard: this block cannot run here; the others still do
             print(f"== {sysprobe.label(gib)}: skipped: {e}", flush=True)
             blocks.append({"label": sysprobe.label(gib), "balloon": {"gib": gib}, "skipped": str(e)})
-        write(args, art, blocks, out, argv, t_start, llama_reason)  # after every block: a later crash keeps these
-    print(f"wrote {out} and {out.with_suffix('.png')} in {time.perf_counter() - t_start:.0f} s")
+        # after every block: a later crash keeps these
+        png = write(args, art, blocks, out, argv, t_start, llama_reason)
+    print(f"wrote {out}{f' and {png}' if png else ''} in {time.perf_counter() - t_start:.0f} s")
     return 0
 
 
-def write(args, art: dict, blocks: list[dict], out: Path, argv, t_start: float, llama_reason) -> None:
+def write(args, art: dict, blocks: list[dict], out: Path, argv, t_start: float, llama_reason) -> Path | None:
+    """The results JSON, then its plot (None: not drawn, matplotlib missing; the JSON is written either way)."""
     res = {"command": "python " + " ".join([str(Path(__file__).relative_to(REPO))] + (argv or sys.argv[1:])),
            "dry_run": args.dry_run, "commit": provenance()["git_commit"], "provenance": provenance(),
            "machine": machine_info(art["path"]),
@@ -330,7 +333,8 @@ def write(args, art: dict, blocks: list[dict], out: Path, argv, t_start: float, 
            "blocks": blocks, "elapsed_s": time.perf_counter() - t_start}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str) + "\n")
-    plot(res, out.with_suffix(".png"))
+    png = out.with_suffix(".png")
+    return None if plot_or_skip(plot, res, png) is False else png
 
 
 if __name__ == "__main__":

@@ -323,7 +323,8 @@ def run_control(cfg: ControlConfig, bench: BenchConfig | None = None, *, command
         res["loadavg_at_end"] = _load()
         write(res, out)
     if "phi_sweep" in res:
-        res["plot"] = phi_plot(res, out)
+        from specmoe.bench.plots import plot_or_skip
+        res["plot"] = plot_or_skip(phi_plot, res, out) or None
         write(res, out)
     (out / "control.md").write_text(report(res))
     return res

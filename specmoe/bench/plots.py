@@ -14,6 +14,24 @@ def _plt():
     return plt
 
 
+_SKIPPED: set[str] = set()  # plots already reported skipped (a benchmark rewrites its files after every block)
+
+
+def plot_or_skip(draw, res: dict, path: Path):
+    """`draw(res, path)`'s result when matplotlib is importable (it is the [bench] extra); else False, after one
+    printed line (once per path) saying the plot is skipped: a benchmark writes its JSON whether or not it can
+    draw it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        if str(path) not in _SKIPPED:
+            _SKIPPED.add(str(path))
+            print(f"plot {path} skipped: matplotlib is not importable ({e}); pip install 'specmoe[bench]' to draw it",
+                  flush=True)
+        return False
+    return draw(res, path)
+
+
 def _ok(runs, **match):
     return [r for r in runs if r.get("status") == "ok" and "sweep" not in r
             and all(r.get(k) == v for k, v in match.items())]

@@ -1,6 +1,10 @@
 """The control bench's arithmetic and report (the runs themselves are `specmoe bench --control`)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from specmoe.bench import control as C
@@ -39,3 +43,38 @@ def test_report_reads_every_figure_from_the_results():
     text = C.report(res)
     for figure in ("12%", "0.97", "10/1", "1.70", "2.20", "1.55", "0.25"):
         assert figure in text, figure
+
+
+def test_committed_control_md_is_generated_from_control_json():
+    """benchmarks/results/control.md is exactly what control.json generates, and the JSON's summary figures
+    follow its own rows and tables (the best baseline per batch, ratios to it, the aggregates, the φ crossings)."""
+    rdir = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    res = json.loads((rdir / "control.json").read_text())
+    assert (rdir / "control.md").read_text() == C.report(res), \
+        "control.md is stale or hand-edited: run `python -m specmoe.bench.control`"
+    sy = res["systems"]
+    for e in sy["table"]:
+        best = C.best_baseline(sy["rows"], e["model"], "disk", e["batch"])
+        assert (best["system"], best["tokens_per_s"]) == (e["best_baseline"], e["best_baseline_tok_s"])
+        assert e["phi"] == pytest.approx(C._phi(best))
+        for name in ("auto", "auto-plain", "auto-spec", "lru"):
+            if e.get(f"{name}_tok_s"):
+                assert e[f"{name}_vs_best"] == pytest.approx(e[f"{name}_tok_s"] / e["best_baseline_tok_s"])
+    errs = [e[k] for e in sy["table"] for k in ("plain_step_median_abs_err", "spec_step_median_abs_err")
+            if e.get(k) is not None]
+    assert sy["median_abs_err_all"] == pytest.approx(float(np.median(errs)))
+    assert sy["auto_min_vs_best"] == min(e["auto_vs_best"] for e in sy["table"] if e.get("auto_vs_best"))
+    ph = res["phi_sweep"]
+    for e in ph["table"]:
+        for name in ("auto", "auto-spec"):
+            if e.get(f"{name}_tok_s"):
+                assert e[f"{name}_speedup"] == pytest.approx(e[f"{name}_tok_s"] / e["best_baseline_tok_s"])
+    assert ph["pays_from_phi_measured"] == C.crossing(ph["table"], "auto-spec_speedup")
+    assert ph["pays_from_phi_predicted"] == C.crossing(ph["table"], "predicted_spec_speedup")
+
+
+def test_a_hand_edited_control_md_figure_fails_the_check():
+    rdir = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    res = json.loads((rdir / "control.json").read_text())
+    res["systems"]["table"][0]["auto_vs_best"] += 0.5  # a figure that no longer matches the committed page
+    assert C.report(res) != (rdir / "control.md").read_text()
