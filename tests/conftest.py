@@ -92,6 +92,19 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def torch_path():
+    """The torch matmul path for this test (the native CPU kernels off; restored after): for tests of what the torch
+    path does (its weight-major products, its row padding) and for equality tests run on both paths."""
+    from specmoe import kernels
+    was = kernels.available()
+    if was:
+        kernels.set_enabled(False)
+    yield
+    if was:
+        kernels.set_enabled(True)
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """tiny_ckpt(family, **overrides) -> path; cached per (family, overrides) for the session."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specmoe import kernels as native
 from specmoe.cli.common import print_json
 from specmoe.config import read_json_object
 from specmoe.errors import CheckpointError
@@ -44,6 +45,7 @@ def describe(path) -> dict:
             "layer_kinds": layer_kinds(cfg),
             "vocab_size": cfg.vocab_size, "context_length": cfg.max_position_embeddings, "dtype": cfg.dtype,
             "quantization": cfg.quantization.method if cfg.quantization else None,
+            "kernels": native.path(),  # the CPU matmul path: native-avx2 / native-avx512, or torch
             "expert_bytes": expert_bytes, "non_expert_bytes": other,
             "bytes_per_expert": expert_bytes // max(1, len(cfg.moe_layers) * cfg.num_experts)}
     if cfg.seq2seq is not None:  # encoder–decoder: each stack's layers and their kinds

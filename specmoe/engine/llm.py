@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
+from specmoe import kernels as native
 from specmoe.bundled import demo_model_dir
 from specmoe.decoding.strategies.factory import lookahead, make_strategy
 from specmoe.decoding.runtime.runner import ModelRunner
@@ -229,6 +230,7 @@ class LLM:
         session's, else the last one's), the expert store's, bytes per token and the memory parts."""
         s = self._stats.to_dict(self._live.strategy_stats() if self._live is not None else None)
         s.update(self.store.stats())
+        s["kernels"] = native.path() if self.device.type == "cpu" else "torch"  # which matmul path computes
         if s["generated_tokens"] and "bytes_moved" in s:
             s["bytes_per_token"] = s["bytes_moved"] / s["generated_tokens"]
         s["memory"] = MemoryStats.measure(self.model, self.expert_memory, self._cache).to_dict()

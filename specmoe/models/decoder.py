@@ -156,6 +156,18 @@ class Attention(nn.Module):
             self.qk_norm_weight = self._qk_norm_table()  # [Hq + Hkv, 1, Dh]
         self.o_weight_t = None if cfg.o_proj_bias else self.o_proj.weight.t()  # residual + out @ Wᵀ in one addmm
 
+    def keep_stored(self, dtype: torch.dtype) -> None:
+        """After `fuse`: hold the q/k/v and output projections in `dtype` (the checkpoint's; `linear` / `addmm` then
+        compute natively from it), the q/k/v weights again views of the fused one."""
+        self.qkv_weight = self.qkv_weight.to(dtype)
+        start = 0
+        for p in (self.q_proj, self.k_proj, self.v_proj):
+            n = p.weight.shape[0]
+            p.weight = nn.Parameter(self.qkv_weight[start:start + n], requires_grad=False)
+            start += n
+        self.o_proj.weight = nn.Parameter(self.o_proj.weight.to(dtype), requires_grad=False)
+        self.o_weight_t = None if self.o_weight_t is None else self.o_proj.weight.t()
+
     def _fused(self):
         """(q/k/v weight, bias, per-head q/k norm weight): made once by `fuse` after loading; a module used
         without it (a head being trained) concatenates its projections per call."""
@@ -275,6 +287,26 @@ class Transformer(nn.Module):
             if isinstance(m, RMSNorm):
                 m.fuse()
         return self
+
+    def keep_stored(self, dtype: torch.dtype) -> "Transformer":
+        """After `fuse`: the attention (q/k/v, output), dense-MLP and shared-expert projections and the untied LM head
+        held in `dtype`, the checkpoint's own (bf16 / fp16), while activations, norms, routers and the embedding stay
+        in the compute dtype: `layers.linear` computes such a weight on the native kernels, reading half the bytes of
+        an fp32 copy. The loader calls it where those kernels run (`models.loader.stored_dtype`)."""
+        for layer in self.layers:
+            if isinstance(layer.attn, Attention):
+                layer.attn.keep_stored(dtype)
+        for m in self.modules():
+            if isinstance(m, DenseMLP):
+                m.keep_stored(dtype)
+        if not self.cfg.tie_word_embeddings:
+            self.lm_head.weight = nn.Parameter(self.lm_head.weight.to(dtype), requires_grad=False)
+        return self
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype activations and the KV cache are in (the embedding's; projections may be held in another)."""
+        return self.embed.weight.dtype
 
     def set_deterministic(self, on: bool) -> "Transformer":
         """`deterministic`: fp32 GEMMs (and routed-expert groups) of fewer than `rowclasses.deterministic_rows()` rows

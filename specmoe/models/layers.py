@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specmoe import kernels as native
 from specmoe.models.orientation import use_weight_major, weight_major
 
 # D=hidden, N=rows (tokens)
@@ -48,6 +49,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows
     """F.linear, with an input of fewer than `min_rows` rows padded with zero rows first: each row goes through the
     kernel that many rows get, so its result does not depend on how many rows came with it. A model that is not
     deterministic (`rows` 1) computes 2 rows or more weight-major where this CPU is faster so (`orientation`)."""
+    if w.dtype != x.dtype:  # a weight kept in its stored dtype (`keep_stored`): the native kernels compute from it
+        return native.linear(x, w, b, invariant=rows > 1)
     n = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
     if rows == 1 and n >= 2 and use_weight_major(x, w.numel()):
         y = weight_major(x.reshape(n, x.shape[-1]), w, b)
@@ -61,6 +64,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows
 
 def addmm(acc: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, rows: int = 1) -> torch.Tensor:
     """acc + x @ w_t (one addmm), padded like `linear` (or weight-major like it): acc [N, O], x [N, I], w_t [I, O]."""
+    if w_t.dtype != x.dtype:  # stored dtype: native
+        return acc + native.linear(x, w_t.t(), None, invariant=rows > 1)
     n = x.shape[0]
     if rows == 1 and n >= 2 and use_weight_major(x, w_t.numel()):
         return torch.addmm(acc.t(), w_t.t(), x.t()).t().contiguous()
@@ -123,6 +128,11 @@ class DenseMLP(nn.Module):
         self.gate_proj = nn.Linear(dim, inter, bias=False)
         self.up_proj = nn.Linear(dim, inter, bias=False)
         self.down_proj = nn.Linear(inter, dim, bias=False)
+
+    def keep_stored(self, dtype: torch.dtype) -> None:
+        """Hold the projections in `dtype` (the checkpoint's; `linear` then computes natively from it)."""
+        for p in (self.gate_proj, self.up_proj, self.down_proj):
+            p.weight = nn.Parameter(p.weight.to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         r = self.rows

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from specmoe import kernels as native
 from specmoe.models import orientation
 from specmoe.models.decoder import Transformer
 from specmoe.models.rowclasses import deterministic_rows
@@ -33,4 +34,20 @@ def load_model(ckpt: Checkpoint, *, dtype: torch.dtype, device: torch.device | s
         # machine, ~2 s, then cached), not inside the first forward
         deterministic_rows()
     orientation.prepare(dtype, device)  # which way round this CPU computes a few rows' projections (cached)
-    return model.fuse().eval()
+    model = model.fuse().eval()
+    stored = stored_dtype(ckpt.storage_dtype, dtype, torch.device(device))
+    q = cfg.quantization
+    if stored is not None and isinstance(model, Transformer) and (q is None or q.method != "fp8"):
+        # (FP8 weights are dequantised at load: their values are not the storage dtype's)
+        model.keep_stored(stored)
+    return model
+
+
+def stored_dtype(storage: torch.dtype, compute: torch.dtype, device: torch.device) -> torch.dtype | None:
+    """The dtype a model computing in `compute` keeps its projections in: the checkpoint's `storage` dtype (bf16 /
+    fp16) where it differs from fp32 compute on a CPU with the native kernels (no fp32 copy: half the bytes read per
+    token); None (the compute dtype) elsewhere."""
+    if device.type == "cpu" and compute == torch.float32 and storage in (torch.bfloat16, torch.float16) \
+            and native.available():
+        return storage
+    return None

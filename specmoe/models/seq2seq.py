@@ -184,6 +184,11 @@ class Seq2SeqModel(nn.Module):
         set_min_rows(self, deterministic_rows() if on else 1)
         return self
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype activations and the KV cache are in."""
+        return self.embed.weight.dtype
+
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 

@@ -110,6 +110,10 @@ class _StatsCollector:
         tps = s.get("tokens_per_step", 1.0 if s["decode_steps"] else 0.0)
         yield gauge("specmoe_tokens_per_step", "tokens emitted per sequence per decode step (SpecMoE: accepted "
                     "drafts + 1; AR: 1)", tps)
+        path = GaugeMetricFamily("specmoe_kernel_path", "the matmul path that computes (1 on the one in use)",
+                                 labels=["path"])
+        path.add_metric([s.get("kernels", "torch")], 1.0)
+        yield path
         if "plain_step_share" in s:
             yield gauge("specmoe_plain_step_share", "share of decode steps in which no sequence drafted (auto's plain "
                         "steps)", s["plain_step_share"])

@@ -82,7 +82,7 @@ def test_routed_experts_weight_major_equal(forced, bias):
     torch.testing.assert_close(got[:6], ref[:6], rtol=1e-5, atol=1e-4)
 
 
-def test_model_decodes_the_same_weight_major(forced):
+def test_model_decodes_the_same_weight_major(forced, torch_path):
     from specmoe import LLM, SamplingParams
     llm = LLM(dtype="float32", max_batch=3)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -147,7 +147,7 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_ex
     from specmoe.models.kv_cache import KVCache
     from specmoe.models.moe import ForwardContext
     cfg = model.cfg
-    dtype = model.head_weight().dtype
+    dtype = model.compute_dtype
     heads, kdim, vdim = cfg.kv_cache_dims
     cache = KVCache(num_layers=cfg.num_layers, max_batch=max(rows), max_seq=16, num_kv_heads=heads, head_dim=kdim,
                     v_head_dim=vdim, dtype=dtype, device=device)
@@ -232,7 +232,7 @@ def measure_reads(store, cfg) -> tuple[float, float]:
 
 def calibrate(model, store, device, *, tier: str, draft_experts: int = 4) -> Coefficients:
     cfg = model.cfg
-    dtype = model.head_weight().dtype
+    dtype = model.compute_dtype
     e0, e1 = measure_expert(cfg, dtype, device)
     buf = (torch.randn(cfg.expert_numel, generator=torch.Generator().manual_seed(1)) * 0.02).to(device=device,
                                                                                               dtype=dtype)
