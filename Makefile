@@ -11,8 +11,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
+MUTATE_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench mutate clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,11 @@ test: setup
 bench: setup
 	$(BIN)/specmoe bench --headline --out benchmarks/results
 	$(BIN)/python -m specmoe.bench.report
+
+# the mutation check (docs/mutation.md): each planted bug of specmoe/dev/mutants.py in a temporary copy of the tree,
+# only the tests that cover it run; the working tree is never modified. `make mutate MUTATE_ARGS="--only NAME"`
+mutate: setup
+	$(BIN)/python -m specmoe.dev.mutate $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

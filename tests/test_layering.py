@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("specmoe.integrations",),  # Ray Data / Ray Serve over the serve app; `specmoe batch`'s run
     ("specmoe.cli",),
     ("specmoe.__main__",),
+    ("specmoe.dev",),  # developer tools (the mutation check): nothing imports them
 ]
 
 

@@ -247,3 +247,15 @@ def test_the_draft_routing_fraction_follows_the_observed_union():
     cm.routing.last = (float(B + drafted + 3), u_obs / 2, p)  # padding rows routed: not folded
     cm.fold_union(B, drafted)
     assert cm.rho == pytest.approx(0.3, abs=0.02)
+
+
+def test_acceptance_per_position_is_the_running_minimum_of_the_estimates():
+    """P_j is a chain's: draft j is accepted only if every draft before it was, so P_j never rises with j even
+    when the rows that drafted deep happened to accept more than the rows that drafted one token. Worked out:
+    10 rows drafted 1 token and lost it, 5 rows drafted 4 and kept them all (prior 0.6, weight 2)."""
+    from specmoe.decoding.control.learning import Acceptance
+    a = Acceptance(4, prior=0.6, prior_weight=2.0, decay=0.0)
+    a.record(list(range(15)), [1] * 10 + [4] * 5, [0] * 10 + [4] * 5, [[0.5]] * 10 + [[0.5] * 4] * 5)
+    raw = [(5 + 2 * 0.6 ** (j + 1)) / ((15 if j == 0 else 5) + 2) for j in range(4)]  # (accepted + w·prior^j) / (n + w)
+    assert raw[1] > raw[0]  # the raw estimates rise
+    assert a.position().tolist() == pytest.approx([raw[0]] * 4)

@@ -186,6 +186,29 @@ def test_gamma_never_runs_past_max_tokens_or_context(tiny_ckpt):
         assert got == ref
 
 
+def test_a_step_never_emits_more_than_a_sequence_may(tiny_ckpt, monkeypatch):
+    """The draft leaves room for the bonus token: with the draft equal to the target (every expert a draft
+    expert, so every draft is accepted) a step emits at most what each sequence may still emit (max_tokens, the
+    context), and some steps use all of it; nothing is cut after the fact."""
+    from specmoe.decoding.strategies.speculative import SpeculativeDecoder
+    real, seen = SpeculativeDecoder.step, []
+
+    def step(self, seqs):
+        room = {s.seq_id: min(s.params.max_tokens - len(s.output_ids), self.max_model_len - s.num_tokens)
+                for s in seqs}
+        out = real(self, seqs)
+        seen.extend((len(toks), room[i]) for i, toks in out.items())
+        return out
+    monkeypatch.setattr(SpeculativeDecoder, "step", step)
+    path = tiny_ckpt("mixtral")
+    for kw, max_tokens in ((dict(), 5), (dict(max_model_len=10), 9)):  # max_tokens, then the context binds
+        seen.clear()
+        LLM(path, decoding="specmoe", num_draft_tokens=6, draft_experts=8, **kw).generate(
+            prompts(3, 11, max_len=5), SamplingParams(max_tokens=max_tokens))
+        assert all(n <= r for n, r in seen), seen
+        assert any(n == r > 1 for n, r in seen), seen
+
+
 @pytest.mark.parametrize("policy", ["ondemand", "lru"])
 def test_offloaded_cache_draft_moves_zero_bytes(tiny_ckpt, policy):
     """With the real expert cache (host tier): lossless, and bytes_moved never changes during a draft phase."""

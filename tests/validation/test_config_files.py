@@ -132,3 +132,27 @@ def test_missing_num_key_value_heads_means_one_per_attention_head(tiny_ckpt, tmp
     ps = [[1, 2, 3, 4], [5, 6]]
     want = [o.token_ids for o in LLM(src, dtype="float32").generate(ps)]
     assert [o.token_ids for o in LLM(dst, dtype="float32").generate(ps)] == want
+
+
+@pytest.mark.parametrize("step,mlp_only,moe", [(1, [], (0, 1, 2)), (2, [], (1,)), (3, [], (2,)), (1, [0, 2], (1,))])
+def test_sparse_step_picks_the_moe_layers(ckpt, step, mlp_only, moe):
+    """Qwen's rule: layer i is MoE iff (i + 1) is a multiple of decoder_sparse_step and i is not in
+    mlp_only_layers (3 layers here)."""
+    write(ckpt / "config.json", setk(decoder_sparse_step=step, mlp_only_layers=mlp_only))
+    assert load_config(ckpt).moe_layers == moe
+
+
+def test_qwen2_moe_without_qkv_bias_has_the_biases(tiny_ckpt, tmp_path):
+    """Qwen1.5-MoE's config.json has no qkv_bias key, and its q/k/v projections are biased: a qwen2_moe config
+    without the key reads qkv_bias = true, and the checkpoint loads and decodes as with the key."""
+    import shutil
+    from tests.validation.conftest import NO_REPACK
+    src = tiny_ckpt("qwen2_moe")
+    assert json.loads((src / "config.json").read_text())["qkv_bias"] is True
+    dst = tmp_path / "qwen15"
+    shutil.copytree(src, dst, ignore=NO_REPACK)
+    write(dst / "config.json", delk("qkv_bias"))
+    assert load_config(dst).qkv_bias is True
+    ps = [[1, 2, 3, 4], [5, 6]]
+    want = [o.token_ids for o in LLM(src, dtype="float32").generate(ps)]
+    assert [o.token_ids for o in LLM(dst, dtype="float32").generate(ps)] == want
