@@ -16,8 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-# what the kit needs (benchmarks/gpu/run.sh), plus pytest for its test step
-ALLOWED = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "tqdm", "matplotlib", "pytest")
+# what the kit needs (benchmarks/gpu/run.sh; xxhash and ninja are in the device image too), plus pytest for
+# its test step
+ALLOWED = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "tqdm", "matplotlib", "pytest", "xxhash",
+           "ninja")
 # extras a bare device machine may lack: none of them may be importable in the bare venv
 ABSENT = ("httpx", "fastapi", "uvicorn", "ray", "openai", "starlette", "prometheus_client", "accelerate")
 

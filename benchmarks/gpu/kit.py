@@ -22,7 +22,7 @@ Steps (each writes into OUT_DIR as it finishes, so a lease that ends early still
 Every step runs whatever became of the others: a step that fails or raises is recorded as such and the next
 one runs. The exit status is 0 when every step passed and 1 otherwise (stderr and summary.md name the steps).
 
-Needs only what a CUDA machine image has (torch, transformers, safetensors, tokenizers, numpy, tqdm,
+Needs only what a CUDA machine image has (torch, transformers, safetensors, tokenizers, numpy, tqdm, xxhash,
 matplotlib, and pytest for step 2); no pip, no downloads, none of the serve or ray extras; run from the
 repository root with PYTHONPATH=. (run.sh does). benchmarks/gpu/bare_venv.py makes such an environment here.
 """

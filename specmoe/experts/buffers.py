@@ -82,6 +82,14 @@ def expert_views(packed: torch.Tensor, cfg) -> tuple:
     return gate_up, down, packed[:, w: w + g], packed[:, w + g: w + g + D]
 
 
+def slot_views(fmt, rows: torch.Tensor, nbytes: int, dtype: torch.dtype, cfg) -> tuple:
+    """Slots (uint8 rows [S, row bytes]) as the MoE block reads them: a quantized format's stored bytes
+    (`dtype` STORED: `fmt.stored_views`, with their scales) or experts in a float dtype (`expert_views`)."""
+    if dtype == torch.uint8:
+        return fmt.stored_views(rows)
+    return expert_views(typed_rows(rows, nbytes, dtype), cfg)
+
+
 def typed_rows(rows: torch.Tensor, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
     """uint8 rows [S, row bytes] → their first `nbytes` as `dtype` [S, nbytes / element size] (a view)."""
     return rows[:, :nbytes].view(dtype)

@@ -27,7 +27,7 @@ import torch
 from specmoe.config import ModelConfig
 from specmoe.errors import InputError
 from specmoe.experts.budget import SCRATCH_BUFFERS
-from specmoe.experts.buffers import Spill, alloc_rows, expert_views, typed_rows
+from specmoe.experts.buffers import Spill, alloc_rows, slot_views
 from specmoe.experts.loader import ExpertLoader
 from specmoe.experts.oracle import OracleTrace
 from specmoe.experts.policies import POLICIES, LayerSlots, make_policy
@@ -85,7 +85,7 @@ class ExpertCache(ExpertStore):
         self.layers: dict[int, LayerSlots] = {}
         for layer in self.moe_layers:
             rows = self._alloc(slots)
-            views = expert_views(typed_rows(rows, self.expert_bytes, self.dtype), cfg)
+            views = slot_views(tier.fmt, rows, self.expert_bytes, self.dtype, cfg)
             self.layers[layer] = LayerSlots(rows, cfg.num_experts, views)
         self._scratch: list[torch.Tensor] = list(self._alloc(n_scratch)) if n_scratch else []  # free spare rows
         self.scratch_buffers = n_scratch
@@ -118,9 +118,6 @@ class ExpertCache(ExpertStore):
     # ------------------------------------------------------------------ buffers
     def _alloc(self, n: int) -> torch.Tensor:
         return alloc_rows(n, self.slot_bytes, self.device)
-
-    def _typed(self, row: torch.Tensor) -> torch.Tensor:
-        return row[: self.expert_bytes].view(self.dtype)  # [3·I·D]
 
     # ------------------------------------------------------------------ transfers
     def _submit(self, layer: int, e: int, dst: torch.Tensor, *, scratch: bool = False, after=None) -> Future:
@@ -334,7 +331,8 @@ class ExpertCache(ExpertStore):
         """A scratch row holding expert e as a one-slot group."""
         m = torch.ones(self.cfg.num_experts + 1, dtype=torch.long)
         m[e] = 0
-        return SlotGroup.over(expert_views(self._typed(row)[None], self.cfg), m.to(self.device), False, counts[e])
+        return SlotGroup.over(slot_views(self.tier.fmt, row[None], self.expert_bytes, self.dtype, self.cfg),
+                              m.to(self.device), False, counts[e])
 
     def fetch(self, layer: int, routing: Routing):
         """Yield slot groups covering routing.needed: the resident experts first (computed while the misses

@@ -8,7 +8,7 @@ import torch
 from specmoe import kernels as native
 from specmoe.options import OffloadConfig
 from specmoe.errors import InputError
-from specmoe.experts.formats import ExpertShape, Plain, make_format
+from specmoe.experts.formats import STORED, ExpertShape, Plain, make_format
 from specmoe.experts.budget import SCRATCH_BUFFERS, plan_offload, plan_resident
 from specmoe.memory import check_budget_value, round_up
 from specmoe.experts.resident import ResidentExperts
@@ -27,8 +27,8 @@ def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, dev
     check_budget_value("cache_bytes", cfg.cache_bytes, device)
     mc = ckpt.config
     fmt = make_format(cfg.expert_format, ExpertShape.of(mc), ckpt.storage_dtype)
-    dtype = slot_dtype(fmt, dtype, device)
-    expert_bytes = mc.expert_numel * torch.empty((), dtype=dtype).element_size()
+    compute, dtype = dtype, slot_dtype(fmt, dtype, device)
+    expert_bytes = fmt.slot_bytes(dtype)
     if cfg.offload == "none":
         plan = plan_resident(mc, expert_bytes=expert_bytes, draft_experts=draft_experts,
                              memory_budget=cfg.memory_budget)
@@ -36,8 +36,8 @@ def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, dev
         if fmt.quantized:  # the resident experts are the quantized model's, decoded as a tier would
             from specmoe.experts.repack import open_repack
             rp = open_repack(ckpt, fmt, cfg.repack_dir, progress=progress)
-            reader = lambda layer, e, out: fmt.decode(rp.read(layer, e).to(out.device), out)  # noqa: E731
-        return ResidentExperts(ckpt, dtype, device, progress=progress, reader=reader), plan
+            reader = lambda layer, e, out: fmt.load(rp.read(layer, e).to(out.device), out)  # noqa: E731
+        return ResidentExperts(ckpt, dtype, device, progress=progress, reader=reader, fmt=fmt), plan
     from specmoe.experts.cache import ExpertCache
     from specmoe.experts.tiers import DiskTier, EmulatedLink, HostTier
     # CUDA disk reads land straight in pinned staging rows; CPU ones go through the tier's staging row (tiers.py)
@@ -80,13 +80,16 @@ def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, dev
     if model is not None:
         cache.attach_model(model)
     if cfg.cache_policy == "static":
-        cache.set_static(static_hot_set(ckpt, cfg, cache, model, dtype=dtype, device=device))
+        cache.set_static(static_hot_set(ckpt, cfg, cache, model, dtype=compute, device=device))
     return cache, plan
 
 
 def slot_dtype(fmt, compute: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype expert slots hold: the stored one (bf16 / fp16 experts stay bf16 / fp16 everywhere, no compute-dtype
-    copy, budgets count stored bytes) where the native CPU kernels compute from it; else the compute dtype."""
+    """The dtype expert slots hold: the stored one where the native CPU kernels compute from it (bf16 / fp16 experts
+    stay bf16 / fp16 everywhere; int8 / int4 slots hold the format's own bytes, `STORED`: no compute-dtype copy,
+    budgets count stored bytes); else the compute dtype (decoded on arrival)."""
+    if device.type == "cpu" and fmt.native_stored and native.available():
+        return STORED
     if isinstance(fmt, Plain) and fmt.dtype in (torch.bfloat16, torch.float16) and fmt.dtype != compute \
             and device.type == "cpu" and native.available():
         return fmt.dtype

@@ -43,6 +43,7 @@ FORMATS = ("checkpoint", "int8", "int4", "int4-g32", "int4-g64", "mxfp4", "fp8-b
 QUANTIZED = ("int8", "int4-g32", "int4-g64")  # made by specmoe from floating-point weights, kept in the repack
 NATIVE = {"mxfp4": "mxfp4", "fp8": "fp8-block"}  # quantization method of a checkpoint -> its experts' format
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+STORED = torch.uint8  # the slot "dtype" of slots that hold a quantized format's own bytes (native kernels)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,29 @@ class ExpertFormat(ABC):
         """The stored bytes are the compute-dtype expert itself (a read can land straight in a slot)."""
         return False
 
+    def slot_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of one expert in a slot of `dtype`: the stored bytes for `STORED` (slots that keep the format's
+        bytes, computed from by the native kernels), else the expert in that float dtype."""
+        return self.stored_bytes if dtype == STORED else self.shape.numel * torch.empty((), dtype=dtype).element_size()
+
+    def load(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        """Fill a slot: `out` of dtype `STORED` gets the stored bytes as they are, else `decode`."""
+        if out.dtype == STORED:
+            out[: self.stored_bytes].copy_(src[: self.stored_bytes])
+        else:
+            self.decode(src, out)
+
+    @property
+    def native_stored(self) -> bool:
+        """The native kernels compute from this format's stored bytes (`stored_views`)."""
+        return False
+
+    def stored_views(self, rows: torch.Tensor) -> tuple | None:
+        """Views of slots holding the stored bytes (rows uint8 [S, ≥ stored_bytes], any row stride aligned to 64 bytes)
+        as the native kernels take them: (gate_up, down, gate_up bias, down bias, gate_up scale, down scale, group);
+        None where this format is not computed from its stored bytes."""
+        return None
+
     def _parts(self, flat: torch.Tensor):
         """Views of the three matrices of a flat packed expert."""
         off = 0
@@ -201,6 +225,23 @@ class Int8(ExpertFormat):
             qoff, soff = qoff + r * c, soff + r
         return out
 
+    def identity(self, dtype: torch.dtype) -> bool:
+        return dtype == STORED
+
+    native_stored = True
+
+    def stored_views(self, rows: torch.Tensor) -> tuple:
+        sh = self.shape
+        g, D, I = sh.mats[0][0] * (2 if sh.gated else 1), sh.hidden, sh.inter
+        q = rows[:, : sh.weights].view(torch.int8)
+        s = rows[:, self.q_bytes:self.bias_at].view(torch.float32)
+        gub = db = None
+        if sh.bias:
+            b = rows[:, self.bias_at:self.bias_at + 4 * sh.bias_numel].view(torch.float32)
+            gub, db = b[:, :g], b[:, g:g + D]
+        return (q[:, : g * D].unflatten(1, (g, D)), q[:, g * D:].unflatten(1, (D, I)), gub, db, s[:, :g],
+                s[:, g:g + D], 32)
+
     def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
         q = src[: self.shape.weights].view(torch.int8)
         s = src[self.q_bytes:self.bias_at].view(torch.float32)
@@ -258,6 +299,29 @@ class Int4(ExpertFormat):
         out[self.q_bytes:self.q_bytes + 2 * self.n_groups].view(torch.float16).copy_(scale.half())
         _encode_bias(self.shape, w, out[self.bias_at:])
         return out
+
+    def identity(self, dtype: torch.dtype) -> bool:
+        return dtype == STORED
+
+    @property
+    def native_stored(self) -> bool:
+        """Every row of every matrix is whole groups (the native kernels' int4 layout)."""
+        return all(c % self.group == 0 for _, c in self.shape.mats)
+
+    def stored_views(self, rows: torch.Tensor) -> tuple | None:
+        if not self.native_stored:
+            return None
+        sh, G = self.shape, self.group
+        g, D, I = sh.mats[0][0] * (2 if sh.gated else 1), sh.hidden, sh.inter
+        s = rows[:, self.q_bytes:self.q_bytes + 2 * self.n_groups].view(torch.float16)
+        gub = db = None
+        if sh.bias:
+            b = rows[:, self.bias_at:self.bias_at + 4 * sh.bias_numel].view(torch.float32)
+            gub, db = b[:, :g], b[:, g:g + D]
+        nb = g * D // 2
+        return (rows[:, :nb].unflatten(1, (g, D // 2)), rows[:, nb:nb + D * I // 2].unflatten(1, (D, I // 2)), gub, db,
+                s[:, : g * D // G].unflatten(1, (g, D // G)), s[:, g * D // G: g * D // G + D * I // G].unflatten(
+                    1, (D, I // G)), G)
 
     def decode(self, src: torch.Tensor, out: torch.Tensor) -> None:
         G = self.group

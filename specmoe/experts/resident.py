@@ -6,6 +6,7 @@ from tqdm import tqdm
 
 from specmoe.errors import InputError
 from specmoe.experts.buffers import expert_views
+from specmoe.experts.formats import STORED
 from specmoe.memory import round_up
 from specmoe.experts.store import ExpertStore
 from specmoe.models.moe import Routing, SlotGroup
@@ -17,9 +18,10 @@ class ResidentExperts(ExpertStore):
     holds_all = True
 
     def __init__(self, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 progress: bool = False, reader=None):
-        """`reader(layer, e, out)` fills one expert's row (quantized formats decode their stored bytes);
-        default: the checkpoint's weights in `dtype`."""
+                 progress: bool = False, reader=None, fmt=None):
+        """`reader(layer, e, out)` fills one expert's row (quantized formats decode their stored bytes, or keep them
+        as they are in a `STORED` row); default: the checkpoint's weights in `dtype`. `fmt`: the format whose stored
+        bytes `STORED` (uint8) rows hold."""
         cfg = ckpt.config
         self.moe_layers = tuple(cfg.moe_layers)
         self.num_experts = cfg.num_experts
@@ -29,8 +31,9 @@ class ResidentExperts(ExpertStore):
         for layer in cfg.moe_layers:
             # rows 64-byte aligned, like the cache's slots (the grouped matmul wants 16-byte strides)
             es = torch.empty(0, dtype=dtype).element_size()
-            stride = round_up(cfg.expert_numel * es, 64) // es
-            buf = torch.empty(cfg.num_experts, stride, dtype=dtype, device=device)[:, : cfg.expert_numel]
+            numel = fmt.stored_bytes if dtype == STORED else cfg.expert_numel
+            stride = round_up(numel * es, 64) // es
+            buf = torch.empty(cfg.num_experts, stride, dtype=dtype, device=device)[:, :numel]
             for e in range(cfg.num_experts):
                 if reader is not None:
                     reader(layer, e, buf[e])
@@ -40,7 +43,8 @@ class ResidentExperts(ExpertStore):
             self.layers[layer] = buf
         bar.close()
         self.nbytes = sum(t.numel() * t.element_size() for t in self.layers.values())
-        self._views = {layer: expert_views(buf, cfg) for layer, buf in self.layers.items()}
+        self._views = {layer: fmt.stored_views(buf) if dtype == STORED else expert_views(buf, cfg)
+                       for layer, buf in self.layers.items()}
         self._identity = torch.arange(cfg.num_experts + 1, device=device)  # slot e = expert e; E (padding) -> S
         self._groups = {layer: SlotGroup.over(views, self._identity, identity=True) for layer, views in self._views.items()}
         self.forward_observers: list = []  # counts accumulate on the device in fetch: no host read per layer

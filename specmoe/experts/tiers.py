@@ -143,7 +143,7 @@ class HostTier(Tier):
         self.dtype, self.link = dtype, link
         self.fmt = fmt if fmt is not None else Plain(ExpertShape.of(cfg), dtype)
         self.numel = cfg.expert_numel
-        self.expert_bytes = self.numel * torch.empty((), dtype=dtype).element_size()
+        self.expert_bytes = self.fmt.slot_bytes(dtype)
         read = reader or (lambda layer, e: torch.from_numpy(expert_bytes_of(ckpt, layer, e, self.fmt)))
         total = self.stored_bytes * cfg.num_experts * len(cfg.moe_layers)
         check_fits("the host expert tier (all experts in host RAM)", total, torch.device("cpu"), budget=budget)
@@ -169,10 +169,10 @@ class HostTier(Tier):
         out = dst[: self.expert_bytes].view(self.dtype)
         if self.link is not None:
             with self.link.lock:
-                self.fmt.decode(self.layers[layer][e], out)
+                self.fmt.load(self.layers[layer][e], out)
                 self.link.hold(self.stored_bytes, t0)
         else:
-            self.fmt.decode(self.layers[layer][e], out)
+            self.fmt.load(self.layers[layer][e], out)
 
     def close(self) -> None:
         self.layers = {}  # the (pinned) host copies go now, not when the engine is collected
@@ -192,7 +192,7 @@ class DiskTier(Tier):
         self.dtype = dtype if dtype is not None else rp.fmt.dtype
         self.direct = direct and self.fmt.identity(self.dtype)
         self.numel = rp.expert_numel
-        self.expert_bytes = self.numel * torch.empty((), dtype=self.dtype).element_size()
+        self.expert_bytes = self.fmt.slot_bytes(self.dtype)
         self.nbytes = 0
         self.direct_io = False
         self.fd = -1
@@ -290,7 +290,7 @@ class DiskTier(Tier):
 
     def _finish(self, layer: int, e: int, land: torch.Tensor, dst: torch.Tensor) -> None:
         self._check(layer, e, land)
-        self.fmt.decode(land, dst[: self.expert_bytes].view(self.dtype))
+        self.fmt.load(land, dst[: self.expert_bytes].view(self.dtype))
 
     def _read(self, layer: int, e: int, land: torch.Tensor) -> None:
         rp = self.rp

@@ -13,6 +13,7 @@ copying the model.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Protocol
@@ -46,6 +47,12 @@ class SlotGroup:
     gate_up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
     identity: bool = False  # slot_of[e] == e for every expert and S == E (a resident store): no lookup needed
+    # slots holding a quantized format's stored bytes (native kernels only): gate_up / down int8 [S, G, D] / [S, D, I]
+    # with one fp32 scale per row ([S, G] / [S, D]), or int4 nibbles [S, G, D/2] / [S, D, I/2] with fp16 scales per
+    # `group` weights ([S, G, D/group] / [S, D, I/group]); None: float slots
+    gate_up_scale: torch.Tensor | None = None
+    down_scale: torch.Tensor | None = None
+    group: int = 32
     # the grouped matmul's operands: gate_up / down transposed ([S, D, 2I], [S, I, D]); views, made once per group
     w_in: torch.Tensor = field(init=False, repr=False)
     w_out: torch.Tensor = field(init=False, repr=False)
@@ -61,9 +68,10 @@ class SlotGroup:
     @staticmethod
     def over(slots: tuple, slot_of: torch.Tensor, complete: bool = True, rows: int | None = None,
              identity: bool = False) -> "SlotGroup":
-        """A group over a store's `slot_tensors` (gate_up, down, gate_up bias or None, down bias or None)."""
-        gate_up, down, gate_up_bias, down_bias = slots
-        return SlotGroup(gate_up, down, slot_of, complete, rows, gate_up_bias, down_bias, identity)
+        """A group over a store's `slot_tensors` (gate_up, down, gate_up bias or None, down bias or None[, gate_up
+        scale, down scale, group]: stored quantized slots)."""
+        gate_up, down, gate_up_bias, down_bias, *q = slots
+        return SlotGroup(gate_up, down, slot_of, complete, rows, gate_up_bias, down_bias, identity, *q)
 
 
 class Routing:
@@ -272,6 +280,12 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     others share its expert."""
     if x.device.type == "cpu" and native.available():
         return native_experts(x, routing, groups, math, invariant=rows > 1)
+    groups = iter(groups)
+    first = next(groups, None)
+    if first is not None and first.gate_up_scale is not None:
+        raise RuntimeError("these expert slots hold quantized stored bytes, which only the native CPU kernels compute "
+                           "from; the native path is off (build the LLM with it off to decode them on arrival)")
+    groups = itertools.chain(() if first is None else (first,), groups)
     N, K = routing.ids.shape
     flat = routing.ids.view(-1)  # [N·K]
     y = None  # [N·K, D] per assignment, in routing order
@@ -324,7 +338,8 @@ def native_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
             continue
         native.moe(x, flat if g.identity else g.slot_of[flat], g.gate_up, g.down, y, k=K, act=math.act,
                    limit=math.limit, alpha=math.alpha, gate_up_bias=g.gate_up_bias, down_bias=g.down_bias,
-                   row_scale=scale, invariant=invariant)
+                   gate_up_scale=g.gate_up_scale, down_scale=g.down_scale, group=g.group, row_scale=scale,
+                   invariant=invariant)
     y = y.view(N, K, -1)
     out = y.sum(1) if math.scale_input else (y * routing.weights.unsqueeze(-1)).sum(1)
     return out if out.dtype == x.dtype else out.to(x.dtype)

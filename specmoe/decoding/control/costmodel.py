@@ -41,7 +41,7 @@ from specmoe.decoding.control.refinement import Refinement, bucket
 from specmoe.decoding.control.routing import RoutingStats
 from specmoe.decoding.runtime.breakdown import now
 
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5  # 5: experts in their stored dtype on the native kernels
 LOOKUP_DRAFTERS = ("ngram",)
 LOOKUP_ROW_S = 2e-5  # host seconds per row of a lookup proposal (prior; refined online)
 EAGLE_LAYERS = 1.5   # an EAGLE head's forward as this many of the draft's layers (prior; refined online)
@@ -187,20 +187,24 @@ def measure_forwards(model, device, buf: torch.Tensor, rows=(1, 8, 64), draft_ex
 
 
 @torch.inference_mode()
-def measure_expert(cfg, dtype, device, rows=(1, 4, 16, 64)) -> tuple[float, float]:
-    """(fixed, per row) seconds of one expert FFN at the model's shapes."""
-    from specmoe.experts.buffers import expert_views
-    from specmoe.models.moe import ExpertMath, swiglu
+def measure_expert(cfg, dtype, device, rows=(1, 4, 16, 64), slot_dtype: torch.dtype | None = None
+                   ) -> tuple[float, float]:
+    """(fixed, per row) seconds of one expert FFN at the model's shapes: n rows routed to one slot holding it in
+    `slot_dtype` (the store's; default `dtype`), through the MoE block's own routed-expert path."""
+    from specmoe.models.moe import ExpertMath, Routing, routed_experts
     D = cfg.hidden_size
     g = torch.Generator(device="cpu").manual_seed(0)
-    buf = (torch.randn(1, cfg.expert_numel, generator=g) * 0.02).to(device=device, dtype=dtype)
-    gate_up, down, gub, db = expert_views(buf, cfg)
-    gub, db = (None if b is None else b[0] for b in (gub, db))
+    buf = (torch.randn(cfg.expert_numel, generator=g) * 0.02).to(device=device, dtype=slot_dtype or dtype)
+    E = cfg.num_experts
+    slot_of = torch.ones(E + 1, dtype=torch.long, device=device)
+    slot_of[0] = 0
+    group = _same_expert_slots(buf, cfg, 1, slot_of)
     math = ExpertMath.of(cfg)
     ts = []
     for n in rows:
         x = torch.randn(n, D, generator=g).to(device=device, dtype=dtype)
-        ts.append(_best(lambda: (swiglu(x, gate_up[0], down[0], gub, db, math), now(device))))
+        routing = Routing(torch.zeros(n, 1, dtype=torch.long, device=device), torch.ones(n, 1, device=device), E)
+        ts.append(_best(lambda: (routed_experts(x, routing, (group,), math), now(device))))
     return _fit(list(rows), ts)
 
 
@@ -233,9 +237,12 @@ def measure_reads(store, cfg) -> tuple[float, float]:
 def calibrate(model, store, device, *, tier: str, draft_experts: int = 4) -> Coefficients:
     cfg = model.cfg
     dtype = model.compute_dtype
-    e0, e1 = measure_expert(cfg, dtype, device)
+    slot_dtype = store.slot_tensors(cfg.moe_layers[0])[0].dtype  # experts as the store holds them
+    if not slot_dtype.is_floating_point:  # quantized stored slots: priced as the compute dtype (an approximation)
+        slot_dtype = dtype
+    e0, e1 = measure_expert(cfg, dtype, device, slot_dtype=slot_dtype)
     buf = (torch.randn(cfg.expert_numel, generator=torch.Generator().manual_seed(1)) * 0.02).to(device=device,
-                                                                                              dtype=dtype)
+                                                                                              dtype=slot_dtype)
     fw = measure_forwards(model, device, buf, draft_experts=draft_experts)
     ne0, ne1 = _fit(fw["rows"], fw["nonexpert"])
     d0, d1 = _fit(fw["rows"], fw["draft"])
@@ -243,7 +250,7 @@ def calibrate(model, store, device, *, tier: str, draft_experts: int = 4) -> Coe
     over = [(f - z - L * (u * e0 + n * cfg.top_k * e1)) / L
             for n, f, z, u in zip(fw["rows"], fw["full"], fw["nonexpert"], fw["unions"])]
     read, lat = measure_reads(store, cfg) if tier != "none" else (0.0, 0.0)
-    esize = torch.empty((), dtype=dtype).element_size()
+    esize = torch.empty((), dtype=slot_dtype).element_size()
     return Coefficients(ne_fixed=ne0, ne_per_token=ne1, layer_fixed=max(0.0, float(np.median(over))),
                         draft_fixed=d0, draft_per_token=d1, exp_fixed=e0,
                         exp_per_row=e1, read_s=read, read_latency_s=lat, expert_bytes=cfg.expert_numel * esize,

@@ -230,7 +230,8 @@ void moe(const at::Tensor& x_in, const at::Tensor& slot_t, const at::Tensor& gat
               "specmoe kernels: moe wants x [T, D] and a contiguous fp32 y [T*K, D]");
   at::Tensor x = x_in.to(at::kFloat).contiguous();
   at::Tensor slot = slot_t.to(at::kLong).contiguous();
-  const int64_t S = gate_up.size(0), G = gate_up.size(1), D = x.size(1), I = down.size(2);
+  const int64_t S = gate_up.size(0), G = gate_up.size(1), D = x.size(1);
+  const int64_t I = down.scalar_type() == at::kByte ? 2 * down.size(2) : down.size(2);  // int4: two per byte
   const int64_t A = slot.numel();
   TORCH_CHECK(y.size(0) == A && y.size(1) == D && down.size(1) == D, "specmoe kernels: moe shapes disagree");
   const int64_t* sl = slot.data_ptr<int64_t>();

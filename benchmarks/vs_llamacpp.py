@@ -1,0 +1,166 @@
+"""Resident decode against llama.cpp on the same checkpoint: specmoe (native CPU kernels, the weights in their stored
+bf16), specmoe on the torch path (the fp32 copies it computed on before the kernels) and llama.cpp (llama-cpp-python,
+the bf16 GGUF converted from the same checkpoint), same prompt token ids, greedy, same threads.
+
+    .venv/bin/python benchmarks/vs_llamacpp.py [--models demo,widened1024] [--tokens 64 --rounds 3 --threads 2]
+
+Decode tokens/s = (n − 1) / (wall of an n-token generate − wall of a 1-token one), so prefill is out of it, measured
+alike for every system. Each round runs every system once, in turn (interleaved), each system in this one process;
+the figures are medians over rounds. Also specmoe's batch-16 decode tokens/s ÷ its batch-1. Writes
+benchmarks/results/vs_llamacpp.json (+ png), its `ratios` keyed "<model> bf16 B1" (specmoe ÷ llama.cpp).
+Needs the [bench] extra (llama-cpp-python, gguf) and llama.cpp's converter (`pip download --no-binary :all:
+--no-deps llama-cpp-python -d <cache dir>`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from specmoe import LLM, SamplingParams, kernels  # noqa: E402
+from specmoe.bench.machine import machine_info, provenance  # noqa: E402
+from specmoe.bench.peers import _LlamaCpp, convert_gguf  # noqa: E402
+from specmoe.bench.plots import plot_or_skip  # noqa: E402
+from specmoe.bench.widen import widened_copy  # noqa: E402
+from specmoe.bundled import demo_model_dir  # noqa: E402
+
+SYSTEMS = ("specmoe", "specmoe torch path", "llama.cpp")
+TARGETS = {"demo": 0.5, "widened1024": 1.0, "widened4096": 1.0}  # specmoe ÷ llama.cpp at batch 1, bf16
+
+
+def model_path(name: str, cache: Path) -> Path:
+    if name == "demo":
+        return demo_model_dir()
+    hidden = int(name.removeprefix("widened"))
+    path, _ = widened_copy(demo_model_dir(), cache_dir=cache, hidden=hidden, check_dtypes=("bfloat16",))
+    return path
+
+
+def prompt_ids(llm: LLM, batch: int) -> list[list[int]]:
+    texts = ["The json module", "And God said,", "def fibonacci(n):", "In the beginning"]
+    return [llm.tokenizer.encode(texts[i % len(texts)]) for i in range(batch)]
+
+
+def decode_rate(gen, prompts: list[list[int]], n: int) -> float:
+    """Decode tokens/s of `gen(prompts, k)` (one call of n tokens minus one of 1 token)."""
+    t0 = time.perf_counter()
+    gen(prompts, 1)
+    t1 = time.perf_counter()
+    gen(prompts, n)
+    t2 = time.perf_counter()
+    return len(prompts) * (n - 1) / max(1e-9, (t2 - t1) - (t1 - t0))
+
+
+def specmoe_gen(llm: LLM, native_on: bool):
+    def gen(prompts, k):
+        kernels.set_enabled(native_on)
+        llm.generate(prompts, SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True))
+    return gen
+
+
+def run_model(name: str, args, cache: Path) -> dict:
+    path = model_path(name, cache)
+    gguf, ginfo = convert_gguf(path, cache, args.llama_cpp_src)
+    kernels.set_enabled(True)
+    fast = LLM(str(path), dtype="float32", max_batch=16, threads=args.threads)
+    kernels.set_enabled(False)
+    slow = LLM(str(path), dtype="float32", max_batch=1, threads=args.threads)
+    kernels.set_enabled(True)
+    p1 = prompt_ids(fast, 1)
+    n = args.tokens
+    llama = _LlamaCpp(gguf, n_ctx_seq=max(len(p) for p in p1) + n + 8, max_batch=1,
+                      max_prompt_tokens=sum(len(p) for p in p1), threads=args.threads)
+    gens = {"specmoe": specmoe_gen(fast, True), "specmoe torch path": specmoe_gen(slow, False),
+            "llama.cpp": lambda p, k: llama.generate(p, k)}
+    try:
+        for g in gens.values():  # warm-up
+            g(p1, 4)
+        rates: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+        p16 = prompt_ids(fast, 16)
+        b16: list[float] = []
+        for r in range(args.rounds):
+            for s in (SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]):  # order alternated
+                rates[s].append(decode_rate(gens[s], p1, n))
+            b16.append(decode_rate(gens["specmoe"], p16, n))
+            print(f"{name} round {r + 1}: " + ", ".join(f"{s} {v[-1]:.1f}" for s, v in rates.items())
+                  + f" tok/s; specmoe batch 16 {b16[-1]:.1f} tok/s", flush=True)
+        same = llama.generate(p1, 16)[1][0] == fast.generate(p1, SamplingParams(
+            max_tokens=16, temperature=0.0, ignore_eos=True))[0].token_ids
+    finally:
+        llama.close()
+    med = {s: statistics.median(v) for s, v in rates.items()}
+    cfg = fast.config
+    return {"model": name, "path": str(path), "hidden": cfg.hidden_size,
+            "expert_intermediate": cfg.expert_intermediate_size, "gguf": ginfo, "tokens": n,
+            "decode_tok_s": rates, "median_tok_s": med, "specmoe_b16_tok_s": b16,
+            "specmoe_b16_over_b1": statistics.median(b16) / med["specmoe"],
+            "same_first_16_tokens_as_llama_cpp": same,
+            "specmoe_over_llama_cpp": med["specmoe"] / med["llama.cpp"],
+            "specmoe_over_torch_path": med["specmoe"] / med["specmoe torch path"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="demo,widened1024")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "specmoe"))
+    ap.add_argument("--llama-cpp-src", default=None)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vs_llamacpp.json"))
+    args = ap.parse_args()
+    if not kernels.available():
+        print(f"the native kernels are not available here: {kernels.state()['reason']}")
+        return 1
+    torch.set_num_threads(args.threads)
+    cache = Path(args.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    runs = [run_model(m, args, cache) for m in args.models.split(",")]
+    import llama_cpp
+    ratios = {f"{r['model']} bf16 B1": r["specmoe_over_llama_cpp"] for r in runs}
+    targets = {k: {"value": v, "target": f">= {TARGETS[k.split()[0]]}", "met": v >= TARGETS[k.split()[0]]}
+               for k, v in ratios.items() if k.split()[0] in TARGETS}
+    res = {"command": "python " + " ".join(sys.argv), "commit": provenance()["git_commit"],
+           "provenance": provenance(), "machine": machine_info(), "kernel_path": kernels.path(),
+           "threads": args.threads, "rounds": args.rounds, "llama_cpp_python": llama_cpp.__version__,
+           "runs": runs, "ratios": ratios, "targets": targets}
+    for k, v in targets.items():
+        print(f"{'met  ' if v['met'] else 'UNMET'} {k}: specmoe / llama.cpp {v['value']:.2f} (target {v['target']})")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    png = out.with_suffix(".png")
+    png = None if plot_or_skip(plot, res, png) is False else png
+    print(f"wrote {out}{f' and {png}' if png else ''}")
+    return 0
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = res["runs"]
+    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(runs), 3.6))
+    w = 0.8 / len(SYSTEMS)
+    for i, s in enumerate(SYSTEMS):
+        ax.bar([j + i * w for j in range(len(runs))], [r["median_tok_s"][s] for r in runs], w, label=s)
+    ax.set_xticks([j + w for j in range(len(runs))], [f"{r['model']} (hidden {r['hidden']})" for r in runs])
+    ax.set_yscale("log")
+    ax.set_ylabel("decode tokens/s, batch 1 (median)")
+    ax.set_title(f"resident decode, {res['threads']} threads — {res['machine'].get('cpu_model')}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
