@@ -154,13 +154,15 @@ def bench_config(out: Path, device: torch.device, model: Path, tiny: bool, budge
     common = dict(model=str(model), out=str(out), preset="gpu-kit-tiny" if tiny else "gpu-kit", device=str(device),
                   tiers=("host",), systems=systems, link_gbps=None, link_latency_us=None, sweep_batch="best",
                   sweep_tier="host", policies=False, substitutions=False, peers=(), widened=False,
-                  time_budget_s=budget_s, peer_reserve_s=0.0, repeats=1, cache_dir=str(cache))
+                  time_budget_s=budget_s, peer_reserve_s=0.0, cache_dir=str(cache))
     if tiny:
         return BenchConfig(**common, dtype="float32", batch_sizes=(1, 2), max_tokens=3, prompt_tokens=12,
-                           gammas=(2,), draft_experts=(2,), threads=1, progress=False)
+                           gammas=(2,), draft_experts=(2,), threads=1, progress=False, repeats=1)
     # on CUDA, host-side timers around asynchronous kernels would mislabel the breakdown: not instrumented
-    return BenchConfig(**common, dtype="bfloat16", batch_sizes=(1, 16, 64, 256), max_tokens=16, prompt_tokens=32,
-                       gammas=(2, 4, 6, 8), draft_experts=(2, 4, 8, 16), threads=None,
+    # 32 tokens, 3 repeats up to batch 32 (one 16-token run at batch 1 was mostly the first kernels' start-up);
+    # draft experts up to the 8 slots per layer the cache fraction gives the widened model (16 cannot be pinned)
+    return BenchConfig(**common, dtype="bfloat16", batch_sizes=(1, 16, 64, 256), max_tokens=32, prompt_tokens=32,
+                       gammas=(2, 4, 6, 8), draft_experts=(2, 4, 8), threads=None, repeats=3,
                        instrument=device.type != "cuda")
 
 

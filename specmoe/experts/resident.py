@@ -95,4 +95,6 @@ class ResidentExperts(ExpertStore):
     def stats(self) -> dict:
         for layer in self.moe_layers:
             self._fold(layer)
-        return {"offload": "none", "bytes_moved": 0, "expert_counts": self._counts.tolist()}
+        per_expert = self.nbytes // (len(self.moe_layers) * self.num_experts)  # the slot size, as the cache reports it
+        return {"offload": "none", "bytes_moved": 0, "expert_counts": self._counts.tolist(),
+                "compute_bytes_per_expert": per_expert}

@@ -249,12 +249,14 @@ RSS_RUN = """
     peak.append(rss())
     s = llm.stats
     out.update(peak=max(peak) - r0, weights=sum(p.numel() * p.element_size() for p in llm.model.parameters()),
-               kv=llm._cache.nbytes, scratch_fetches=s.get("scratch_fetches", 0), refreshes=s["draft_set_refreshes"])
+               kv=llm._cache.nbytes, scratch_fetches=s.get("scratch_fetches", 0), refreshes=s["draft_set_refreshes"],
+               slot=s["compute_bytes_per_expert"])
 """
 
 
 def test_rss_stays_within_memory_budget(tmp_path):
-    """Demo model in fp32 (expert 288 KiB, 6 MoE layers, 32 experts), disk tier, SpecMoE with 4 draft experts,
+    """Demo model computed in fp32 (6 MoE layers, 32 experts; an expert slot holds 288 KiB of fp32, or 144 KiB of
+    the stored bf16 where the native kernels compute from it), disk tier, SpecMoE with 4 draft experts,
     memory_budget=16 MiB. Anonymous RSS of a fresh process, sampled at every MoE layer of every target
     forward, minus the non-expert weights and the KV cache, minus the overhead a control run measures
     (activations, allocator, tokenizer: the same run with every expert resident, whose expert bytes are
@@ -270,7 +272,8 @@ def test_rss_stays_within_memory_budget(tmp_path):
                                                f"draft_experts={N}"))
     assert run["scratch_fetches"] > 0 and run["refreshes"] > 0  # the run spilled and refreshed its draft set
     cfg = Checkpoint(ROOT / "models" / "specmoe-tiny-moe").config
-    L, eb = len(cfg.moe_layers), cfg.expert_numel * torch.float32.itemsize
+    L, eb = len(cfg.moe_layers), control["slot"]
+    assert eb in (cfg.expert_numel * torch.float32.itemsize, cfg.expert_numel * torch.bfloat16.itemsize)
     control_experts = cfg.num_experts * L * eb  # all experts resident (the draft reads them in place)
     overhead = control["peak"] - control["weights"] - control["kv"] - control_experts
     used = run["peak"] - run["weights"] - run["kv"] - overhead
