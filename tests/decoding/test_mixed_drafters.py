@@ -110,3 +110,17 @@ def test_auto_reports_what_it_chose(step_log):
         assert d["tokens_per_step"] == pytest.approx(emitted / len(rows) if rows else 0.0), name
         assert d["expert_bytes_per_token"] == pytest.approx(sum(b for *_, b in rows) / emitted if emitted else 0.0)
     assert sum(d["rows"] for d in st["drafters"].values()) > 0
+
+
+def test_verification_leaves_out_the_observers_of_drafters_it_does_not_use():
+    """A verification that only the ngram drafter's rows take part in runs without the self drafter's observers
+    (its draft-set counts see only the verifications it drafted for); one with self keeps them."""
+    llm = auto_llm()
+    with llm.engine(None) as core:
+        dec = core.strategy
+        own = dec.drafters["self"].target_observers()
+        assert own
+        with_self = dec._context([dec.drafters["self"]]).observers
+        without = dec._context([dec.drafters["ngram"]]).observers
+        assert all(o in with_self for o in own)
+        assert not any(o in without for o in own), "the self drafter's observers ran in a forward it took no part in"

@@ -271,9 +271,10 @@ class SpeculativeDecoder:
 
     def _context(self, used: list[Drafter]):
         """The verification's ForwardContext: without the observers of drafters not in `used`."""
-        skip = {id(o) for d in self.drafters.values() if d not in used for o in d.target_observers()}
+        # by equality: a bound method (drafter.observe) is a new object at every attribute read, so ids never match
+        skip = [o for d in self.drafters.values() if d not in used for o in d.target_observers()]
         ctx = self.runner.context(routing_hook=self.budget if used else None)
-        ctx.observers = [o for o in ctx.observers if id(o) not in skip]
+        ctx.observers = [o for o in ctx.observers if o not in skip]
         return ctx
 
     # ------------------------------------------------------------ accounting (outside the algorithm)
