@@ -40,6 +40,7 @@ from specmoe.bench import overram, sysprobe  # noqa: E402
 from specmoe.bench.overram_report import LLAMA, plot, ratios, summarize, targets, write_readme  # noqa: E402
 from specmoe.bench.plots import plot_or_skip  # noqa: E402
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
+from specmoe.bench.peers import find_convert_script  # noqa: E402
 from specmoe.errors import InputError  # noqa: E402
 
 GiB = 1 << 30
@@ -299,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     llama_reason = None
     if LLAMA in args.systems.split(","):
         llama_reason = overram.llama_available(args.llama_site)
+        if llama_reason is None:  # importable: the GGUF needs llama.cpp's converter too
+            try:
+                find_convert_script(Path(args.cache_dir), args.llama_cpp_src)
+            except FileNotFoundError as e:
+                llama_reason = str(e)
         if llama_reason:
             print(f"{LLAMA} rows skipped: {llama_reason}", flush=True)
     args.gguf = int(LLAMA in args.systems.split(",") and llama_reason is None)
