@@ -29,8 +29,16 @@ demo: setup
 		--prompt "The json module" --max-tokens 48 --threads 1 \
 		--offload disk --cache-experts 8 --decoding specmoe --draft-experts 4 --num-draft-tokens 4
 
+# the suite runs on the native CPU kernels where they build; the equality tests (families against transformers,
+# offloaded == resident, speculative == plain, batch invariance, storage formats, seeded sampling) run a second
+# time on the torch path (SPECMOE_NATIVE=0), about a minute more
+TORCH_PATH_TESTS := tests/models/test_hf_equivalence.py tests/models/test_families.py \
+	tests/models/test_native_formats.py tests/models/test_batch_invariance.py tests/experts/test_equivalence.py \
+	tests/decoding/test_specmoe.py tests/decoding/test_sampling.py tests/formats/test_storage.py
+
 test: setup
 	$(BIN)/python -m pytest -q
+	SPECMOE_NATIVE=0 $(BIN)/python -m pytest -q -p no:cacheprovider $(TORCH_PATH_TESTS)
 
 # the README's Results block: measured into benchmarks/results/ (results.json, plots, the results page), then
 # regenerated from it. About 10-15 min on a 2-core CPU machine (estimated from a measured reduced run); the
