@@ -4,6 +4,18 @@
 //   hsum(v) (a fixed order), and load<FMT>(row, rs, k, gs): L weights of one row from column k as fp32.
 // No include here (the including file has them), so every instantiation is compiled for that file's ISA.
 
+// The vectors of one decoded int4 chunk (q = 0 .. 32 / L − 1, each a compile-time index) into output j's accumulators.
+template <int R, int O, int... q>
+static inline void i4_chunks(typename V::Q d, typename V::T s, const float* x, int64_t ldx, int64_t k,
+                             typename V::T (&acc)[R][O], int j, std::integer_sequence<int, q...>) {
+  if constexpr (V::I4_32) {
+    (([&] {
+       const typename V::T w = V::template i4_chunk<q>(d, s);
+       for (int r = 0; r < R; ++r) acc[r][j] = V::fma(V::loadx(x + r * ldx + k + q * V::L), w, acc[r][j]);
+     }()), ...);
+  }
+}
+
 // One register tile: rows [0, R) of x against outputs [o, o + O). Each (r, j) accumulator sees the same FMA
 // sequence whatever R and O are, then the scalar tail in k order, then the I8 scale and the bias: so a row's result
 // never depends on how many rows or outputs share the tile.
@@ -19,12 +31,24 @@ static inline void tile(const float* x, int64_t ldx, const Weight& W, int64_t K,
     for (int r = 0; r < R; ++r) acc[r][j] = V::zero();
   }
   const int64_t Kv = K / V::L * V::L;
-  for (int64_t k = 0; k < Kv; k += V::L) {
-    typename V::T w[O];
-    for (int j = 0; j < O; ++j) w[j] = V::template load<FMT>(rows[j], rs[j], k, W.gshift);
-    for (int r = 0; r < R; ++r) {
-      typename V::T xv = V::loadx(x + r * ldx + k);
-      for (int j = 0; j < O; ++j) acc[r][j] = V::fma(xv, w[j], acc[r][j]);
+  if constexpr (FMT == I4 && V::I4_32) {
+    // int4 rows are whole groups (K a multiple of 32): each output's 32 weights decoded at once, then the same
+    // per-(r, j) FMA sequence in k order as one vector at a time would give
+    for (int64_t k = 0; k < K; k += 32) {
+      for (int j = 0; j < O; ++j) {
+        const typename V::Q d = V::i4_decode(rows[j] + (k >> 1));
+        const typename V::T s = V::bcast_half(rs[j][k >> W.gshift]);
+        i4_chunks<R, O>(d, s, x, ldx, k, acc, j, std::make_integer_sequence<int, 32 / V::L>{});
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < Kv; k += V::L) {
+      typename V::T w[O];
+      for (int j = 0; j < O; ++j) w[j] = V::template load<FMT>(rows[j], rs[j], k, W.gshift);
+      for (int r = 0; r < R; ++r) {
+        typename V::T xv = V::loadx(x + r * ldx + k);
+        for (int j = 0; j < O; ++j) acc[r][j] = V::fma(xv, w[j], acc[r][j]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {

@@ -14,6 +14,13 @@ struct V {
   static inline T fma(T a, T b, T c) { return c + a * b; }
   static inline void prefetch(const uint8_t*) {}
   static inline float hsum(T v) { return v; }
+  // int4 one weight at a time (load); the chunked path's members are named for gemv_impl.h but never used
+  static constexpr bool I4_32 = false;
+  using Q = float;
+  static inline Q i4_decode(const uint8_t*) { return 0.f; }
+  static inline T bcast_half(uint16_t) { return 0.f; }
+  template <int q>
+  static inline T i4_chunk(Q, T) { return 0.f; }
   template <int FMT>
   static inline T load(const uint8_t* row, const uint16_t* rs, int64_t k, int gs) {
     return wscalar<FMT>(row, rs, k, gs);
