@@ -178,3 +178,16 @@ def test_readme_over_ram_block_is_generated_from_the_over_ram_results():
     block = text[text.index(bench.BEGIN): text.index(bench.END) + len(bench.END)]
     assert block == bench.readme_block(res), \
         "README.md's over-RAM block is stale or hand-edited: run benchmarks/over_ram.py --readme-only"
+
+
+def test_kernels_block_is_generated_from_the_results_files():
+    """The README's native-kernels block equals what kernels.json and vs_llamacpp.json generate, and names the
+    commits and the CPU they were measured on."""
+    from specmoe.bench import kernels_report as kr
+    text = (REPO / "README.md").read_text()
+    i, j = text.index(kr.BEGIN), text.index(kr.END) + len(kr.END)
+    k, v = kr.load()
+    assert text[i:j] == kr.readme_block(k, v), \
+        "the README's kernels block is stale or hand-edited: run `python -m specmoe.bench.kernels_report`"
+    assert k["commit"][:10] in text[i:j] and v["commit"][:10] in text[i:j]
+    assert k["machine"]["cpu_model"] in text[i:j]
