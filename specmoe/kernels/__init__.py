@@ -131,6 +131,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, s
     return _ops().linear(x, w, bias, scale, group, 0 if invariant else BLAS_ROWS)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """w · (x · rsqrt(mean(x²) + eps)) over the last dim of fp32 CPU `x`, one op; `weight` fp32 [D], or [P, ..., D]
+    (row r of x, counted over its leading dims, takes weight row r % P: per-head norms), or None. A row's result
+    does not depend on the other rows."""
+    return _ops().rms_norm(x, weight, eps)
+
+
 ACTS = {"swiglu": 0, "relu": 1, "swiglu-clamped": 2}
 
 

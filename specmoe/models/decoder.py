@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specmoe import kernels as native
 from specmoe.config import ModelConfig
 from specmoe.models.attention import attention, fixed_split, read_keys
 from specmoe.models.deltanet import GatedDeltaNet
@@ -204,7 +205,9 @@ class Attention(nn.Module):
         if cfg.clip_qkv is not None:
             qkv = qkv.clamp(-cfg.clip_qkv, cfg.clip_qkv)
         qk, v = qkv.view(x.shape[0], Hq + 2 * Hkv, 1, Dh).split((Hq + Hkv, Hkv), dim=1)
-        if cfg.qk_norm == "head" and cfg.norm_offset:  # zero-centred (Qwen3-Next): scale in fp32, then round
+        if cfg.qk_norm == "head" and qk.dtype == torch.float32 and qk.device.type == "cpu" and native.available():
+            qk = native.rms_norm(qk, w_norm, cfg.rms_norm_eps)  # the per-head weights in the same op
+        elif cfg.qk_norm == "head" and cfg.norm_offset:  # zero-centred (Qwen3-Next): scale in fp32, then round
             qk = (F.rms_norm(qk.float(), (Dh,), None, cfg.rms_norm_eps) * w_norm).to(qk.dtype)
         elif cfg.qk_norm == "head":  # Qwen3: per-head norm (transformers: normalise in fp32, round, scale)
             qk = (F.rms_norm(qk, (Dh,), None, cfg.rms_norm_eps) * w_norm if qk.dtype == torch.float32
@@ -273,6 +276,9 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # a tied LM head in the checkpoint's stored dtype, beside the compute-dtype embedding table the lookups read
+        # (`keep_stored`): the head's product then runs on the native kernels at half an fp32 copy's bytes
+        self.register_parameter("head_stored", None)
         self._inv_freq: torch.Tensor | None = None
         self._rope_tables: tuple | None = None  # (positions, device, dtype, cos, sin [P, 1, 1, R])
         self._mask_kinds = {layer.mask_kind for layer in self.layers}
@@ -289,8 +295,8 @@ class Transformer(nn.Module):
         return self
 
     def keep_stored(self, dtype: torch.dtype) -> "Transformer":
-        """After `fuse`: the attention (q/k/v, output), dense-MLP and shared-expert projections and the untied LM head
-        held in `dtype`, the checkpoint's own (bf16 / fp16), while activations, norms, routers and the embedding stay
+        """After `fuse`: the attention (q/k/v, output), dense-MLP and shared-expert projections and the LM head (untied;
+        tied: a stored-dtype copy of the table for the head alone) held in `dtype`, the checkpoint's own (bf16 / fp16), while activations, norms, routers and the embedding stay
         in the compute dtype: `layers.linear` computes such a weight on the native kernels, reading half the bytes of
         an fp32 copy. The loader calls it where those kernels run (`models.loader.stored_dtype`)."""
         for layer in self.layers:
@@ -301,6 +307,8 @@ class Transformer(nn.Module):
                 m.keep_stored(dtype)
         if not self.cfg.tie_word_embeddings:
             self.lm_head.weight = nn.Parameter(self.lm_head.weight.to(dtype), requires_grad=False)
+        else:  # tied: the head reads a stored-dtype table (the lookups keep the compute-dtype one)
+            self.head_stored = nn.Parameter(self.embed.weight.detach().to(dtype), requires_grad=False)
         return self
 
     @property
@@ -317,7 +325,9 @@ class Transformer(nn.Module):
         return self
 
     def head_weight(self) -> torch.Tensor:
-        return self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+        if not self.cfg.tie_word_embeddings:
+            return self.lm_head.weight
+        return self.head_stored if self.head_stored is not None else self.embed.weight
 
     def rope(self, bv: BatchView, dtype: torch.dtype):
         """cos and signed sin ([-sin, sin] over the two halves, see `rope.apply_rope`) at the forward's positions

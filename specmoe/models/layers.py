@@ -45,11 +45,18 @@ def min_rows(dtype: torch.dtype, inner_outer: int, rows: int = 1) -> int:
     return ONEDNN_MIN // inner_outer + 1
 
 
+def native_invariant(x: torch.Tensor, rows: int) -> bool:
+    """A deterministic model (`rows` > 1) computing fp32 on a CPU with the native kernels: they give every row the bits
+    it gets alone at any row count (no padding; padding `F.linear` to a measured row class did not cover every shape,
+    e.g. a one-output gate at one thread)."""
+    return rows > 1 and x.dtype == torch.float32 and x.device.type == "cpu" and native.available()
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
     """F.linear, with an input of fewer than `min_rows` rows padded with zero rows first: each row goes through the
     kernel that many rows get, so its result does not depend on how many rows came with it. A model that is not
     deterministic (`rows` 1) computes 2 rows or more weight-major where this CPU is faster so (`orientation`)."""
-    if w.dtype != x.dtype:  # a weight kept in its stored dtype (`keep_stored`): the native kernels compute from it
+    if w.dtype != x.dtype or native_invariant(x, rows):  # a stored-dtype weight (`keep_stored`), or fp32 deterministic
         return native.linear(x, w, b, invariant=rows > 1)
     n = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
     if rows == 1 and n >= 2 and use_weight_major(x, w.numel()):
@@ -64,7 +71,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows
 
 def addmm(acc: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, rows: int = 1) -> torch.Tensor:
     """acc + x @ w_t (one addmm), padded like `linear` (or weight-major like it): acc [N, O], x [N, I], w_t [I, O]."""
-    if w_t.dtype != x.dtype:  # stored dtype: native
+    if w_t.dtype != x.dtype or native_invariant(x, rows):  # stored dtype, or fp32 deterministic: native
         return acc + native.linear(x, w_t.t(), None, invariant=rows > 1)
     n = x.shape[0]
     if rows == 1 and n >= 2 and use_weight_major(x, w_t.numel()):
@@ -112,10 +119,15 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x·rsqrt(mean(x²) + eps)·weight in fp32 (one fused op); in another dtype normalised in fp32, rounded,
         then scaled by the weight, as transformers does (zero-centred: scaled in fp32, then rounded)."""
+        native_path = x.dtype == torch.float32 and x.device.type == "cpu" and native.available()
         if self.offset:
             scale = self.scale if self.scale is not None else 1.0 + self.weight.float()
+            if native_path:
+                return native.rms_norm(x, scale, self.eps)
             return F.rms_norm(x.float(), self.weight.shape, scale, self.eps).to(x.dtype)
         if x.dtype == torch.float32:
+            if native_path:  # one native op (the torch one dispatches five for a decode row's few hundred values)
+                return native.rms_norm(x, self.weight, self.eps)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
 

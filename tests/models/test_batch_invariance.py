@@ -147,3 +147,20 @@ def test_deterministic_option_reaches_the_model_from_the_api_and_the_cli():
     llm = LLM(dtype="float32", deterministic=True)
     R = deterministic_rows()  # measured on this machine (tests/models/test_rowclasses.py)
     assert llm.model.rows == R and all(layer.attn.rows == R and layer.mlp.rows == R for layer in llm.model.layers)
+
+
+def test_a_deterministic_fp32_model_computes_its_products_on_the_native_kernels():
+    """fp32 + `deterministic` on a CPU with the native kernels: every product (a one-output gate too, which padding
+    F.linear to the measured row class did not cover at one thread) is the native kernel's, a row's bits alike at every
+    row count, with no padding."""
+    from specmoe import kernels
+    from specmoe.models.layers import linear
+    if not kernels.available():
+        pytest.skip("native kernels unavailable")
+    g = torch.Generator().manual_seed(3)
+    for out in (1, 7, 48):
+        w, x = torch.randn(out, 64, generator=g), torch.randn(40, 64, generator=g)
+        ref = linear(x, w, rows=4)
+        assert torch.equal(ref, kernels.linear(x, w, invariant=True))
+        assert all(torch.equal(linear(x[i:i + 1], w, rows=4), ref[i:i + 1]) for i in range(40))
+        torch.testing.assert_close(ref, torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)

@@ -130,8 +130,9 @@ def test_eagle1_matches_transformers_reference(tmp_path, layers):
         want = ref(emb, feat)
         got = run_head(head, emb, feat)
         got_inc = run_head(head, emb, feat, split=5)
-    assert (got - want).abs().max() <= 1e-5
-    assert (got_inc - want).abs().max() <= 1e-5
+    # fp32 to rounding (hidden states ~10 here: 1e-5 is a few ulps; the native kernels' norm sums in another order)
+    assert (got - want).abs().max() <= 1e-4
+    assert (got_inc - want).abs().max() <= 1e-4
     lm = torch.randn(V, D)  # EAGLE-1 scores with the target's LM head, no norm
     assert torch.equal(head.logits(got, lm), got @ lm.T)
 

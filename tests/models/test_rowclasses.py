@@ -21,7 +21,8 @@ def fresh(tmp_path, monkeypatch):
     rowclasses._rows.cache_clear()
 
 
-def test_probe_finds_the_count_from_which_rows_are_alike():
+def test_probe_finds_the_count_from_which_rows_are_alike(torch_path):
+    """The torch path's padding (on the native kernels a deterministic model is not padded: `native_invariant`)."""
     r = rowclasses.probe(contractions=(64, 512, 2048))
     R = r["rows"]
     assert 1 <= R < rowclasses.PROBE_ROWS

@@ -214,6 +214,56 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& w, const c10::option
   return y.view(shape).to(x_in.scalar_type());
 }
 
+// y = w · (x · rsqrt(mean(x²) + eps)) for each row of fp32 x [..., D] (w fp32 [D] or [P, D]: row r takes weight row
+// r % P, e.g. per-head q/k norms; or none), as transformers' RMSNorm
+// computes it in fp32: the sum of squares in 8 interleaved partial sums added in a fixed order, rows independent (split
+// over threads only when large), so a row's bits never depend on the rows beside it. One op for what the torch path
+// does in five (a decode step's norms are tiny, and dispatch was most of their cost).
+at::Tensor rms_norm(const at::Tensor& x_in, const c10::optional<at::Tensor>& w, double eps) {
+  TORCH_CHECK(x_in.device().is_cpu() && x_in.scalar_type() == at::kFloat, "specmoe kernels: rms_norm wants fp32 CPU x");
+  const int64_t D = x_in.size(-1);
+  at::Tensor x = x_in.contiguous(), wc;
+  const int64_t n = D ? x.numel() / D : 0;
+  const float* wp = nullptr;
+  int64_t P = 1;  // weight rows: row r of x takes weight row r % P (per-head q/k norms: [heads, D])
+  if (w) {
+    wc = w->to(at::kFloat).contiguous();
+    P = D ? wc.numel() / D : 1;
+    TORCH_CHECK(D && wc.numel() == P * D && P > 0 && n % P == 0, "specmoe kernels: rms_norm weight of ", wc.numel(),
+                " values does not tile ", n, " rows of ", D);
+    wp = wc.data_ptr<float>();
+  }
+  at::Tensor y = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const float e = static_cast<float>(eps), inv_d = 1.f / static_cast<float>(D);
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* a = xp + r * D;
+      float* b = yp + r * D;
+      float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      int64_t k = 0;
+      for (; k + 8 <= D; k += 8)
+        for (int l = 0; l < 8; ++l) s[l] += a[k + l] * a[k + l];
+      for (; k < D; ++k) s[k & 7] += a[k] * a[k];
+      const float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+      const float inv = 1.f / std::sqrt(t * inv_d + e);
+      if (wp) {
+        const float* wr = wp + (r % P) * D;
+        for (k = 0; k < D; ++k) b[k] = wr[k] * (a[k] * inv);
+      } else {
+        for (k = 0; k < D; ++k) b[k] = a[k] * inv;
+      }
+    }
+  };
+  if (n * D < (1 << 18)) {
+    rows(0, n);
+  } else {
+    at::parallel_for(0, n, 1, rows);
+  }
+  return y;
+}
+
 float silu(float g) { return g / (1.f + std::exp(-g)); }
 
 // Every assignment of one MoE layer that falls on this slot group, in one call. x [T, D] fp32; slot [T·Kr] int64 the
@@ -337,6 +387,7 @@ TORCH_LIBRARY(specmoe_kernels, m) {
   m.def("isa() -> str", &smk::isa_info);
   m.def("set_isa(str want) -> str", &smk::set_isa);
   m.def("linear(Tensor x, Tensor w, Tensor? bias, Tensor? scale, int group, int blas_rows) -> Tensor", &smk::linear);
+  m.def("rms_norm(Tensor x, Tensor? w, float eps) -> Tensor", &smk::rms_norm);
   m.def("moe(Tensor x, Tensor slot, Tensor gate_up, Tensor down, Tensor? gate_up_bias, Tensor? down_bias, "
         "Tensor? gate_up_scale, Tensor? down_scale, int group, int act, float limit, float alpha, Tensor? row_scale, "
         "int k, int blas_rows, Tensor(a!) y) -> ()", &smk::moe);
