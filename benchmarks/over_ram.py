@@ -334,7 +334,8 @@ def write(args, art: dict, blocks: list[dict], out: Path, argv, t_start: float, 
            "flags": {k: getattr(args, k) for k in ("systems", "fixed", "budgets", "balloons", "max_tokens", "window",
                                                    "prompt_tokens", "repeats", "threads", "io_depth", "floor_gib",
                                                    "dtype")},
-           "llama_cpp": {"skipped_reason": llama_reason, "site": args.llama_site},
+           "llama_cpp": {"skipped_reason": llama_reason, "site": args.llama_site,
+                         "version": None if llama_reason else overram.llama_version(args.llama_site)},
            "artifacts": {k: v for k, v in art.items() if k != "prompts"}, "prompts": art["prompts"],
            "blocks": blocks, "elapsed_s": time.perf_counter() - t_start}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -316,6 +316,13 @@ def llama_available(llama_site: str | None) -> str | None:
         f": {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
 
 
+def llama_version(llama_site: str | None) -> str | None:
+    """llama-cpp-python's version as a child with `llama_site` on its path imports it (None: not importable)."""
+    proc = subprocess.run([sys.executable, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                          env=llama_env(llama_site), capture_output=True, text=True, timeout=120)
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
 def llama_argv(spec: dict) -> list[str]:
     return [sys.executable, str(LLAMA_CHILD), json.dumps(spec)]
 

@@ -127,6 +127,7 @@ def test_dry_run_pipeline(tmp_path):
     assert block["label"] == "emulated smaller RAM (balloon 0.25 GiB)" and block["balloon"]["rss_anon_bytes"] > 0
     runs = {r["system"]: r for r in block["runs"]}
     llama = runs["llama.cpp"]
+    assert (res["llama_cpp"]["version"] is None) == bool(res["llama_cpp"]["skipped_reason"])  # recorded when run
     if res["llama_cpp"]["skipped_reason"]:
         # not importable, or importable without llama.cpp's converter to make the GGUF
         assert llama["status"] == "skipped" and llama["reason"] == res["llama_cpp"]["skipped_reason"]

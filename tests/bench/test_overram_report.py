@@ -97,3 +97,17 @@ def test_committed_results_ratios_and_targets_follow_their_medians():
             continue
         assert block["ratios"] == pytest.approx(ratios(block["summary"], names, spec, f["fixed"]))
         assert targets(block, names) == block["targets"]
+
+
+def test_the_readme_intro_says_what_the_json_records():
+    """The over-RAM prose (model size, RAM, llama-cpp-python's version) comes from the results, not from a hand."""
+    from specmoe.bench.overram_report import intro
+    res = {"artifacts": {"plan": {"model_bytes": 27 * 2**30}}, "machine": {"ram_gib": 23.5},
+           "llama_cpp": {"version": "0.3.36"}, "blocks": [{"label": "full RAM (no balloon)"}]}
+    assert intro(res) == ("A model larger than RAM: a 27 GiB bf16 widened copy of the demo model on a 23.5 GiB "
+                          "machine, streamed from the SSD at batch 1 against llama.cpp (llama-cpp-python 0.3.36, "
+                          "bf16 GGUF, default mmap), by [`benchmarks/over_ram.py`](benchmarks/over_ram.py).")
+    res["llama_cpp"] = {"version": None}
+    res["blocks"].append({"label": "emulated smaller RAM (balloon 9.99 GiB)"})
+    text = intro(res)
+    assert "its version not recorded by this run" in text and "balloon process holding RAM" in text
