@@ -48,13 +48,17 @@ def readme_block(k: dict, v: dict) -> str:
              "one row | int8 / int4 one row ÷ bf16 |",
              "|---|---:|---|---:|---:|", *kernel_lines(k), "",
              f"Resident decode at batch 1 against llama.cpp (`benchmarks/vs_llamacpp.py`, commit "
-             f"`{(v['commit'] or '?')[:10]}`, llama-cpp-python {v['llama_cpp_python']} on the bf16 GGUF, "
-             f"{v['threads']} threads, median of {v['rounds']} interleaved rounds), tokens/s:", "",
-             "| model | specmoe | specmoe, torch path (fp32 copies) | llama.cpp | specmoe ÷ llama.cpp | specmoe batch 16 "
-             "÷ batch 1 |", "|---|---:|---:|---:|---:|---:|"]
+             f"`{(v['commit'] or '?')[:10]}`, llama-cpp-python {v['llama_cpp_python']} on a GGUF of the same "
+             f"checkpoint, {v['threads']} threads, median of {v['rounds']} interleaved rounds), tokens/s:", "",
+             "| model | weights: specmoe / llama.cpp | specmoe | specmoe, torch path (fp32 copies) | llama.cpp | "
+             "specmoe ÷ llama.cpp | specmoe batch 16 ÷ batch 1 |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in v["runs"]:
         m = r["median_tok_s"]
-        lines.append(f"| {r['model']} (hidden {r['hidden']}) | {m['specmoe']:.1f} | {m['specmoe torch path']:.1f} | "
+        fmt = r.get("format", "bf16")
+        weights = "bf16 / bf16" if fmt == "bf16" else f"{fmt} experts / {r.get('llama_cpp_type', '?').upper()}"
+        torch_path = f"{m['specmoe torch path']:.1f}" if "specmoe torch path" in m else "–"
+        size = f", {r['model_bytes'] / 2**30:.1f} GiB" if r.get("model_bytes") else ""
+        lines.append(f"| {r['model']} (hidden {r['hidden']}{size}) | {weights} | {m['specmoe']:.1f} | {torch_path} | "
                      f"{m['llama.cpp']:.1f} | {r['specmoe_over_llama_cpp']:.2f}× | {r['specmoe_b16_over_b1']:.2f}× |")
     lines += ["", END]
     return "\n".join(lines)

@@ -151,19 +151,21 @@ runpy.run_path(script, run_name='__main__')
 """
 
 
-def gguf_path(path: Path, cache_dir: Path) -> Path:
-    """Where `convert_gguf` puts (or finds) the bf16 GGUF of checkpoint `path`."""
+def gguf_path(path: Path, cache_dir: Path, outtype: str = "bf16") -> Path:
+    """Where `convert_gguf` puts (or finds) the GGUF of checkpoint `path` in `outtype` (bf16, q8_0)."""
     from specmoe.weights.checkpoint import Checkpoint
     import hashlib
     tag = hashlib.sha1(Checkpoint(path).fingerprint().encode()).hexdigest()[:10]
-    return cache_dir / f"{path.name}-{tag}.bf16.gguf"
+    return cache_dir / f"{path.name}-{tag}.{outtype}.gguf"
 
 
-def convert_gguf(path: Path, cache_dir: Path, src: str | None, *, timeout: float = 900) -> tuple[Path, dict]:
-    """The bf16 GGUF of checkpoint `path` in `cache_dir`, converted once by llama.cpp's convert_hf_to_gguf.py
-    (`timeout` seconds at most; a partial output is removed)."""
-    out = gguf_path(path, cache_dir)
-    info = {"gguf": str(out)}
+def convert_gguf(path: Path, cache_dir: Path, src: str | None, *, timeout: float = 900,
+                 outtype: str = "bf16") -> tuple[Path, dict]:
+    """The GGUF of checkpoint `path` in `cache_dir` (`outtype` bf16, or q8_0: llama.cpp's 8-bit blocks of 32 with one
+    fp16 scale each), converted once by llama.cpp's convert_hf_to_gguf.py (`timeout` seconds at most; a partial
+    output is removed)."""
+    out = gguf_path(path, cache_dir, outtype)
+    info = {"gguf": str(out), "outtype": outtype}
     if out.is_file():
         return out, {**info, "reused": True}
     script = find_convert_script(cache_dir, src)
@@ -171,7 +173,7 @@ def convert_gguf(path: Path, cache_dir: Path, src: str | None, *, timeout: float
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-c", _CONVERT_SHIM, str(script), str(path), "--outfile", str(tmp),
-                               "--outtype", "bf16"], capture_output=True, text=True, timeout=timeout)
+                               "--outtype", outtype], capture_output=True, text=True, timeout=timeout)
     except BaseException:  # the timeout and Ctrl-C included: never leave a partial GGUF behind
         tmp.unlink(missing_ok=True)
         raise

@@ -66,10 +66,10 @@ def test_full_vocab_option_and_draft_scores(ar_llm):
     ids = read_draft_vocab(demo_eagle_dir(), 300, V)
     red.restrict_vocab(w, ids)
     x = torch.randn(5, ar_llm.config.hidden_size)
-    full, got = torch.nn.functional.linear(x, w), red.logits(x, w)
+    full, got = torch.nn.functional.linear(x, w.float()), red.logits(x, w)  # w: the stored bf16 head on CPU
     keep = torch.zeros(V, dtype=torch.bool)
     keep[ids] = True
-    assert torch.allclose(got[:, keep], full[:, keep], atol=1e-5) and torch.isinf(got[:, ~keep]).all()
+    assert torch.allclose(got[:, keep], full[:, keep], atol=1e-4) and torch.isinf(got[:, ~keep]).all()
     pick = red.to_target(red.draft_logits(x, w).argmax(-1))
     assert torch.equal(pick, full.masked_fill(~keep, float("-inf")).argmax(-1))
     with pytest.raises(UnsupportedModelError):
