@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/over_ram.py --dry-run      # the whole pipeline on a tiny widened copy, minutes
 
 The model is a function-preserving widened copy of the demo model (hidden 4096, 144 MiB experts, ~29 GB in bf16:
-specmoe.bench.overram), with its specmoe repack and llama.cpp bf16 GGUF, built once under --cache-dir (outside the
+specmoe.bench.overram_runs), with its specmoe repack and llama.cpp bf16 GGUF, built once under --cache-dir (outside the
 repository). Every run is a fresh process, after the GGUF, the repack and the copy's weight files were dropped from
 the page cache (their residency is recorded before and after); batch 1, a 32-token prompt (benchmarks/prompts,
 a different one per repeat), greedy, --max-tokens new tokens. tok/s is reported over the first --window tokens
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specmoe.bench import overram, sysprobe  # noqa: E402
+from specmoe.bench import overram_runs, sysprobe  # noqa: E402
 from specmoe.bench.overram_report import LLAMA, plot, ratios, summarize, targets, write_readme  # noqa: E402
 from specmoe.bench.plots import plot_or_skip  # noqa: E402
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
@@ -67,16 +67,16 @@ def prepare(args) -> dict:
     from specmoe.engine.llm import default_model_path
     from specmoe.tokenizer import Tokenizer
     src = default_model_path()
-    sizes = overram.DRY if args.dry_run else overram.BIG
+    sizes = overram_runs.DRY if args.dry_run else overram_runs.BIG
     cache = Path(args.cache_dir)
     t0 = time.perf_counter()
-    art = overram.build_artifacts(src, cache, sizes, gguf=args.gguf, llama_src=args.llama_cpp_src,
+    art = overram_runs.build_artifacts(src, cache, sizes, gguf=args.gguf, llama_src=args.llama_cpp_src,
                                   progress=not args.dry_run, dtype=args.dtype)
     art["prepare_s"] = time.perf_counter() - t0
     art["prompts"] = prompts_of(Tokenizer.load(Path(art["path"])), args.repeats, args.prompt_tokens)
-    art["warm_caches"] = overram.warm_caches(Path(art["path"]), cache / "repack", art["prompts"][0], args.dtype)
+    art["warm_caches"] = overram_runs.warm_caches(Path(art["path"]), cache / "repack", art["prompts"][0], args.dtype)
     if args.costs:
-        art["costs"] = overram.cost_profile(Path(art["path"]), cache / "repack")
+        art["costs"] = overram_runs.cost_profile(Path(art["path"]), cache / "repack")
     return art
 
 
@@ -86,11 +86,11 @@ def run_prepare(args, log: Path) -> dict:
     argv = [sys.executable, __file__, "--stage", "prepare", *args.passthrough]
     with open(log, "a") as errf:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=errf, text=True)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith(overram.RESULT_TAG)]
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(overram_runs.RESULT_TAG)]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(log.read_text()[-3000:])
         raise SystemExit(f"building the artifacts failed (exit status {proc.returncode}); log: {log}")
-    return json.loads(lines[-1][len(overram.RESULT_TAG):])
+    return json.loads(lines[-1][len(overram_runs.RESULT_TAG):])
 
 
 # ---------------------------------------------------------------- runs
@@ -152,7 +152,7 @@ def run_block(args, art: dict, gib: float, llama_reason: str | None, log: Path) 
                         continue
                     spec = {"gguf": str(files["gguf"]), "prompt": prompt, "max_tokens": args.max_tokens,
                             "threads": args.threads, "window": args.window}
-                    res = overram.run_child(overram.llama_argv(spec), env=overram.llama_env(args.llama_site),
+                    res = overram_runs.run_child(overram_runs.llama_argv(spec), env=overram_runs.llama_env(args.llama_site),
                                             files=files, device=device, log=log, timeout=args.child_timeout)
                 else:
                     sysname, bname = item
@@ -179,7 +179,7 @@ def run_block(args, art: dict, gib: float, llama_reason: str | None, log: Path) 
                             "max_tokens": args.max_tokens, "threads": args.threads, "window": args.window,
                             "io_depth": args.io_depth, "dtype": args.dtype}
                     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-                    res = overram.run_child(overram.specmoe_argv(spec), env=env, files=files, device=device, log=log,
+                    res = overram_runs.run_child(overram_runs.specmoe_argv(spec), env=env, files=files, device=device, log=log,
                                             timeout=args.child_timeout)
                 row.update(res)
                 if row.get("status") == "ok" and row.get("tokens"):
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.window >= args.max_tokens:
         raise SystemExit("--window must be below --max-tokens")
     if args.stage == "prepare":
-        print(overram.RESULT_TAG + json.dumps(prepare(args), default=str), flush=True)
+        print(overram_runs.RESULT_TAG + json.dumps(prepare(args), default=str), flush=True)
         return 0
     cache = Path(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     llama_reason = None
     if LLAMA in args.systems.split(","):
-        llama_reason = overram.llama_available(args.llama_site)
+        llama_reason = overram_runs.llama_available(args.llama_site)
         if llama_reason is None:  # importable: the GGUF needs llama.cpp's converter too
             try:
                 find_convert_script(Path(args.cache_dir), args.llama_cpp_src)
@@ -335,7 +335,7 @@ def write(args, art: dict, blocks: list[dict], out: Path, argv, t_start: float, 
                                                    "prompt_tokens", "repeats", "threads", "io_depth", "floor_gib",
                                                    "dtype")},
            "llama_cpp": {"skipped_reason": llama_reason, "site": args.llama_site,
-                         "version": None if llama_reason else overram.llama_version(args.llama_site)},
+                         "version": None if llama_reason else overram_runs.llama_version(args.llama_site)},
            "artifacts": {k: v for k, v in art.items() if k != "prompts"}, "prompts": art["prompts"],
            "blocks": blocks, "elapsed_s": time.perf_counter() - t_start}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@
 
 loads the GGUF with llama-cpp-python's defaults (mmap), `spec["threads"]` threads, and generates spec["max_tokens"]
 greedy tokens after spec["prompt"] (token ids) through `peers._LlamaCpp`, timed token by token
-(sysprobe.Timeline); prints overram.RESULT_TAG + its JSON result.
+(sysprobe.Timeline); prints overram_runs.RESULT_TAG + its JSON result.
 
 It imports neither torch nor the specmoe package (whose __init__ imports torch): `peers.py` and `sysprobe.py`
 import only the standard library and are loaded from their files, so the process's footprint is llama.cpp's.
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-RESULT_TAG = "OVERRAM-RESULT "  # = overram.RESULT_TAG (not imported: see the module docstring)
+RESULT_TAG = "OVERRAM-RESULT "  # = overram_runs.RESULT_TAG (not imported: see the module docstring)
 
 
 def _load(name: str):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from specmoe.cli.common import add_model_args, add_option_args, llm_kwargs, print_json
+from specmoe.cli.common import (add_model_args, add_option_args, add_sampling_args, llm_kwargs, print_json,
+                                sampling_kwargs)
 
 
 def register(sub) -> None:
@@ -27,12 +28,7 @@ def register(sub) -> None:
                    "cuda, else 0)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per engine call (default: --max-batch)")
     g = p.add_argument_group("sampling defaults", "for rows that do not set the field themselves")
-    g.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per row")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    g.add_argument("--seed", type=int, default=None, help="seed for sampling (per row)")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_sampling_args(g, per="row")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     add_model_args(p)
     add_option_args(p)
@@ -42,8 +38,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from specmoe.integrations.offline import run_batch
     llm = llm_kwargs(args)
-    defaults = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=args.seed, stop=args.stop)
+    defaults = sampling_kwargs(args)
     gpus = args.gpus_per_worker if args.gpus_per_worker is not None else float(args.device.startswith("cuda"))
     s = run_batch(args.input, args.output, llm=llm, defaults=defaults, num_workers=args.num_workers,
                   ray_address=args.ray_address, batch_size=args.batch_size, cpus_per_worker=args.cpus_per_worker,

@@ -91,7 +91,7 @@ def summary(res: dict) -> str:
 
 
 def run_control(args) -> int:
-    from specmoe.bench.control import ControlConfig, run_control as run
+    from specmoe.bench.auto_control import ControlConfig, run_control as run
     from specmoe.errors import InputError
     cfg = ControlConfig(out=args.out)
     if args.control_sections:
@@ -108,7 +108,7 @@ def run_control(args) -> int:
     if args.threads:
         cfg.threads = args.threads
     res = run(cfg, command="specmoe " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-    from specmoe.bench.control import report
+    from specmoe.bench.auto_control import report
     print(report(res))
     return 0
 

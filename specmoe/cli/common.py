@@ -56,6 +56,23 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for compute (default: torch's)")
 
 
+def add_sampling_args(p, per: str = "request") -> None:
+    """The sampling flags (`SamplingParams`' fields), defined once for every command that generates; `per` names
+    what one parameter set applies to (a request, a row). `sampling_kwargs(args)` reads them back."""
+    p.add_argument("--max-tokens", type=int, default=64, help=f"tokens to generate per {per}")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, default=None, help=f"seed for sampling (per {per})")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_kwargs(args) -> dict:
+    """`SamplingParams` keyword arguments from the flags `add_sampling_args` defined."""
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                seed=args.seed, stop=args.stop)
+
+
 def add_option_args(p: argparse.ArgumentParser) -> None:
     """One flag per field of OffloadConfig and SpecConfig (--cache-policy, --draft-experts, ...)."""
     for cls in (OffloadConfig, SpecConfig):

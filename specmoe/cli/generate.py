@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from specmoe.errors import InputError
-from specmoe.cli.common import add_model_args, add_option_args, jsonl_prompt, make_llm, print_json, read_text
+from specmoe.cli.common import (add_model_args, add_option_args, add_sampling_args, jsonl_prompt, make_llm, print_json,
+                                read_text, sampling_kwargs)
 
 
 def register(sub) -> None:
@@ -33,12 +34,7 @@ def add_generation_args(p, translate: bool = False) -> None:
     p.add_argument("--source-lang", default=None,
                    help="encoder-decoder (translation) models: the source texts' language (default: eng_Latn; a "
                         "JSONL row's own 'source_lang' wins)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling (per request)")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_sampling_args(p, per="prompt")
     p.add_argument("--json", action="store_true", help="print outputs and stats as JSON")
     add_option_args(p)
 
@@ -79,8 +75,7 @@ def run(args) -> int:
     prompts = [p for p, _ in reqs]
     langs = {k: [lang[k] for _, lang in reqs] for k in ("target_lang", "source_lang")}
     langs = {k: None if all(v is None for v in vs) else vs for k, vs in langs.items()}  # None: not given at all
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, stop=args.stop)
+    params = SamplingParams(**sampling_kwargs(args))
     llm = make_llm(args, progress=not args.json)
     outs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json, **langs)
     seq2seq = llm.config.seq2seq is not None  # the text is a translation, not a continuation of the prompt

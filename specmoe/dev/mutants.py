@@ -111,7 +111,7 @@ MUTANTS: list[Mutant] = [
            ("tests/decoding/test_controller_feedback.py::"
             "test_acceptance_per_position_is_the_running_minimum_of_the_estimates",),
            "per-position acceptance estimates may rise with depth (P_j of a chain must not)"),
-    Mutant("crossing_interpolates_wrong", "bench", "specmoe/bench/control.py",
+    Mutant("crossing_interpolates_wrong", "bench", "specmoe/bench/auto_control.py",
            "t = (1 - s0) / (s1 - s0)", "t = (1 - s0) / (s1 + s0)",
            ("tests/bench/test_control.py::test_crossing_interpolates_in_log_phi",),
            "the φ where speculation starts to pay is interpolated with the wrong weight"),
@@ -185,7 +185,7 @@ MUTANTS: list[Mutant] = [
            (f"{T_API}::test_bad_request_gets_an_openai_error_then_the_server_serves[completions-n-10]",),
            "n = 0 accepted"),
     # ---------------------------------------------------------------- bench
-    Mutant("control_report_error_one_decimal", "bench", "specmoe/bench/control.py",
+    Mutant("control_report_error_one_decimal", "bench", "specmoe/bench/auto_control.py",
            "{_f(sy.get('median_abs_err_all'), '{:.0%}')}", "{_f(sy.get('median_abs_err_all'), '{:.1%}')}",
            ("tests/bench/test_control.py::test_committed_control_md_is_generated_from_control_json",),
            "control.md's median error printed otherwise than the committed page"),

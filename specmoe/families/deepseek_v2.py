@@ -20,4 +20,5 @@ def read(f: Fields, shape: Shape) -> dict:
             "rope_interleave": True}
 
 
-FAMILY = register(Family("deepseek_v2", "DeepSeek-V2", read, experts_key=("n_routed_experts",), yarn=True))
+FAMILY = register(Family("deepseek_v2", "DeepSeek-V2", read, experts_key=("n_routed_experts",), yarn=True,
+                         router_kind="softmax-group-topk"))

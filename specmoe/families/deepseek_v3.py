@@ -17,4 +17,4 @@ def read(f: Fields, shape: Shape) -> dict:
 
 
 FAMILY = register(Family("deepseek_v3", "DeepSeek-V3", read, experts_key=("n_routed_experts",), aliases=("kimi_k2",),
-                         yarn=True))
+                         yarn=True, router_kind="sigmoid-group-topk"))

@@ -17,4 +17,4 @@ def read(f: Fields, shape: Shape) -> dict:
 
 
 FAMILY = register(Family("glm4_moe", "GLM-4.5 MoE", read, experts_key=("n_routed_experts",),
-                         partial_rotary_factor=0.5))
+                         partial_rotary_factor=0.5, router_kind="sigmoid-group-topk"))

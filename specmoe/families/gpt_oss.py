@@ -3,7 +3,7 @@ and the experts, a clamped SwiGLU, YaRN (its published settings when config.json
 from __future__ import annotations
 
 from specmoe.config import Fields
-from specmoe.families.registry import Family, Shape, register
+from specmoe.families.registry import Family, FamilyNames, Shape, register
 
 # without rope_parameters transformers applies the published YaRN settings
 PUBLISHED_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
@@ -28,4 +28,5 @@ def read(f: Fields, shape: Shape) -> dict:
 
 
 FAMILY = register(Family("gpt_oss", "GPT-OSS", read, rope_theta=150000.0, default_rope=PUBLISHED_ROPE, yarn=True,
-                         quantizations=("mxfp4",)))
+                         quantizations=("mxfp4",), router_kind="topk-softmax", fused_experts="interleaved",
+                         names=FamilyNames("mlp", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router")))

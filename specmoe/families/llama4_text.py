@@ -10,7 +10,7 @@ rotary pairs interleaved (complex form); rope_type "llama3" scaling."""
 from __future__ import annotations
 
 from specmoe.config import Fields
-from specmoe.families.registry import Family, Shape, register
+from specmoe.families.registry import Family, FamilyNames, Shape, register
 
 
 def _flag(f: Fields, key: str, default: bool) -> bool:
@@ -67,4 +67,6 @@ def read(f: Fields, shape: Shape) -> dict:
 
 
 FAMILY = register(Family("llama4_text", "Llama-4", read, experts_key=("num_local_experts",), rope_theta=500000.0,
-                         llama3_rope=True, quantizations=()))
+                         llama3_rope=True, quantizations=(), router_kind="topk-sigmoid", fused_experts="halves",
+                         names=FamilyNames("feed_forward", ("gate_up_proj", "gate_up_proj", "down_proj"),
+                                           router="router", dense_prefix="feed_forward", shared="shared_expert")))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from specmoe.config import Fields
 from specmoe.errors import UnsupportedModelError
-from specmoe.families.registry import Family, Shape, register
+from specmoe.families.registry import Family, FamilyNames, Shape, register
 
 
 def _rope_dim(f: Fields, shape: Shape) -> int:
@@ -44,4 +44,6 @@ def read(f: Fields, shape: Shape) -> dict:
 
 
 FAMILY = register(Family("minimax_m2", "MiniMax-M2", read, experts_key=("num_local_experts",),
-                         rope_theta=5000000.0, partial_rotary_factor=1.0))
+                         rope_theta=5000000.0, partial_rotary_factor=1.0, router_kind="sigmoid-group-topk",
+                         names=FamilyNames("block_sparse_moe", ("w1", "w3", "w2"),
+                                           correction_bias="e_score_correction_bias")))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from specmoe.config import Fields
-from specmoe.families.registry import Family, Shape, register
+from specmoe.families.registry import Family, FamilyNames, Shape, register
 
 
 def read(f: Fields, shape: Shape) -> dict:
@@ -10,4 +10,4 @@ def read(f: Fields, shape: Shape) -> dict:
             "norm_topk_prob": True, "sliding_window": f.int("sliding_window", default=None)}
 
 
-FAMILY = register(Family("mixtral", "Mixtral", read))
+FAMILY = register(Family("mixtral", "Mixtral", read, names=FamilyNames("block_sparse_moe", ("w1", "w3", "w2"))))

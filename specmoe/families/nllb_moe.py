@@ -9,7 +9,7 @@ import math
 
 from specmoe.config import Capacity, Fields, Seq2Seq
 from specmoe.errors import UnsupportedModelError
-from specmoe.families.registry import Family, Shape, register
+from specmoe.families.registry import Family, FamilyNames, Shape, register
 
 
 def _sparse(step: int, n: int, offset: int) -> list[int]:
@@ -74,4 +74,5 @@ def read(f: Fields, shape: Shape) -> dict:
 
 
 FAMILY = register(Family("nllb_moe", "NLLB-MoE", read, experts_key=("num_experts",), aliases=("nllb-moe",),
-                         quantizations=(), shape=read_shape))
+                         quantizations=(), shape=read_shape, router_kind="top2-capacity",
+                         names=FamilyNames("ffn", ("fc1", "fc1", "fc2"), router="router.classifier")))

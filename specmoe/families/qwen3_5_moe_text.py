@@ -17,4 +17,4 @@ def read(f: Fields, shape: Shape) -> dict:
 
 
 FAMILY = register(Family("qwen3_5_moe_text", "Qwen3.5-MoE", read, partial_rotary_factor=0.25,
-                         skipped=("mtp.",)))
+                         skipped=("mtp.",), either_layout=True))

@@ -15,4 +15,4 @@ def read(f: Fields, shape: Shape) -> dict:
 
 
 FAMILY = register(Family("qwen3_next", "Qwen3-Next", read, partial_rotary_factor=0.25,
-                         skipped=("mtp.",)))
+                         skipped=("mtp.",), either_layout=True))

@@ -26,6 +26,22 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class FamilyNames:
+    """Where a family's MoE weights sit in its checkpoint (`weights/names.py` builds every key from these)."""
+    moe_prefix: str = "mlp"  # "block_sparse_moe" (Mixtral, MiniMax-M2), "feed_forward" (Llama-4) or "mlp"
+    expert_proj: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # (gate, up, down) inside experts.{e}
+    router: str = "gate"     # the router's module name inside the MoE block
+    dense_prefix: str = "mlp"  # the dense MLP's module name in a dense layer
+    shared: str | None = None  # the shared expert's module name (None: "shared_expert" if gated, else "shared_experts")
+    correction_bias: str | None = None  # e_score_correction_bias's name in the MoE block (None: under the router)
+
+
+# the routers of `models/routers.py` a family may name (`Family.router_kind`)
+ROUTER_KINDS = ("softmax-topk", "sigmoid-group-topk", "softmax-group-topk", "topk-softmax", "topk-sigmoid",
+                "top2-capacity")
+
+
+@dataclass(frozen=True)
 class Family:
     """One supported architecture. `read(f, shape)` returns the `ModelConfig` fields in which it differs from
     the generic decoder, every value read through `f` (typed, range-checked, a CheckpointError naming the key);
@@ -57,6 +73,24 @@ class Family:
     # reads the `Shape` itself (config.json names its sizes its own way: NLLB-MoE's d_model, decoder_layers, ...);
     # None: the shared reader (`reader._shape`)
     shape: Callable[[Fields, dict, float], Shape] | None = None
+    # its weights' names (MoE block, expert projections, router, shared expert)
+    names: FamilyNames = FamilyNames()
+    # its router, one of ROUTER_KINDS: softmax then top-k (renormalised where norm_topk_prob), sigmoid or softmax with
+    # group-limited top-k (DeepSeek), top-k then softmax (GPT-OSS), top-k then sigmoid (Llama-4), NLLB's top-2 with
+    # capacity
+    router_kind: str = "softmax-topk"
+    # experts stored as one [E, ...] tensor per layer and projection: gate_up_proj [E, D, 2I] with gate and up
+    # interleaved column by column (GPT-OSS) or as the first and last I columns (Llama-4); None: per expert
+    fused_experts: str | None = None
+    # its checkpoints may store experts either way: per expert (what save_pretrained writes) or as transformers'
+    # fused [E, 2I, D] gate_up_proj (gate rows first) and [E, D, I] down_proj (Qwen3.5 as published)
+    either_layout: bool = False
+
+    def __post_init__(self):
+        if self.fused_experts not in (None, "interleaved", "halves"):
+            raise ValueError(f"{self.model_type}: fused_experts {self.fused_experts!r} is not interleaved / halves")
+        if self.router_kind not in ROUTER_KINDS:
+            raise ValueError(f"{self.model_type}: router_kind {self.router_kind!r} is not one of {ROUTER_KINDS}")
 
 
 FAMILIES: dict[str, Family] = {}  # model_type -> Family, in registration order

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specmoe.config import Capacity
+from specmoe.families import family_of
 from specmoe.models.layers import sigmoid
 
 # N=tokens, E=experts, K=top-k, G=groups
@@ -123,20 +124,20 @@ def top2_capacity(logits: torch.Tensor, input_dtype: torch.dtype, capacity: Capa
 def route(model_type: str, logits: torch.Tensor, *, top_k: int, norm_topk_prob: bool,
           correction_bias: torch.Tensor | None = None, n_group: int = 1, topk_group: int = 1,
           scale: float = 1.0, input_dtype: torch.dtype = torch.float32, capacity: Capacity | None = None):
-    """Dispatch on family. Returns fp32 weights [N, K] and int64 ids [N, K]."""
-    if model_type == "nllb_moe":
+    """The router the family declares (`Family.router_kind`, in its module under specmoe/families/). Returns fp32
+    weights [N, K] and int64 ids [N, K]."""
+    kind = family_of(model_type).router_kind
+    if kind == "top2-capacity":
         return top2_capacity(logits, input_dtype, capacity, scale)
-    if model_type == "mixtral":
-        return softmax_topk(logits, top_k, True)
-    if model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "qwen3_next", "qwen3_5_moe_text"):
+    if kind == "softmax-topk":
         return softmax_topk(logits, top_k, norm_topk_prob)
-    if model_type in ("glm4_moe", "deepseek_v3", "minimax_m2"):
+    if kind == "sigmoid-group-topk":
         return sigmoid_group_topk(logits, top_k, correction_bias=correction_bias, n_group=n_group,
                                   topk_group=topk_group, normalize=norm_topk_prob, scale=scale)
-    if model_type == "deepseek_v2":
+    if kind == "softmax-group-topk":
         return softmax_group_topk(logits, top_k, n_group=n_group, topk_group=topk_group, scale=scale)
-    if model_type == "gpt_oss":
+    if kind == "topk-softmax":
         return topk_softmax(logits, top_k)
-    if model_type == "llama4_text":
+    if kind == "topk-sigmoid":
         return topk_sigmoid(logits, top_k)
-    raise ValueError(f"no router for {model_type}")
+    raise ValueError(f"no router {kind!r} (family {model_type})")

@@ -15,38 +15,18 @@ import re
 from dataclasses import dataclass
 
 from specmoe.config import ModelConfig
+from specmoe.families import family_of
 
 
-@dataclass(frozen=True)
-class FamilyNames:
-    moe_prefix: str          # "block_sparse_moe" (Mixtral, MiniMax-M2), "feed_forward" (Llama-4) or "mlp"
-    expert_proj: tuple[str, str, str]  # (gate, up, down) projection names inside experts.{e}
-    router: str = "gate"     # the router's module name inside the MoE block
-    dense_prefix: str = "mlp"  # the dense MLP's module name in a dense layer
-    shared: str | None = None  # the shared expert's module name (None: "shared_expert" if gated, else "shared_experts")
-    correction_bias: str | None = None  # e_score_correction_bias's name in the MoE block (None: under the router)
+def _names(cfg: ModelConfig):
+    """The family's weight names (`Family.names`, declared in its module under specmoe/families/)."""
+    return family_of(cfg.model_type).names
 
 
-FAMILY_NAMES = {
-    "mixtral": FamilyNames("block_sparse_moe", ("w1", "w3", "w2")),
-    "qwen2_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-    "qwen3_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-    "olmoe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-    "glm4_moe": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-    "deepseek_v2": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-    "deepseek_v3": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-    "gpt_oss": FamilyNames("mlp", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router"),
-    "llama4_text": FamilyNames("feed_forward", ("gate_up_proj", "gate_up_proj", "down_proj"), router="router",
-                               dense_prefix="feed_forward", shared="shared_expert"),
-    "minimax_m2": FamilyNames("block_sparse_moe", ("w1", "w3", "w2"), correction_bias="e_score_correction_bias"),
-    "nllb_moe": FamilyNames("ffn", ("fc1", "fc1", "fc2"), router="router.classifier"),
-    "qwen3_next": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-    "qwen3_5_moe_text": FamilyNames("mlp", ("gate_proj", "up_proj", "down_proj")),
-}
-FUSED_EXPERTS = ("gpt_oss", "llama4_text")  # experts stored as one [E, ...] tensor per layer and projection
-# families whose checkpoints may store their experts either way: per expert (what save_pretrained writes) or as
-# transformers' fused [E, 2I, D] gate_up_proj (gate rows first) and [E, D, I] down_proj (Qwen3.5 as published)
-EITHER_LAYOUT = ("qwen3_next", "qwen3_5_moe_text")
+def _fused(cfg: ModelConfig) -> bool:
+    """The family stores its experts as one [E, ...] tensor per layer and projection (`Family.fused_experts`)."""
+    return family_of(cfg.model_type).fused_experts is not None
+
 
 # Keys some exporters add that carry no weights we need.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -77,7 +57,7 @@ class ExpertPart:
 def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertPart]:
     """The parts of one expert in the order they are packed: gate [I, D], up [I, D], down [D, I], then with
     expert biases gate_bias [I], up_bias [I], down_bias [D]."""
-    n = FAMILY_NAMES[cfg.model_type]
+    n = _names(cfg)
     D, I, E = cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts
     q = cfg.quantization
     if cfg.fused_experts:  # transformers' layout: gate_up_proj [E, 2I, D] (gate rows, then up), down_proj [E, D, I]
@@ -86,7 +66,7 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
         return {"gate": ExpertPart(gu, (E, 2 * I, D), expert, 0, stop=I),
                 "up": ExpertPart(gu, (E, 2 * I, D), expert, I, stop=2 * I),
                 "down": ExpertPart(f"{base}.down_proj", (E, D, I), expert)}
-    if cfg.model_type == "llama4_text":  # [E, D, 2I]: gate columns [0, I), up [I, 2I); down [E, I, D]
+    if family_of(cfg.model_type).fused_experts == "halves":  # [E, D, 2I]: gate columns [0, I), up [I, 2I); down [E, I, D]
         base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
         gu = f"{base}.gate_up_proj"
         return {"gate": ExpertPart(gu, (E, D, 2 * I), expert, 0, transpose=True, stop=I),
@@ -96,7 +76,7 @@ def expert_parts(cfg: ModelConfig, layer: int, expert: int) -> dict[str, ExpertP
         base = f"{_stack_prefix(cfg, layer)}.{n.moe_prefix}.experts.expert_{expert}"
         return {"gate": ExpertPart(f"{base}.fc1.weight", (I, D)), "down": ExpertPart(f"{base}.fc2.weight", (D, I)),
                 "gate_bias": ExpertPart(f"{base}.fc1.bias", (I,)), "down_bias": ExpertPart(f"{base}.fc2.bias", (D,))}
-    if cfg.model_type in FUSED_EXPERTS:
+    if _fused(cfg):
         base = f"{cfg.weight_prefix}layers.{layer}.{n.moe_prefix}.experts"
         gub = f"{base}.gate_up_proj_bias"
         if q is not None and q.method == "mxfp4":  # [E, out, in/32, 16] blocks, [E, out, in/32] scales
@@ -142,14 +122,14 @@ def stored_tensors(parts: dict[str, ExpertPart]) -> list[tuple[str, int | None, 
 def expert_tensors_per_layer(cfg: ModelConfig) -> int:
     """Distinct checkpoint tensors holding one MoE layer's experts."""
     n = len(stored_tensors(expert_parts(cfg, cfg.moe_layers[0], 0)))
-    return n if cfg.model_type in FUSED_EXPERTS or cfg.fused_experts else n * cfg.num_experts
+    return n if _fused(cfg) or cfg.fused_experts else n * cfg.num_experts
 
 
 def stores_fused_experts(cfg: ModelConfig, keys) -> bool:
-    """Whether a checkpoint of a family that may store its experts either way (`EITHER_LAYOUT`) holds them fused
-    (its key names say)."""
-    n = FAMILY_NAMES.get(cfg.model_type)
-    return (cfg.model_type in EITHER_LAYOUT and bool(cfg.moe_layers)
+    """Whether a checkpoint of a family that may store its experts either way (`Family.either_layout`) holds them
+    fused (its key names say)."""
+    n = _names(cfg)
+    return (family_of(cfg.model_type).either_layout and bool(cfg.moe_layers)
             and f"{cfg.weight_prefix}layers.{cfg.moe_layers[0]}.{n.moe_prefix}.experts.gate_up_proj" in keys)
 
 
@@ -253,7 +233,7 @@ def _attention_keys(cfg: ModelConfig, a: str, m: str) -> dict[str, tuple[str, tu
 def non_expert_keys(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{module parameter name: (checkpoint key, shape)} for every weight kept resident."""
     D, V, pre = cfg.hidden_size, cfg.vocab_size, cfg.weight_prefix
-    n = FAMILY_NAMES[cfg.model_type]
+    n = _names(cfg)
     if cfg.seq2seq is not None:
         return _seq2seq_keys(cfg)
     out = {"embed.weight": (pre + "embed_tokens.weight", (V, D)), "norm.weight": (pre + "norm.weight", (D,))}

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmoe.bench import control as C
+from specmoe.bench import auto_control as C
 
 
 def test_crossing_interpolates_in_log_phi():
@@ -51,7 +51,7 @@ def test_committed_control_md_is_generated_from_control_json():
     rdir = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     res = json.loads((rdir / "control.json").read_text())
     assert (rdir / "control.md").read_text() == C.report(res), \
-        "control.md is stale or hand-edited: run `python -m specmoe.bench.control`"
+        "control.md is stale or hand-edited: run `python -m specmoe.bench.auto_control`"
     sy = res["systems"]
     for e in sy["table"]:
         best = C.best_baseline(sy["rows"], e["model"], "disk", e["batch"])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specmoe.bench import overram, sysprobe
+from specmoe.bench import overram_runs, sysprobe
 from specmoe.bench.widen import SPARSE_CHUNK, save_sparse
 from specmoe.errors import InputError
 
@@ -36,7 +36,7 @@ def test_save_sparse_reads_back_exactly_and_leaves_holes(tmp_path):
     assert info["written_bytes"] < 4 * SPARSE_CHUNK
     assert a["allocated_bytes"] < a["apparent_bytes"] // 4, a  # the zero runs are holes
     with pytest.raises(InputError, match="sparse"):
-        overram._fully_allocated(f, "the test file")
+        overram_runs._fully_allocated(f, "the test file")
 
 
 def test_residency_drop_and_allocation(tmp_path):
@@ -46,7 +46,7 @@ def test_residency_drop_and_allocation(tmp_path):
     assert sysprobe.residency(f)["resident_bytes"] > 0
     after = sysprobe.drop_cache(f)
     assert after == {"resident_bytes": 0, "file_bytes": 1 << 20}
-    assert overram._fully_allocated(f, "x")["allocated_bytes"] >= 1 << 20
+    assert overram_runs._fully_allocated(f, "x")["allocated_bytes"] >= 1 << 20
 
 
 def test_balloon_holds_memory_is_labelled_and_dies_with_its_owner():
@@ -75,20 +75,20 @@ def test_timeline_windows():
 
 
 def test_check_disk_refuses_with_the_numbers(tmp_path):
-    assert overram.check_disk(tmp_path, {"repack": 1})["need_bytes"] > 1
+    assert overram_runs.check_disk(tmp_path, {"repack": 1})["need_bytes"] > 1
     with pytest.raises(InputError, match=r"need .* GB \(repack .* GB, gguf .*\), free .* GB"):
-        overram.check_disk(tmp_path, {"repack": 1 << 50, "gguf": 1 << 40})
+        overram_runs.check_disk(tmp_path, {"repack": 1 << 50, "gguf": 1 << 40})
 
 
 def test_plan_and_system_names():
     from specmoe.engine.llm import DEMO_MODEL
-    p = overram.plan_bytes(DEMO_MODEL, overram.BIG)
+    p = overram_runs.plan_bytes(DEMO_MODEL, overram_runs.BIG)
     assert p["hidden"] == 4096 and p["expert_intermediate"] == 6144 and p["expert_bytes"] == 144 << 20
     assert p["expert_total_bytes"] / p["model_bytes"] > 0.99
-    assert overram.system_options("eagle-g4") == {"decoding": "specmoe", "drafter": "eagle", "num_draft_tokens": 4,
+    assert overram_runs.system_options("eagle-g4") == {"decoding": "specmoe", "drafter": "eagle", "num_draft_tokens": 4,
                                                   "draft_tree": False, "cache_policy": "lru"}
     with pytest.raises(InputError, match="expected"):
-        overram.system_options("eagle4")
+        overram_runs.system_options("eagle4")
 
 
 def test_affinity_in_chunks_equals_the_whole_gram(tiny_ckpt, monkeypatch):

@@ -65,7 +65,7 @@ class DraftExperts:
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed)
         self.set_gen = torch.Generator().manual_seed(seed)  # random draft sets (host side)
-        self.normalize = cfg.model_type == "mixtral" or cfg.norm_topk_prob
+        self.normalize = cfg.norm_topk_prob  # Mixtral's reader sets it: its router always renormalises
         self.ids: dict[int, list[int]] = {}
         self.ids_t: dict[int, torch.Tensor] = {}   # [Nd]
         self.local: dict[int, torch.Tensor] = {}   # [E] → index in the draft set (Nd for non-draft experts)

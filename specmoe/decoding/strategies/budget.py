@@ -16,10 +16,15 @@ from __future__ import annotations
 import torch
 
 from specmoe.errors import InputError
+from specmoe.families import FAMILIES, family_of
 
 # N=tokens, E=experts, K=top-k
 
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "qwen3_next", "qwen3_5_moe_text")
+
+
+def supported(model_type: str) -> bool:
+    """A budget reroutes by the router's softmax: families whose router is softmax then top-k."""
+    return family_of(model_type).router_kind == "softmax-topk"
 
 
 def budget_set(weights: torch.Tensor, ids: torch.Tensor, num_experts: int, budget: int) -> torch.Tensor:
@@ -46,13 +51,14 @@ class ExpertBudget:
     """The routing hook of a budgeted verification forward, with its counters."""
 
     def __init__(self, cfg, budget: int):
-        if cfg.model_type not in FAMILIES:
-            raise InputError(f"verify_expert_budget supports softmax top-k routers ({', '.join(FAMILIES)}); "
+        if not supported(cfg.model_type):
+            names = ", ".join(f.model_type for f in FAMILIES.values() if f.router_kind == "softmax-topk")
+            raise InputError(f"verify_expert_budget supports softmax top-k routers ({names}); "
                              f"{cfg.model_type} routes otherwise")
         if budget < cfg.top_k:
             raise InputError(f"verify_expert_budget={budget} must be at least the model's top-k ({cfg.top_k})")
         self.E, self.k, self.budget = cfg.num_experts, cfg.top_k, budget
-        self.normalize = cfg.model_type == "mixtral" or bool(cfg.norm_topk_prob)
+        self.normalize = bool(cfg.norm_topk_prob)  # Mixtral's reader sets it: its router always renormalises
         self.assignments = self.rerouted = 0
         self.calls = self.union_exact = self.union_budget = 0  # (forward, layer) pairs; Σ experts used
         self.real: torch.Tensor | None = None  # [N] bool: the forward's non-padding tokens (set by the caller)

@@ -261,7 +261,7 @@ def child_specmoe(spec: dict) -> dict:
 
 
 def child_main(argv: list[str]) -> int:
-    """`python -m specmoe.bench.overram SPEC_JSON`: run `child_specmoe`, print the tagged result line."""
+    """`python -m specmoe.bench.overram_runs SPEC_JSON`: run `child_specmoe`, print the tagged result line."""
     spec = json.loads(argv[0])
     res = child_specmoe(spec)
     print(RESULT_TAG + json.dumps(res, default=str), flush=True)
@@ -328,7 +328,7 @@ def llama_argv(spec: dict) -> list[str]:
 
 
 def specmoe_argv(spec: dict) -> list[str]:
-    return [sys.executable, "-m", "specmoe.bench.overram", json.dumps(spec)]
+    return [sys.executable, "-m", "specmoe.bench.overram_runs", json.dumps(spec)]
 
 
 if __name__ == "__main__":

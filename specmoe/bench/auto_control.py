@@ -444,9 +444,9 @@ def report(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """`python -m specmoe.bench.control [--report]`: rewrite control.md from control.json."""
+    """`python -m specmoe.bench.auto_control [--report]`: rewrite control.md from control.json."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m specmoe.bench.control", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m specmoe.bench.auto_control", description=main.__doc__)
     p.add_argument("--results", default=str(Path(__file__).resolve().parents[2] / "benchmarks" / "results"
                                             / "control.json"))
     a = p.parse_args(argv)
