@@ -13,7 +13,6 @@ and on bf16 weights. Bandwidth: a 2 GiB fp32 sum with the same threads. Writes b
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from specmoe import kernels  # noqa: E402
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
-from specmoe.bench.plots import plot_or_skip  # noqa: E402
+from specmoe.bench.plots import write_results  # noqa: E402
 from specmoe.experts import integrity  # noqa: E402
 
 SHAPES = {"3072x1024": (3072, 1024), "6144x2048": (6144, 2048), "12288x4096": (12288, 4096)}  # (out, in)
@@ -148,12 +147,7 @@ def main() -> int:
            "targets": targets(table, bw)}
     for k, v in res["targets"].items():
         print(f"{'met  ' if v['met'] else 'UNMET'} {k}: {v['value']:.2f} (target {v['target']})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    png = out.with_suffix(".png")
-    png = None if plot_or_skip(plot, res, png) is False else png
-    print(f"wrote {out}{f' and {png}' if png else ''}")
+    write_results(res, args.out, plot)
     return 0
 
 

@@ -10,7 +10,6 @@ benchmarks/results/orientation.json and a plot next to it."""
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
-from specmoe.bench.plots import plot_or_skip  # noqa: E402
+from specmoe.bench.plots import write_results  # noqa: E402
 from specmoe.models import orientation  # noqa: E402
 
 SHAPES = {  # name -> (out, in)
@@ -85,10 +84,7 @@ def main() -> int:
     res = {"command": "python " + " ".join(sys.argv), "commit": provenance()["git_commit"],
            "provenance": provenance(), "machine": machine_info(), "threads": args.threads, "rounds": args.rounds,
            "table": table, "probe": probes}
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    png = out.with_suffix(".png")
-    png = None if plot_or_skip(plot, res, png) is False else png
-    print(f"wrote {out}{f' and {png}' if png else ''}")
+    write_results(res, out, plot)
     return 0
 
 

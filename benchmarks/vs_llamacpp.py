@@ -19,7 +19,6 @@ over rounds. Also specmoe's batch-16 decode tokens/s ÷ its batch-1. Writes benc
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ import torch  # noqa: E402
 from specmoe import LLM, SamplingParams, kernels  # noqa: E402
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
 from specmoe.bench.peers import _LlamaCpp, convert_gguf  # noqa: E402
-from specmoe.bench.plots import plot_or_skip  # noqa: E402
+from specmoe.bench.plots import write_results  # noqa: E402
 from specmoe.bench.widen import widened_copy  # noqa: E402
 from specmoe.bundled import demo_model_dir  # noqa: E402
 
@@ -160,12 +159,7 @@ def main() -> int:
            "runs": runs, "ratios": ratios, "targets": targets}
     for k, v in targets.items():
         print(f"{'met  ' if v['met'] else 'UNMET'} {k}: specmoe / llama.cpp {v['value']:.2f} (target {v['target']})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    png = out.with_suffix(".png")
-    png = None if plot_or_skip(plot, res, png) is False else png
-    print(f"wrote {out}{f' and {png}' if png else ''}")
+    write_results(res, args.out, plot)
     return 0
 
 

@@ -32,6 +32,18 @@ def plot_or_skip(draw, res: dict, path: Path):
     return draw(res, path)
 
 
+def write_results(res: dict, out, draw) -> None:
+    """A benchmark's results: the JSON at `out` (folders made), then its plot beside it (`draw(res, png)`, or the
+    skip line of `plot_or_skip`), then one line naming what was written."""
+    import json
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    png = out.with_suffix(".png")
+    png = None if plot_or_skip(draw, res, png) is False else png
+    print(f"wrote {out}{f' and {png}' if png else ''}")
+
+
 def _ok(runs, **match):
     return [r for r in runs if r.get("status") == "ok" and "sweep" not in r
             and all(r.get(k) == v for k, v in match.items())]

@@ -28,7 +28,7 @@ from specmoe import machine_cache
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("ops.cpp", "gemv_ref.cpp", "gemv_avx2.cpp", "gemv_avx512.cpp")
-HEADERS = ("gemv.h", "gemv_impl.h")
+HEADERS = ("gemv.h", "gemv_impl.h", "i4_x86.h")
 FLAGS = ["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"]  # no contraction: a row's bits fixed per ISA
 SIMD = ("avx2", "avx512")
 BLAS_ROWS = 16  # rows per weight up to which the native product runs (more: BLAS, inside the same op)

@@ -8,6 +8,8 @@
 namespace smk {
 namespace avx512 {
 
+#include "i4_x86.h"
+
 struct V {
   using T = __m512;
   static constexpr int L = 16, R = 4, B = 48;
@@ -24,20 +26,10 @@ struct V {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  static inline __m128i nibbles(const uint8_t* p) {  // 8 bytes → 16 bytes, low nibble first
-    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), f = _mm_set1_epi8(15);
-    return _mm_unpacklo_epi8(_mm_and_si128(v, f), _mm_and_si128(_mm_srli_epi16(v, 4), f));
-  }
   // int4 by whole 32-weight chunks (one group of 32, or half a group of 64): 16 bytes decoded at once
   static constexpr bool I4_32 = true;
   using Q = __m256i;  // 32 weights as signed bytes n − 8, in order
-  static inline Q i4_decode(const uint8_t* p) {
-    // byte i in 16-bit lane i; low nibble → the lane's low byte, high nibble → its high byte: w[2i], w[2i + 1]
-    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i t = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi16(0x000F)),
-                                      _mm256_and_si256(_mm256_slli_epi16(v, 4), _mm256_set1_epi16(0x0F00)));
-    return _mm256_sub_epi8(t, _mm256_set1_epi8(8));
-  }
+  static inline Q i4_decode(const uint8_t* p) { return i4_decode32(p); }
   static inline T bcast_half(uint16_t h) { return _mm512_set1_ps(_cvtsh_ss(h)); }
   template <int q>
   static inline T i4_chunk(Q d, T s) {  // weights [16q, 16q + 16) of the chunk, times the group scale
@@ -56,8 +48,8 @@ struct V {
     } else if constexpr (FMT == I8) {
       return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k))));
     } else {
-      __m512i n = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nibbles(row + (k >> 1))), _mm512_set1_epi32(8));
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(_cvtsh_ss(rs[k >> gs])));
+      static_assert(FMT != I4, "int4 rows go through i4_decode / i4_chunk (gemv_impl.h), whole 32-weight chunks");
+      return zero();
     }
   }
 };
