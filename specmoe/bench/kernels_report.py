@@ -57,7 +57,8 @@ def readme_block(k: dict, v: dict) -> str:
         fmt = r.get("format", "bf16")
         weights = "bf16 / bf16" if fmt == "bf16" else f"{fmt} experts / {r.get('llama_cpp_type', '?').upper()}"
         torch_path = f"{m['specmoe torch path']:.1f}" if "specmoe torch path" in m else "–"
-        size = f", {r['model_bytes'] / 2**30:.1f} GiB" if r.get("model_bytes") else ""
+        b = r.get("model_bytes")
+        size = "" if not b else f", {b / 2**30:.1f} GiB" if b >= 2**30 else f", {b / 2**20:.0f} MiB"
         lines.append(f"| {r['model']} (hidden {r['hidden']}{size}) | {weights} | {m['specmoe']:.1f} | {torch_path} | "
                      f"{m['llama.cpp']:.1f} | {r['specmoe_over_llama_cpp']:.2f}× | {r['specmoe_b16_over_b1']:.2f}× |")
     lines += ["", END]
