@@ -1,7 +1,8 @@
 """specmoe's native CPU kernels: y = x·Wᵀ (+ bias) for a few rows of fp32 activations and W in its stored format
 (fp32, bf16, fp16, int8 with a scale per row, int4 with an fp16 scale per group), reading W once per call and
 accumulating in fp32; and `moe`, every routed assignment of one MoE layer's slot group in one call (gate/up
-projection, SwiGLU / ReLU / GPT-OSS's clamped SwiGLU, down projection).
+projection, SwiGLU / ReLU / GPT-OSS's clamped SwiGLU, down projection); and `rms_norm` over fp32 rows (one op for a
+decode row's norm, per-head weights included).
 
 The C++ lives in `csrc/` (one body, `gemv_impl.h`, compiled per ISA: AVX2 + FMA + F16C, AVX-512, portable). It is
 built on first use with torch's `cpp_extension` (ninja), kept under `<cache dir>/kernels/<torch version>-<source

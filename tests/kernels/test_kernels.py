@@ -184,3 +184,29 @@ def test_build_failure_falls_back_in_one_line(tmp_path, monkeypatch):
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("SPECMOE_NATIVE", "0")
     assert kernels._build() == {"ok": False, "isa": None, "reason": "SPECMOE_NATIVE=0"}
+
+
+@pytest.mark.parametrize("shape,wshape", [((1, 256), (256,)), ((7, 64), None), ((5, 6, 1, 64), (6, 1, 64)),
+                                          ((3, 1000), (1000,)), ((300, 1024), (1024,))])
+def test_rms_norm_matches_torch_and_a_row_is_alone(shape, wshape):
+    """`rms_norm` against torch's (w · (x · rsqrt(mean(x²) + eps)), fp32): a weight per feature, none, and per-head
+    weights tiling the rows ([heads, 1, D] over [N, heads, 1, D]); odd widths (a tail past the 8 partial sums); a large
+    input split over threads; each row's bits the same computed alone."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(*shape, generator=g) * 3
+    w = None if wshape is None else torch.randn(*wshape, generator=g)
+    got = kernels.rms_norm(x, w, 1e-6)
+    want = F.rms_norm(x, (shape[-1],), None, 1e-6)
+    if w is not None:
+        want = want * w
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    flat, gflat = x.reshape(-1, shape[-1]), got.reshape(-1, shape[-1])
+    P = 1 if w is None else w.numel() // shape[-1]
+    for r in (0, flat.shape[0] - 1):  # alone: the same weight row (r % P) as in the whole call
+        wr = None if w is None else w.reshape(P, -1)[r % P]
+        assert torch.equal(kernels.rms_norm(flat[r:r + 1], wr, 1e-6), gflat[r:r + 1])
+
+
+def test_rms_norm_refuses_a_weight_that_does_not_tile_the_rows():
+    with pytest.raises(RuntimeError, match="does not tile"):
+        kernels.rms_norm(torch.randn(5, 64), torch.randn(2, 64), 1e-6)
