@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,19 +23,16 @@ import torch  # noqa: E402
 
 from specmoe import LLM, SamplingParams, kernels  # noqa: E402
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
+from specmoe.bench.measure import decode_rate  # noqa: E402
 from specmoe.bench.plots import write_results  # noqa: E402
 
 TARGET = 0.95  # deterministic ÷ plain decode tokens/s: costs at most 5%
 
 
-def decode_rate(llm: LLM, prompts: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
-    sp = lambda k: SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True)  # noqa: E731
-    t0 = time.perf_counter()
-    llm.generate(prompts, sp(1))
-    t1 = time.perf_counter()
-    outs = llm.generate(prompts, sp(n))
-    t2 = time.perf_counter()
-    return len(prompts) * (n - 1) / max(1e-9, (t2 - t1) - (t1 - t0)), [o.token_ids for o in outs]
+def greedy(llm: LLM):
+    """`decode_rate`'s generate: greedy, EOS ignored, the token ids returned."""
+    return lambda prompts, k: [o.token_ids for o in llm.generate(
+        prompts, SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True))]
 
 
 def main() -> int:
@@ -56,14 +52,14 @@ def main() -> int:
     for b in (int(x) for x in args.batches.split(",")):
         prompts = [tok.encode(texts[i % len(texts)]) for i in range(b)]
         for m in models.values():  # warm-up
-            decode_rate(m, prompts, 4)
+            decode_rate(greedy(m), prompts, 4)
         rates = {k: [] for k in models}
         same = True
         for r in range(args.rounds):
             order = list(models) if r % 2 == 0 else list(models)[::-1]
             toks = {}
             for k in order:
-                rate, toks[k] = decode_rate(models[k], prompts, args.tokens)
+                rate, toks[k] = decode_rate(greedy(models[k]), prompts, args.tokens)
                 rates[k].append(rate)
             same &= toks["fp32"] == toks["fp32 deterministic"]
         ratios = [d / p for d, p in zip(rates["fp32 deterministic"], rates["fp32"])]

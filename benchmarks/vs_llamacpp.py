@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +30,7 @@ import torch  # noqa: E402
 
 from specmoe import LLM, SamplingParams, kernels  # noqa: E402
 from specmoe.bench.machine import machine_info, provenance  # noqa: E402
+from specmoe.bench.measure import decode_rate  # noqa: E402
 from specmoe.bench.peers import _LlamaCpp, convert_gguf  # noqa: E402
 from specmoe.bench.plots import write_results  # noqa: E402
 from specmoe.bench.widen import widened_copy  # noqa: E402
@@ -56,16 +56,6 @@ def model_path(name: str, cache: Path) -> Path:
 def prompt_ids(llm: LLM, batch: int) -> list[list[int]]:
     texts = ["The json module", "And God said,", "def fibonacci(n):", "In the beginning"]
     return [llm.tokenizer.encode(texts[i % len(texts)]) for i in range(batch)]
-
-
-def decode_rate(gen, prompts: list[list[int]], n: int) -> float:
-    """Decode tokens/s of `gen(prompts, k)` (one call of n tokens minus one of 1 token)."""
-    t0 = time.perf_counter()
-    gen(prompts, 1)
-    t1 = time.perf_counter()
-    gen(prompts, n)
-    t2 = time.perf_counter()
-    return len(prompts) * (n - 1) / max(1e-9, (t2 - t1) - (t1 - t0))
 
 
 def specmoe_gen(llm: LLM, native_on: bool):
@@ -107,8 +97,8 @@ def run_model(name: str, fmt: str, args, cache: Path) -> dict:
         b16: list[float] = []
         for r in range(args.rounds):
             for s in (systems if r % 2 == 0 else systems[::-1]):  # order alternated
-                rates[s].append(decode_rate(gens[s], p1, n))
-            b16.append(decode_rate(gens["specmoe"], p16, n))
+                rates[s].append(decode_rate(gens[s], p1, n)[0])
+            b16.append(decode_rate(gens["specmoe"], p16, n)[0])
             print(f"{name} {fmt} round {r + 1}: " + ", ".join(f"{s} {v[-1]:.1f}" for s, v in rates.items())
                   + f" tok/s; specmoe batch 16 {b16[-1]:.1f} tok/s", flush=True)
         same = llama.generate(p1, 16)[1][0] == fast.generate(p1, SamplingParams(

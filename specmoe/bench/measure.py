@@ -143,3 +143,15 @@ def measure(llm, prompt_ids: list[list[int]], max_tokens: int, *, reference: lis
         row["matches_reference"] = same / B
     row["_token_ids"] = [o.token_ids for o in outs]
     return row
+
+
+def decode_rate(gen, prompts: list[list[int]], n: int):
+    """(decode tokens/s, what the n-token call returned) of `gen(prompts, k)`, a k-token generate: batch × (n − 1)
+    over the wall of an n-token call minus that of a 1-token one, so prefill is out of it for any system alike."""
+    import time
+    t0 = time.perf_counter()
+    gen(prompts, 1)
+    t1 = time.perf_counter()
+    out = gen(prompts, n)
+    t2 = time.perf_counter()
+    return len(prompts) * (n - 1) / max(1e-9, (t2 - t1) - (t1 - t0)), out

@@ -13,7 +13,6 @@ copying the model.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Protocol
@@ -280,16 +279,14 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     others share its expert."""
     if x.device.type == "cpu" and native.available():
         return native_experts(x, routing, groups, math, invariant=rows > 1)
-    groups = iter(groups)
-    first = next(groups, None)
-    if first is not None and first.gate_up_scale is not None:
-        raise RuntimeError("these expert slots hold quantized stored bytes, which only the native CPU kernels compute "
-                           "from; the native path is off (build the LLM with it off to decode them on arrival)")
-    groups = itertools.chain(() if first is None else (first,), groups)
     N, K = routing.ids.shape
     flat = routing.ids.view(-1)  # [N·K]
     y = None  # [N·K, D] per assignment, in routing order
     for g in groups:
+        if g.gate_up_scale is not None:
+            raise RuntimeError("these expert slots hold quantized stored bytes, which only the native CPU kernels "
+                               "compute from; the native path is off (build the LLM with it off to decode them on "
+                               "arrival)")
         n = routing.real_tokens * K if g.rows is None else g.rows  # the group's assignments sort first
         if n == 0:
             continue
