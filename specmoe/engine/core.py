@@ -32,6 +32,7 @@ from specmoe.decoding.runtime.sampling import SamplingParams, make_generator
 from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.engine.detokenizer import Detokenizer
 from specmoe.engine.stats import EngineStats
+from specmoe.errors import InputError
 from specmoe.models.kv_cache import KVCache, round_positions
 from specmoe.tokenizer import Tokenizer
 
@@ -117,6 +118,10 @@ class EngineCore:
 
     # ------------------------------------------------------------ queue
     def add(self, req: Request) -> Request:
+        forced, vocab = req.params.forced_tokens, self.runner.model.cfg.vocab_size
+        if forced is not None and any(t >= vocab for t in forced):
+            raise InputError(f"forced_tokens hold ids outside the vocabulary [0, {vocab}): "
+                             f"{[t for t in forced if t >= vocab][:5]}")
         req.request_id = self._ids
         req.detok = Detokenizer(self.tokenizer, req.params.stop)
         self._ids += 1

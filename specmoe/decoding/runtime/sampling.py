@@ -11,6 +11,12 @@ Three rules pick a token from a row of logits:
 - unseeded: a categorical draw from the request's own generator (speculative steps use
   rejection sampling, which accepts more drafts than the coupled rule).
 
+A request may instead be *forced* (`forced_tokens`, greedy only): its output token i is forced_tokens[i] whatever
+the logits say. The model still reads every forced token, so the expert traffic is that of the model reading the
+document (teacher forcing); speculative modes draft greedily and accept a draft where it equals the forced token,
+which prices acceptance pessimistically (a draft the model would accept but the document contradicts is rejected).
+Benchmarks use it to decode natural text instead of the loops greedy decoding falls into.
+
 `probs_from_logits` is shared with speculative decoding, whose acceptance rules must
 compare draft and target distributions after exactly the same filtering."""
 from __future__ import annotations
@@ -34,6 +40,8 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    # teacher forcing: output token i is forced_tokens[i] (temperature 0; at least max_tokens of them)
+    forced_tokens: list[int] | None = None
 
     def __post_init__(self):
         from specmoe.options import SEED_RANGE, check_int, check_number
@@ -51,6 +59,24 @@ class SamplingParams:
         check_int("seed", self.seed, *SEED_RANGE, none_ok=True)
         if not isinstance(self.ignore_eos, bool):
             raise InputError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.forced_tokens is not None:
+            f = self.forced_tokens
+            if isinstance(f, torch.Tensor):
+                f = f.tolist()
+            if not isinstance(f, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                           for t in f):
+                raise InputError("forced_tokens must be a list of non-negative token ids")
+            if self.temperature != 0:
+                raise InputError(f"forced_tokens needs temperature 0 (the output is the forced tokens), got "
+                                 f"temperature={self.temperature}")
+            if len(f) < self.max_tokens:
+                raise InputError(f"forced_tokens holds {len(f)} tokens, fewer than max_tokens={self.max_tokens}")
+            self.forced_tokens = list(f)
+
+    def forced_at(self, position: int) -> int:
+        """The forced output token at output position `position` (a forced request only)."""
+        f = self.forced_tokens
+        return f[position] if position < len(f) else f[-1]  # past the end only for a step the engine truncates
 
     @property
     def greedy(self) -> bool:
@@ -141,6 +167,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.
         check_finite(ok.tolist())  # before a sampler meets NaN (torch.multinomial raises on it)
     out = logits.argmax(-1)
     for b, p in enumerate(params):
+        if p.forced_tokens is not None:
+            out[b] = p.forced_at(positions[b])
+            continue
         if p.greedy:
             continue
         if p.seed is not None:

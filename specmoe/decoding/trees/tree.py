@@ -6,7 +6,8 @@ parent is `parents[i]` (< i, -1 = the root). In the verification forward row t =
 row i + 1) sits at RoPE position length + depth(t), writes its K/V at the scratch position length + t and
 attends to the committed prefix + its ancestors + itself (`ancestor_mask`, the forward's `BatchView.tree`).
 
-Acceptance walks down from the root. At a node whose target pick is known (greedy: argmax; seeded: the
+Acceptance walks down from the root. At a node whose target pick is known (greedy: argmax; forced: the
+request's forced token at that output position; seeded: the
 Gumbel-max pick with the noise of that output position, `sampling.coupled_pick`) it follows the child whose
 token equals the pick, and emits the pick where no child matches (correction) or at a leaf (bonus): the
 output is the target's own tokens, whatever was drafted (greedy == AR, seeded == plain seeded decoding).
@@ -198,6 +199,11 @@ def accept(seqs: list[Sequence], trees: list[DraftTree], logits: torch.Tensor, d
         for b, n in noise.items():
             k = len(trees[b]) + 1
             tgt[b, :k] = coupled_pick(logits[b, :k], seqs[b].params, n[depths[b, :k]])
+        for b, s in enumerate(seqs):  # forced rows: the target's pick at depth j is the document's next token
+            if s.params.forced_tokens is not None:
+                k, start = len(trees[b]) + 1, len(s.output_ids)
+                tgt[b, :k] = torch.tensor([s.params.forced_at(start + j) for j in depths[b, :k].tolist()],
+                                          device=dev)
         parts = [tgt, finite[:, None].long()] + ([tokens] if deferred else [])
         rows = torch.cat(parts, 1).tolist()  # one host read: picks | finite | (the drafts still on the device)
         for b, t in enumerate(trees):
