@@ -43,7 +43,12 @@ def fixed_options(name: str) -> dict:
             "draft_tree": len(parts) == 3, "cache_policy": "lru"}
 
 
+POLICIES = ("s3fifo", "adaptive", "lfu")  # also systems: plain decoding with that cache policy
+
+
 def system_options(name: str) -> dict:
+    if name in POLICIES:
+        return {"decoding": "ar", "cache_policy": name}
     return SPECMOE[name] if name in SPECMOE else fixed_options(name)
 
 
@@ -55,7 +60,9 @@ class Sizes:
 
 
 BIG = Sizes(hidden=4096, expert_mb=144.0)  # demo 256 → 4096; I' 96 → 6144: 144 MiB per expert, 27 GiB of experts
+MID = Sizes(hidden=4096, expert_mb=48.0)  # I' 2048: 48 MiB per expert, ~9 GiB of experts (vs_llamacpp's widened4096)
 DRY = Sizes(hidden=1024, expert_mb=1.0)  # the dry run's tiny copy: ~0.2 GiB
+MODELS = {"big": BIG, "mid": MID, "dry": DRY}
 
 
 # ---------------------------------------------------------------- artifacts
@@ -166,8 +173,9 @@ def warm_caches(path: Path, repack_dir: Path, prompt: list[int], dtype: str = "a
               **SPECMOE["auto"])
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     st = llm.stats
+    dt = str(llm.dtype).removeprefix("torch.")
     llm.close()
-    return {"s": time.perf_counter() - t0, "controller_steps": st.get("controller_steps")}
+    return {"s": time.perf_counter() - t0, "controller_steps": st.get("controller_steps"), "dtype": dt}
 
 
 def cost_profile(path: Path, repack_dir: Path, *, experts: int = 3) -> dict:
@@ -218,41 +226,120 @@ def cost_profile(path: Path, repack_dir: Path, *, experts: int = 3) -> dict:
 
 
 # ---------------------------------------------------------------- children
+WINDOW_TOKENS = 64  # distinct experts per layer are counted per this many output tokens
+
+
+class RoutingWindows:
+    """A ForwardContext observer: the distinct experts each MoE layer routed to, per window of WINDOW_TOKENS
+    output tokens, over the target model's forwards after the prefill (`at(n)`: n output tokens exist now; the
+    forwards that follow count towards window n // size). A speculative verification's rejected positions count
+    too: they were computed, so their experts were fetched."""
+
+    def __init__(self, size: int = WINDOW_TOKENS):
+        self.size = size
+        self.window: int | None = None  # None: prefill, not counted
+        self.sets: dict[int, dict[int, set[int]]] = {}  # window -> layer -> experts
+        self.tokens: dict[int, int] = {}
+
+    def at(self, n_out: int) -> None:
+        self.window = n_out // self.size
+
+    def __call__(self, layer: int, routing) -> None:
+        if self.window is not None:
+            self.sets.setdefault(self.window, {}).setdefault(layer, set()).update(routing.needed)
+
+    @staticmethod
+    def combine(summaries: list[dict]) -> dict:
+        """Several documents' summaries: each kept, and the mean over their full windows."""
+        import statistics
+        full = [x["mean_distinct_per_layer_full_windows"] for x in summaries
+                if x["mean_distinct_per_layer_full_windows"] is not None]
+        return {"per_document": summaries, "mean_distinct_per_layer_full_windows": statistics.mean(full) if full else None,
+                "window_tokens": WINDOW_TOKENS, "source": summaries[0]["source"] if summaries else None}
+
+    def summary(self, tokens: int) -> dict:
+        """Per window: its output tokens and the distinct experts of each layer; the mean over layers of the full
+        windows (all of WINDOW_TOKENS tokens) and over all of them."""
+        import statistics
+        wins = []
+        for w in sorted(self.sets):
+            n = min(tokens, (w + 1) * self.size) - w * self.size
+            per = {str(k): len(v) for k, v in sorted(self.sets[w].items())}
+            wins.append({"window": w, "tokens": n, "distinct_per_layer": per})
+        full = [statistics.mean(x["distinct_per_layer"].values()) for x in wins
+                if x["tokens"] == self.size and x["distinct_per_layer"]]
+        return {"window_tokens": self.size, "windows": wins,
+                "mean_distinct_per_layer_full_windows": statistics.mean(full) if full else None,
+                "source": "the target forwards' routing after the prefill (rejected draft positions included)"}
+
+
+def sampling_of(spec: dict):
+    """The request's SamplingParams for spec['workload']: 'natural-forced' (temperature 0, output token i =
+    spec['forced'][i]), 'sampled' (spec['temperature'], seed spec['seed']) or 'greedy'; EOS never stops it."""
+    from specmoe import SamplingParams
+    w = spec.get("workload", "greedy")
+    if w == "natural-forced":
+        return SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, forced_tokens=list(spec["forced"]),
+                              ignore_eos=True)
+    if w == "sampled":
+        return SamplingParams(max_tokens=spec["max_tokens"], temperature=spec["temperature"], seed=spec["seed"],
+                              ignore_eos=True)
+    if w == "greedy":
+        return SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
+    raise InputError(f"unknown workload {w!r}: expected natural-forced, sampled or greedy")
+
+
 def child_specmoe(spec: dict) -> dict:
-    """One system's run in this (fresh) process: load, then one greedy request of spec['max_tokens'] tokens over
-    spec['prompt'], timed token by token; the engine's stats and memory parts."""
+    """One system's run in this (fresh) process: load, then for each of spec['docs'] ({"prompt", and "forced" or
+    "seed"}) one request of spec['max_tokens'] tokens (workload: `sampling_of`), one after another,
+    timed token by token; the engine's stats and memory parts, and the distinct experts per layer per window
+    (RoutingWindows). A memory budget the engine refuses (InputError) is
+    returned as {"status": "refused", "reason": its line}."""
     import torch
 
-    from specmoe import LLM, SamplingParams
+    from specmoe import LLM
     from specmoe.engine.core import Request
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()
     # the budget both caps all expert memory and sizes the cache (memory_budget alone only caps the default cache
     # of a quarter of the experts)
-    llm = LLM(spec["path"], dtype=spec.get("dtype", "auto"), threads=spec["threads"], max_batch=1, offload="disk",
-              repack_dir=spec["repack_dir"], memory_budget=spec["memory_budget"], cache_bytes=spec["memory_budget"],
-              prefetch="none",
-              io_depth=spec.get("io_depth", 1), **system_options(spec["system"]))
+    budget = spec.get("memory_budget")
+    sizing = {} if budget is None else {"memory_budget": budget, "cache_bytes": budget}
+    try:
+        llm = LLM(spec["path"], dtype=spec.get("dtype", "auto"), threads=spec["threads"], max_batch=1,
+                  offload="disk", repack_dir=spec["repack_dir"], prefetch="none", io_depth=spec.get("io_depth", 1),
+                  **sizing, **system_options(spec["system"]))
+    except InputError as e:
+        return {"status": "refused", "reason": str(e).splitlines()[0]}
     load_s = time.perf_counter() - t0
-    sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True)
-    tl = sysprobe.Timeline()
-    with llm.engine([(spec["prompt"], sp)]) as core:
-        req = core.add(Request(prompt_ids=list(spec["prompt"]), params=sp))
-        tl.start()
-        n = 0
-        while core.has_work:
-            core.step()
-            if len(req.output_ids) != n:
-                n = len(req.output_ids)
-                tl.mark(n)
-        tokens = list(req.output_ids)
+    load_read = sysprobe.proc_io()["read_bytes"]
+    per, toks_all, wins = [], [], []
+    for doc in spec["docs"]:  # one document after another, batch 1
+        one = {**spec, **doc}
+        sp = sampling_of(one)
+        tl = sysprobe.Timeline()
+        win = RoutingWindows()
+        with llm.engine([(doc["prompt"], sp)]) as core:
+            core.runner.observers.append(win)
+            req = core.add(Request(prompt_ids=list(doc["prompt"]), params=sp))
+            tl.start()
+            n = 0
+            while core.has_work:
+                core.step()
+                if len(req.output_ids) != n:
+                    n = len(req.output_ids)
+                    tl.mark(n)
+                win.at(n)
+            toks_all.append(list(req.output_ids))
+        per.append(tl.summary(spec["window"]))
+        wins.append(win.summary(len(toks_all[-1])))
     st = llm.stats
     keep = {k: v for k, v in st.items() if isinstance(v, (int, float, str, bool)) or v is None}
     for k in ("memory", "drafters", "controller_steps", "controller_rows_by_drafter", "step_breakdown"):
         if k in st:
             keep[k] = st[k]
-    res = {"load_s": load_s, "dtype": str(llm.dtype).removeprefix("torch."), "token_ids": tokens,
-           **tl.summary(spec["window"]),
+    res = {"load_s": load_s, "load_read_bytes": load_read, "dtype": str(llm.dtype).removeprefix("torch."),
+           "token_ids": toks_all, **sysprobe.combine(per), "routing_windows": RoutingWindows.combine(wins),
            "expert_memory_bytes": llm.expert_memory.total, "expert_memory_parts": llm.expert_memory.parts,
            "cache_slots_per_layer": llm.expert_memory.slots, "hit_rate": st.get("hit_rate"), "stats": keep,
            "status_at_end": sysprobe.proc_status(), "io_at_end": sysprobe.proc_io()}
@@ -264,39 +351,61 @@ def child_main(argv: list[str]) -> int:
     """`python -m specmoe.bench.overram_runs SPEC_JSON`: run `child_specmoe`, print the tagged result line."""
     spec = json.loads(argv[0])
     res = child_specmoe(spec)
+    if res.get("status") == "refused":
+        print(f"refused: {res['reason']}", file=sys.stderr, flush=True)
     print(RESULT_TAG + json.dumps(res, default=str), flush=True)
     return 0
 
 
 def run_child(argv: list[str], *, env: dict, files: dict[str, Path], device: str | None, log: Path,
-              timeout: float) -> dict:
+              timeout: float, cgroup=None) -> dict:
     """Drop `files` from the page cache (their residency after the drop is recorded), run `argv` with `env`
-    (stderr to `log`), sample its memory while it runs, and return its result joined with the samples, the
-    device's bytes read over the run (every process on the device counts) and the files' residency after."""
+    (stderr to `log`; inside `cgroup`, a live cgroup.MemCgroup, from before its exec), sample its memory while it
+    runs, and return its result joined with the samples, the cgroup's counters, the device's bytes read over the
+    run (every process on the device counts) and the files' residency after. Status: the child's ('ok', or
+    'refused' with the engine's line), 'oom' when the kernel killed it for memory (cgroup.classify_exit), else
+    'error' with the log's tail. An interrupt kills the child before it propagates."""
+    from specmoe.bench.cgroup import classify_exit
     before = {k: sysprobe.drop_cache(f) for k, f in files.items()}
     d0 = sysprobe.disk_read_bytes(device)
     t0 = time.perf_counter()
     with open(log, "a") as errf:
         errf.write(f"\n==== {' '.join(argv[:3])} ... ({time.strftime('%H:%M:%S')})\n")
         errf.flush()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errf, env=env, text=True)
-        with sysprobe.Sampler(proc.pid) as smp:
-            try:
-                out, _ = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-                return {"status": "error", "reason": f"timed out after {timeout:.0f} s", **smp.result()}
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errf, env=env, text=True,
+                                preexec_fn=cgroup.preexec if cgroup is not None else None)
+        timed_out = False
+        try:
+            with sysprobe.Sampler(proc.pid) as smp:
+                try:
+                    out, _ = proc.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, _ = proc.communicate()
+                    timed_out = True
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
     wall = time.perf_counter() - t0
     d1 = sysprobe.disk_read_bytes(device)
     lines = [x for x in out.splitlines() if x.startswith(RESULT_TAG)]
     base = {"process_wall_s": wall, **smp.result(), "residency_before": before,
             "residency_after": {k: sysprobe.residency(f) for k, f in files.items()},
-            "device_read_bytes": None if d0 is None or d1 is None else d1 - d0}
-    if proc.returncode != 0 or not lines:
+            "device_read_bytes": None if d0 is None or d1 is None else d1 - d0, "returncode": proc.returncode}
+    if cgroup is not None:
+        base["cgroup"] = {"name": cgroup.name, **cgroup.stats()}
+    if timed_out:
+        return {"status": "error", "reason": f"timed out after {timeout:.0f} s", **base}
+    status = classify_exit(proc.returncode, base.get("cgroup"))
+    if status == "oom":
+        return {"status": "oom", "reason": f"killed by the kernel for memory (exit {proc.returncode}, cgroup failcnt "
+                f"{base['cgroup']['failcnt']}, oom_kill {base['cgroup']['oom_control'].get('oom_kill')})", **base}
+    if status != "ok" or not lines:
         tail = log.read_text()[-800:] if log.is_file() else ""
         return {"status": "error", "reason": f"exit status {proc.returncode}: {tail}", **base}
-    return {"status": "ok", **json.loads(lines[-1][len(RESULT_TAG):]), **base}
+    got = json.loads(lines[-1][len(RESULT_TAG):])
+    return {"status": got.pop("status", "ok"), **got, **base}
 
 
 def llama_env(llama_site: str | None) -> dict:

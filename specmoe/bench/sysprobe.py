@@ -162,7 +162,8 @@ class Timeline:
         tk, nk, bk = r[k][:3]
         steady = r[k:] if n_end > nk else r
         foot = [a + f for _, _, _, a, f in steady]
-        return {"tokens": n_end, "wall_s": t_end, "prefill_s": r[0][0], "first_tokens": nk,
+        return {"tokens": n_end, "wall_s": t_end, "prefill_s": r[0][0], "first_tokens": nk, "first_s": tk,
+                "steady_s": t_end - tk if n_end > nk else 0.0, "first_read_bytes": bk, "steady_read_bytes": b_end - bk,
                 "first_tok_s": nk / tk if tk > 0 else None,
                 "steady_tokens": n_end - nk,
                 "steady_tok_s": (n_end - nk) / (t_end - tk) if n_end > nk and t_end > tk else None,
@@ -172,6 +173,29 @@ class Timeline:
                 "steady_footprint_bytes": statistics.median(foot),
                 "steady_rss_anon_bytes": statistics.median(a for *_, a, _ in steady),
                 "steady_rss_file_bytes": statistics.median(f for *_, f in steady)}
+
+
+def combine(summaries: list[dict]) -> dict:
+    """Timeline summaries of several requests run one after another, as one: tokens, seconds and bytes summed
+    (rates = sum ÷ sum), footprints the median of theirs; each kept under "per_document"."""
+    import statistics
+    s = [x for x in summaries if x]
+    if not s:
+        return {}
+    tot = {k: sum(x[k] for x in s) for k in ("tokens", "wall_s", "prefill_s", "first_tokens", "first_s",
+                                             "steady_tokens", "steady_s", "read_bytes", "first_read_bytes",
+                                             "steady_read_bytes")}
+    out = {**tot, "first_tok_s": tot["first_tokens"] / tot["first_s"] if tot["first_s"] > 0 else None,
+           "steady_tok_s": tot["steady_tokens"] / tot["steady_s"] if tot["steady_s"] > 0 else None,
+           "read_bytes_per_token": tot["read_bytes"] / tot["tokens"] if tot["tokens"] else None,
+           "first_read_bytes_per_token": tot["first_read_bytes"] / tot["first_tokens"] if tot["first_tokens"] else None,
+           "steady_read_bytes_per_token": (tot["steady_read_bytes"] / tot["steady_tokens"] if tot["steady_tokens"]
+                                           else None)}
+    for k in ("steady_footprint_bytes", "steady_rss_anon_bytes", "steady_rss_file_bytes"):
+        out[k] = statistics.median(x[k] for x in s)
+    out["per_document"] = [{k: x[k] for k in ("tokens", "first_tok_s", "steady_tok_s", "steady_read_bytes_per_token")}
+                           for x in s]
+    return out
 
 
 # ---------------------------------------------------------------- sampling another process
