@@ -82,8 +82,8 @@ def ratios(summary: dict, budgets: list[str], spec_systems: list[str], fixed: st
         if lru and auto:
             out[f"auto@{b} / lru@{b}"] = auto / lru
             out[f"auto@{b} read bytes/token ÷ lru@{b}"] = (
-                (summary[f"auto@{b}"]["steady_read_bytes_per_token"] or 0) /
-                (summary[f"lru@{b}"]["steady_read_bytes_per_token"] or float("nan")))
+                (summary[f"auto@{b}"].get("steady_read_bytes_per_token") or 0) /
+                (summary[f"lru@{b}"].get("steady_read_bytes_per_token") or float("nan")))
         fx = tps(f"{fixed}@{b}")
         if lru and fx:
             out[f"{fixed}@{b} / lru@{b}"] = fx / lru

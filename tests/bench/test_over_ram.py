@@ -106,15 +106,18 @@ def test_affinity_in_chunks_equals_the_whole_gram(tiny_ckpt, monkeypatch):
 
 
 def test_dry_run_pipeline(tmp_path):
-    """The whole benchmark on a tiny widened copy, under a small balloon: artifacts, fresh processes, caches
-    dropped, every figure recorded; llama.cpp rows skipped with the reason where llama_cpp is not importable or its
-    converter is not in the (empty) cache dir."""
+    """The whole benchmark on a tiny widened copy, both workloads under a 2x limit (a cgroup where this machine
+    has the controller as root, else the labelled balloon): artifacts, fresh processes, caches dropped, every figure
+    recorded; the forced runs emit the documents' tokens; llama.cpp rows skipped with the reason where llama_cpp is
+    not importable or its converter is not in the (empty) cache dir."""
+    from specmoe.bench import cgroup
     out = tmp_path / "res.json"
     env = {k: v for k, v in os.environ.items() if k != "SPECMOE_LLAMA_SITE"}
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "over_ram.py"), "--dry-run", "--cache-dir",
                            str(tmp_path / "cache"), "--out", str(out), "--systems", "llama.cpp,lru,auto",
-                           "--max-tokens", "12", "--window", "4", "--balloons", "0.25", "--no-costs"],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+                           "--max-tokens", "12", "--window", "4", "--limits", "2x", "--documents", "4",
+                           "--workload", "natural-forced,sampled", "--no-costs"],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert out.with_suffix(".png").is_file()
@@ -123,27 +126,38 @@ def test_dry_run_pipeline(tmp_path):
     assert art["greedy_check"]["identical_sequences"] == 1
     assert art["repack"]["allocated_bytes"] >= art["repack"]["apparent_bytes"]
     assert art["safetensors"][0]["allocated_bytes"] < art["safetensors"][0]["apparent_bytes"]  # written sparse
-    (block,) = res["blocks"]
-    assert block["label"] == "emulated smaller RAM (balloon 0.25 GiB)" and block["balloon"]["rss_anon_bytes"] > 0
-    runs = {r["system"]: r for r in block["runs"]}
-    llama = runs["llama.cpp"]
-    assert (res["llama_cpp"]["version"] is None) == bool(res["llama_cpp"]["skipped_reason"])  # recorded when run
-    if res["llama_cpp"]["skipped_reason"]:
-        # not importable, or importable without llama.cpp's converter to make the GGUF
-        assert llama["status"] == "skipped" and llama["reason"] == res["llama_cpp"]["skipped_reason"]
-        assert "llama_cpp is not importable" in llama["reason"] or "convert_hf_to_gguf.py not found" in llama["reason"]
-        assert runs["lru@llama"]["status"] == "skipped" and "footprint is unknown" in runs["lru@llama"]["reason"]
-    for name in ("lru@30%", "auto@30%"):
-        r = runs[name]
-        assert r["status"] == "ok", r
-        assert r["label"] == block["label"] and r["tokens"] == 12
-        assert r["first_tokens"] == 4 if name.startswith("lru") else 4 <= r["first_tokens"] < 12  # auto: whole steps
-        assert r["steady_tok_s"] > 0 and r["first_tok_s"] > 0
-        assert 0 < r["hit_rate"] < 1 and r["read_bytes"] > 0  # the cache missed and the misses came from storage
-        assert r["residency_before"]["repack"]["resident_bytes"] == 0  # dropped before the run
-        assert r["residency_after"]["repack"]["resident_bytes"] == 0  # direct reads only
-        assert r["peak_rss_anon_bytes"] > 0 and r["min_mem_available_bytes"] > 0 and r["samples"]
-        assert r["memory_budget_bytes"] == int(0.3 * art["plan"]["expert_total_bytes"])
-        assert r["expert_memory_bytes"] <= r["memory_budget_bytes"]
-    assert runs["auto@30%"]["agreement"]["identical"]  # greedy auto emits plain decoding's tokens
-    assert block["summary"]["lru@30%"]["repeats_ok"] == 1
+    docs = res["documents"]
+    assert len(docs) == 4 and {d["domain"] for d in docs} == {"code", "bible", "docs", "fortunes"}
+    kind = "cgroup" if cgroup.unavailable() is None else "balloon"
+    assert [(b["workload"], b["limit"]) for b in res["blocks"]] == [("natural-forced", kind), ("sampled", kind)]
+    assert not [p for p in cgroup.ROOT.glob("specmoe-overram-*")] if kind == "cgroup" else True  # all removed
+    for block in res["blocks"]:
+        assert block["prompts"] == 4 and block["max_tokens"] == 12 and block["model_over_ram"] > 0
+        runs = {r["system"]: r for r in block["runs"]}
+        llama = runs["llama.cpp"]
+        assert (res["llama_cpp"]["version"] is None) == bool(res["llama_cpp"]["skipped_reason"])  # recorded when run
+        if res["llama_cpp"]["skipped_reason"]:
+            assert llama["status"] == "skipped" and llama["reason"] == res["llama_cpp"]["skipped_reason"]
+        for name in ("lru@limit", "auto@limit"):
+            r = runs[name]
+            assert r["status"] == "ok", r
+            assert r["workload"] == block["workload"] and r["tokens"] == 4 * 12
+            assert r["steady_tok_s"] > 0 and r["first_tok_s"] > 0
+            assert 0 < r["hit_rate"] < 1 and r["read_bytes"] > 0  # the cache missed and the misses came from storage
+            assert r["residency_before"]["repack"]["resident_bytes"] == 0  # dropped before the run
+            assert r["residency_after"]["repack"]["resident_bytes"] == 0  # direct reads only
+            assert r["peak_rss_anon_bytes"] > 0 and r["samples"]
+            how = r["budget_how"]
+            assert r["memory_budget_bytes"] == how["limit_bytes"] - how["non_expert_compute_bytes"] - how["headroom_bytes"]
+            assert r["expert_memory_bytes"] <= r["memory_budget_bytes"]
+            wins = r["routing_windows"]["per_document"]
+            assert len(wins) == 4 and all(w["windows"][0]["distinct_per_layer"] for w in wins)  # routing observed
+            if kind == "cgroup":
+                cg = r["cgroup"]
+                assert cg["limit_bytes"] == block["limit_plan"]["limit_bytes"] // 4096 * 4096
+                assert 0 < cg["max_usage_bytes"] <= cg["limit_bytes"] and "total_cache" in cg["memory_stat"]
+            if block["workload"] == "natural-forced":
+                assert r["token_ids"] == [d["forced"][:12] for d in docs]  # the documents, token for token
+        assert runs["auto@limit"]["token_ids"] == runs["lru@limit"]["token_ids"]  # forced, and seeded alike
+        assert block["summary"]["lru@limit"]["repeats_ok"] == 1
+        assert any(t["target"].endswith("(repeats that differ)") and t["value"] == 0 for t in block["targets"])
