@@ -9,7 +9,6 @@ import pytest
 
 from specmoe import LLM
 from specmoe.decoding.control.controller import Controller
-from specmoe.decoding.control.learning import Realized
 from specmoe.decoding.control.costmodel import Coefficients, CostModel
 from specmoe.decoding.control.routing import RoutingStats
 from specmoe.engine.auto import controller_of
@@ -115,7 +114,7 @@ def test_controller_speculates_exactly_when_fetches_dominate():
     fast, _, _ = synthetic(read_s=1e-6, ne=10e-3, exp=1e-5)  # experts almost free: drafting is pure overhead
     for ctl in (slow, fast):
         ctl.acc.record(list(range(8)), [4] * 8, [3] * 8, [[0.9] * 4] * 8)  # good acceptance measured
-        ctl.MIN_TRIALS = 0  # the model's choice (no exploration of an untried drafter)
+        ctl.measured.min_steps = 0  # the model's choice (no exploration of an untried drafter)
     p = slow.plan(list(range(8)), [4] * 8, res, spec_res)
     assert p.kind == "spec" and p.spec_rate > p.plain_rate and max(p.gammas) >= 2
     q = fast.plan(list(range(8)), [4] * 8, res, spec_res)
@@ -124,6 +123,7 @@ def test_controller_speculates_exactly_when_fetches_dominate():
 
 def test_per_sequence_gamma_follows_each_sequences_acceptance():
     ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.measured.min_steps = 0  # the model's choice (no trials)
     for _ in range(20):  # sequence 0 accepts everything, sequence 1 nothing
         ctl.acc.record([0, 1], [4, 4], [4, 0], [[0.9] * 4, [0.2]])
     p = ctl.plan([0, 1], [4, 4], res, spec_res)
@@ -145,61 +145,6 @@ def test_mixed_steps_equal_ar_on_families_with_expert_biases_and_mla(tiny_ckpt, 
     assert ctl.choices["spec"] > 0 and ctl.choices["plain"] > 0 and ctl.cost.c.ne_fixed > 0
 
 
-def test_a_drafter_that_lost_on_a_few_unlucky_rows_is_tried_again():
-    """Arms are scored on unbiased estimates, but whether a drafter left unused is worth a trial is decided on
-    upper-confidence ones whose bonus grows with the steps taken: a drafter whose first rows were all rejected is
-    not written off for good (the choice that left `auto` all-plain)."""
-    ctl, res, spec_res = synthetic(read_s=5e-3)
-    ids, lim = list(range(8)), [4] * 8
-    ctl.acc.record(ids, [4] * 8, [0] * 8, [[0.9] * 4] * 8)  # eight unlucky rows
-    ctl.realized.record("self", 8, 1.0, 1.0, 0)  # drafted in a measured step at this batch size
-    first = ctl.plan(ids, lim, res, spec_res)
-    assert first.kind == "plain" and first.reason == "model"
-    ctl.steps, ctl.coasting = 80 * ctl.explore_every, (0, 0)  # many steps later, the drafter unused since
-    again = ctl.plan(ids, lim, res, spec_res)
-    assert again.kind == "spec" and again.reason == "explore"
-    for _ in range(200):  # once it has drafted many rows and keeps failing, it stays out
-        ctl.acc.record(ids, [4] * 8, [0] * 8, [[0.9] * 4] * 8)
-    ctl.coasting, ctl.last_arm = (0, 0), "plain"  # (near a tie the last arm stays: hysteresis, tested below)
-    q = ctl.plan(ids, lim, res, spec_res)
-    assert q.kind == "plain" and q.spec_rate < q.plain_rate
-
-
-def test_plain_steps_measured_long_ago_are_re_measured_while_speculating_near_a_tie():
-    """Speculation is compared against plain's realized rate: while the speculative arm wins by little, a plain step
-    measured `explore_every` steps ago is taken again (an exploration), then the model's choice resumes."""
-    ctl, res, spec_res = synthetic(read_s=1.2e-4)  # speculation predicted ~18% faster than plain
-    ids = list(range(8))
-    ctl.acc.record(ids, [4] * 8, [2] * 8, [[0.9] * 4] * 8)
-    ctl.realized.record("self", 8, 1.0, 1.0, 0)
-    ctl.realized.record("plain", 8, 1.0, 1.0, 0)
-    ctl.last_arm = "self"
-    assert ctl.plan(ids, [4] * 8, res, spec_res).kind == "spec"  # plain measured recently
-    ctl.steps, ctl.spec_coasting = 2 * ctl.explore_every + 1, None
-    p = ctl.plan(ids, [4] * 8, res, spec_res)
-    assert p.kind == "plain" and p.reason == "explore" and ctl.last_arm == "self"
-    ctl.realized.record("plain", 8, 1.0, 1.0, ctl.steps)
-    assert ctl.plan(ids, [4] * 8, res, spec_res).kind == "spec"
-
-
-def test_speculation_is_tried_once_per_batch_size_before_plain_defends_its_margin():
-    """Cold start: until a speculative step is measured at a batch size, a drafter predicted close to the best is
-    tried there once, and plain has no `switch_margin` to defend; once measured, the margin holds."""
-    ctl, res, spec_res = synthetic(read_s=1e-5)  # speculation predicted ~3% faster than plain: inside the margin
-    ids = list(range(8))
-    ctl.acc.record(ids, [4] * 8, [2] * 8, [[0.9] * 4] * 8)
-    first = ctl.plan(ids, [4] * 8, res, spec_res)
-    assert first.kind == "spec" and first.reason == "explore"
-    assert first.plain_rate < first.spec_rate < ctl.switch_margin * first.plain_rate
-    ctl.realized.record("self", 8, first.predicted_s, first.predicted_s, ctl.steps)  # its step, measured
-    ctl.last_arm, ctl.spec_coasting = "plain", None
-    assert ctl.plan(ids, [4] * 8, res, spec_res).kind == "plain"  # measured here: plain keeps its margin
-    ctl.coasting = (frozenset(), 0)
-    wide = list(range(100, 132))
-    again = ctl.plan(wide, [4] * 32, res, spec_res)  # a batch size not measured yet
-    assert again.kind == "spec" and again.reason == "explore"
-
-
 def test_ragged_drafts_pay_for_their_padding_and_uniform_caps_are_candidates():
     """A verification's rows are padded to the longest: the non-expert model runs B × (1 + max γ) tokens, so a
     ragged plan costs more than a uniform one with the same Σγ, and every θ plan is also offered capped at each
@@ -217,33 +162,6 @@ def test_ragged_drafts_pay_for_their_padding_and_uniform_caps_are_candidates():
     assert (4, 4) in plans and (2, 2) in plans and (4, 2) in plans and (1, 1) in plans
 
 
-def test_near_a_tie_the_last_arm_is_kept_and_a_clear_winner_takes_over():
-    """Hysteresis: the last step's arm is left only for one predicted `switch_margin` faster."""
-    ctl, res, spec_res = synthetic(read_s=5e-3)
-    ctl.MIN_TRIALS = 0
-    ids, lim = list(range(8)), [4] * 8
-    ctl.acc.record(ids, [4] * 8, [3] * 8, [[0.9] * 4] * 8)
-    p = ctl.plan(ids, lim, res, spec_res)
-    assert p.kind == "spec" and p.spec_rate > ctl.switch_margin * p.plain_rate and ctl.last_arm == "self"
-
-    def plan_with(slowdown: float, last: str):
-        """The plan at step 1 (same optimism each time) with the self arm's steps measuring `slowdown`× their
-        prediction and `last` the previous step's arm."""
-        ctl.realized.win.clear()
-        for _ in range(Realized.WINDOW):
-            ctl.realized.record("self", 8, slowdown, 1.0, 1)
-        ctl.steps, ctl.last_arm, ctl.coasting, ctl.spec_coasting = 1, last, (frozenset(), 0), None
-        return ctl.plan(ids, lim, res, spec_res)
-
-    r = plan_with(1.0, "self")
-    tie = r.spec_rate / (0.95 * r.plain_rate)  # plain predicted 5% faster than the speculation
-    q = plan_with(tie, "self")
-    assert q.plain_rate > q.spec_rate > q.plain_rate / ctl.switch_margin
-    assert q.kind == "spec" and ctl.last_arm == "self"  # within the margin: speculation stays
-    assert plan_with(tie, "plain").kind == "plain"  # had the last step been plain, it stays plain
-    assert plan_with(3 * tie, "self").kind == "plain"  # a clear loss: plain takes over
-
-
 @pytest.mark.parametrize("how", ["constructor", "use"])
 def test_every_drafter_is_planned_over_not_only_the_first(how):
     """A controller given two drafters plans over both: when the second one accepts everything and the first
@@ -255,7 +173,7 @@ def test_every_drafter_is_planned_over_not_only_the_first(how):
     else:
         ctl = base
         ctl.use(["self", "eagle"])
-    ctl.MIN_TRIALS = 0
+    ctl.measured.min_steps = 0
     ids, lim = list(range(8)), [4] * 8
     for _ in range(20):
         ctl.accs["self"].record(ids, [4] * 8, [0] * 8, [[0.9] * 4] * 8)

@@ -138,7 +138,7 @@ def test_plans_whose_rows_accept_less_than_expected_are_calibrated_down():
     """`Acceptance.calibration` (k_j): when the rows a plan drafts deep accept less than the plan's probabilities
     said, later plans price those positions lower and draft shallower."""
     ctl, res, spec_res = synthetic(read_s=1e-3)
-    ctl.MIN_TRIALS = 0
+    ctl.measured.min_steps = 0
     ids, lim = list(range(8)), [4] * 8
     ctl.acc.record(ids, [4] * 8, [3] * 8, [[0.9] * 4] * 8)
     p = ctl.plan(ids, lim, res, spec_res)
@@ -166,10 +166,10 @@ def test_a_reused_calls_steps_learn_acceptance_always_and_step_time_one_in_a_str
     ctl._learn_time = timed
     ctl._learn_acceptance = lambda *a: calls.__setitem__("acc", calls["acc"] + 1)
     ctl._expected_tokens = lambda *a: 1.0
-    clock = SimpleNamespace(step_s=lambda: 0.01)  # a 10 ms step
+    clock = SimpleNamespace(step_s=lambda: 0.01, wall=lambda phase: 0.0)  # a 10 ms step
 
     def step(reason):
-        plan = SimpleNamespace(kind="spec", reason=reason, raw_rate=0.0)
+        plan = SimpleNamespace(kind="spec", reason=reason, raw_rate=0.0, arm="self")
         ctl.learn(SimpleNamespace(decision=plan), [], [], [], clock, 0)
     step("model")
     assert ctl._learn_stride(0.01) == ctl.coast_max == 16

@@ -15,6 +15,18 @@ LOOKUP = ("ngram",)  # drafters whose proposal is known before the step (free to
 
 
 @dataclass
+class Candidate:
+    """One speculative plan: its arm (drafter or mix), each row's drafter (index into the planned names) and draft
+    length, expected accepted tokens (unbiased, upper-confidence) and the in-draft stopping threshold (None: none)."""
+    tag: str
+    who: np.ndarray      # [B]
+    gammas: np.ndarray   # [B]
+    gain: float
+    gain_ucb: float
+    theta: float | None
+
+
+@dataclass
 class Candidates:
     W: np.ndarray         # [C, B] index into `names` of each row's drafter
     Gm: np.ndarray        # [C, B] each row's draft length

@@ -26,7 +26,7 @@ class Coasting:
             return False
         self.coasting = (ids, left - 1)
         self.steps += 1
-        self.since_spec += 1
+        self.measured.note("plain")
         self.choices["plain"] += 1
         self.reasons["coast"] = self.reasons.get("coast", 0) + 1
         return True
@@ -62,11 +62,9 @@ class Coasting:
         self.spec_coasting = (ids, plan, left - 1)
         self.catchup = {n: np.asarray(drafters[n].catchup(seqs)) for n in used}
         self.steps += 1
-        self.since_spec = 0
+        self.measured.note(plan.arm)
         self.choices["spec"] += 1
         self.reasons["coast"] = self.reasons.get("coast", 0) + 1
-        for n in used:
-            self.last_used[n] = self.steps
         return replace(plan, gammas=gam, drafter_of=[d if g else None for d, g in zip(drafter_of, gam)],
                        spec_gammas=[plan.spec_gammas[b] for b in keep],
                        spec_drafters=[plan.spec_drafters[b] for b in keep],

@@ -1,24 +1,25 @@
 """`decoding="auto"`'s controller: per step, a plain step or speculation, and per sequence which drafter
-(self, eagle, ngram) and how many tokens it drafts (0..γ_max), chosen to maximise predicted tokens per second
+(self, eagle, ngram) and how many tokens it drafts (0..γ_max).
+
+Which *arm* a step takes (plain, or a drafter / drafter mix) is decided by measurement: each arm's realized tokens
+per second in this process at this batch bucket (`measured.MeasuredArms`, successive elimination with exploration
+bounded to a small share of the steps, re-exploring on drift and at batch buckets not measured yet). Within an
+arm, the per-row draft lengths are priced by the predicted rate
 
     rate = (B + Σ_b Σ_{j<γ_b} P_{d_b,b,j}) / (Σ_d D_d(rows of d per depth) + V(B + Σ_b γ_b) + setup)
 
 (the chain case of cost-aware draft selection) where D_d (each drafter's draft phase), V (the verification
-forward, with the expected expert union and misses, its non-expert model over the rows padded to the longest) and the setup of the self draft's set come from the
-calibrated `CostModel`, and P_{d,b,j}, the probability that sequence b's j-th draft by drafter d is accepted
-(all before it accepted), from acceptance calibrated online per drafter: per draft position
-(`Acceptance.position`), scaled by the sequence's own recent acceptance with that drafter and per position by
-what recent plans' rows accepted against the P they were planned on (`Acceptance.calibration`). A lookup drafter
-(ngram) says before the step how long its proposal for each sequence is (`Drafter.available`); rows without
-one cannot use it. Candidate plans (`candidates.py`): for each threshold θ on P (a row drafts while P ≥ θ),
-capped at each common depth (the verification pads rows to the longest), every drafter alone, and each model
-drafter mixed with the lookup drafter (a row takes whichever expects more
-accepted tokens), plus plain. The last step's arm (plain or a drafter mix) is left only for one predicted
-`switch_margin` faster (hysteresis: near a tie, flipping follows prediction noise and pays catch-ups) once a
-speculative step has been measured at the batch size or one next to it (before that each drafter predicted within
-0.8× of the best is tried there once); every `explore_every` steps a
-drafter not used for that long is tried when its best plan is predicted within 0.8× of the best, so its
-acceptance estimate follows the workload.
+forward, with the expected expert union and misses, its non-expert model over the rows padded to the longest)
+and the setup of the self draft's set come from the calibrated `CostModel`, and P_{d,b,j}, the probability that
+sequence b's j-th draft by drafter d is accepted (all before it accepted), from acceptance calibrated online per
+drafter: per draft position (`Acceptance.position`), scaled by the sequence's own recent acceptance with that
+drafter and per position by what recent plans' rows accepted against the P they were planned on
+(`Acceptance.calibration`). A lookup drafter (ngram) says before the step how long its proposal for each sequence
+is (`Drafter.available`); rows without one cannot use it. Candidate plans (`candidates.py`): for each threshold θ
+on P (a row drafts while P ≥ θ), capped at each common depth (the verification pads rows to the longest), every
+drafter alone, and each model drafter mixed with the lookup drafter (a row takes whichever expects more accepted
+tokens). The predicted rates also seed the order unmeasured arms are tried in, prune arms predicted far behind,
+and decide while nothing is measured; they never override a measured comparison.
 
 While drafting, each greedy sequence's running P is updated from the draft's own confidence (its softmax
 probability of the drafted token, mapped to an acceptance probability calibrated online by confidence
@@ -33,53 +34,52 @@ import time
 import numpy as np
 import torch
 
-from specmoe.decoding.control.candidates import candidates
+from specmoe.decoding.control.candidates import Candidate, candidates
 from specmoe.decoding.control.coasting import Coasting
 from specmoe.decoding.control.costmodel import CostModel, bucket
 from specmoe.decoding.control.feedback import StepFeedback
 from specmoe.decoding.control.learning import Acceptance, Realized
-from specmoe.decoding.control.plan import Plan
+from specmoe.decoding.control.measured import Arm, MeasuredArms
+from specmoe.decoding.control.plan import Plan, PricedArm, PricedPlain
 
 PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
 
 
 class Controller(Coasting, StepFeedback):
     """Chooses each step (module docstring). Every choice is an *arm*: a plain step, or a speculative plan named by
-    its drafter (mix). Its rate is the cost model's (refined per component, `CostModel.refine`) over unbiased
-    acceptance estimates, divided by what that arm's steps realized against such predictions
-    (`Realized.slowdown`, seconds per emitted token). Upper-confidence acceptance estimates (UCB: the bonus shrinks
-    with the rows a drafter has drafted and grows slowly with the steps taken, so an arm that lost on a few
-    unlucky rows is tried again) decide only which drafters get a trial: a drafter whose upper-confidence rate is
-    within `EXPLORE_WITHIN` of the best choice is first tried on `MIN_TRIALS` rows. Reusing a call
+    its drafter (mix). Which arm a step takes is decided by the arms' measured tokens/s in this process at this batch
+    bucket (`measured.MeasuredArms`: successive elimination, exploration bounded to a small share of the steps);
+    the cost model (refined per component, `CostModel.refine`, over unbiased acceptance estimates, corrected by what
+    the arm's steps realized against its predictions, `Realized.slowdown`) prices each arm's per-row draft lengths,
+    seeds the order unmeasured arms are tried in, prunes arms predicted far behind (on upper-confidence acceptance
+    estimates: a drafter seen on few rows is not written off) and decides while nothing is measured. Reusing a call
     (`coasting.Coasting`) and folding measured steps back in (`feedback.StepFeedback`) are mixed in. `force`
     ("plain" / "spec", None = choose) and `schedule` (a callable step index -> "plain" / "spec") override the
     choice, for tests and benchmarks; forced speculation drafts every sequence's full γ with the first drafter
     (what decoding="specmoe" does) but for the p_min floor (0 turns it off)."""
 
-    SAVE_EVERY = 32  # speculative steps between writes of the memory
-    MIN_TRIALS = 4  # rows a drafter first drafts when predicted within EXPLORE_WITHIN of the best choice (0: no
-    # first trials, at all or per batch size)
-    EXPLORE_WITHIN = 0.8
+    SAVE_EVERY = 32  # steps between writes of the memory
+    DECIDED = ("measured", "measured-near", "model")  # reasons of a choice a reused call may repeat (not a trial)
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
 
     def __init__(self, cost: CostModel, gamma_max: int, drafters: tuple[str, ...] = ("self",), *,
-                 p_min: float = 0.05, explore_every: int = 64):
+                 p_min: float = 0.05):
         self.cost, self.g = cost, gamma_max
         self.names = list(drafters)
+        self.planned: list[str] = list(drafters)  # the drafters the last `choose` planned over
         self.accs = {n: Acceptance(gamma_max, prior=PRIOR.get(n, 0.6)) for n in self.names}
-        self.p_min, self.explore_every = p_min, explore_every
+        self.p_min = p_min
         self.optimism = self.OPTIMISM
         self.force: str | None = None
         self.schedule = None
         self.steps = self.stops = 0
-        self.since_spec = 0
-        self.last_used = dict.fromkeys(self.names, 0)
+        self.measured = MeasuredArms()  # realized tokens/s per arm and batch bucket: what decides
         self.coasting = (frozenset(), 0)  # (sequence ids, steps left) of a plain call reused without planning
-        self.coast_steps, self.coast_below = 3, 0.8
+        self.coast_steps = 3
         self.coast_max = 16  # the most steps a call is reused for while planning is dear
         # (sequence ids, plan, steps left) of a clear speculative call reused without planning (`coast_spec`)
         self.spec_coasting: tuple | None = None
-        self.coast_above = 1.25
+        self.coast_above = 1.25  # a call is reused when it wins by this much (measured where both arms are)
         # any call is reused so when planning costs more than this share of the step it plans (the controller's
         # own time is what a step of a few ms loses to it)
         self.coast_share = 0.03
@@ -88,10 +88,6 @@ class Controller(Coasting, StepFeedback):
         self.learn_s: float | None = None  # EMA of `_learn_time`'s seconds
         self.learn_share = 0.01  # the share of a step the time model's learning may cost on reused-call steps
         self.learn_skip = 0  # reused-call steps left before the next one whose time is learned
-        # hysteresis: leave the last step's arm (plain, or a drafter mix) only for an arm predicted this much
-        # faster; near a tie, flipping between arms pays each one's catch-up and follows prediction noise
-        self.switch_margin = 1.1
-        self.last_arm = "plain"  # a new controller starts plain: speculation first has to win by the margin
         self.choices = {"plain": 0, "spec": 0}
         self.reasons: dict[str, int] = {}
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
@@ -108,6 +104,7 @@ class Controller(Coasting, StepFeedback):
         self.memory = None  # a ControllerMemory (`remember`)
         self.warmed: list[str] = []  # drafters whose estimates started from the memory
         self.learned = 0  # speculative steps folded in
+        self.folded = 0  # steps folded in (the memory is written every SAVE_EVERY)
 
     @property
     def acc(self) -> Acceptance:
@@ -124,7 +121,6 @@ class Controller(Coasting, StepFeedback):
             if n not in self.accs:
                 self.accs[n] = Acceptance(self.g, prior=PRIOR.get(n, 0.6))
                 self.rows_by_drafter[n] = 0
-            self.last_used.setdefault(n, 0)
         self.names = list(drafters)
 
     def remember(self, memory) -> None:
@@ -134,6 +130,7 @@ class Controller(Coasting, StepFeedback):
         self.warmed = memory.warm(self.accs)
         self.cost.warm(memory.section("cost"))
         self.realized.warm(memory.section("realized"))
+        self.measured.warm(memory.section("measured"))
 
     def admit(self, seqs) -> None:
         """Sequences new to the decoder (ids are reused once a sequence finishes): nothing measured on an earlier
@@ -218,128 +215,124 @@ class Controller(Coasting, StepFeedback):
         """`avail[d][b]`: the most drafter d may draft for sequence b (its limit; a lookup drafter: its
         proposal's length); `resident` / `spec_resident` [L, E]: resident experts for a step without / with the
         self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set);
-        `catchup[d][b]`: entries drafter d's first forward would run for sequence b (`Drafter.catchup`)."""
-        setup = setup or {}
-        catchup = {n: np.asarray(v) for n, v in (catchup or {}).items()}
-        names = [n for n in self.names if n in avail]
+        `catchup[d][b]`: entries drafter d's first forward would run for sequence b (`Drafter.catchup`).
+        Candidates → price → pick (by measured rate, `measured.MeasuredArms`) → explore → the Plan."""
+        names = self.planned = [n for n in self.names if n in avail]
         B = len(seq_ids)
+        want, reason = self._override()
+        plain = self._price_plain(B, resident)
+        cands = self._candidates(seq_ids, names, avail, forced=want == "spec")
+        arms = self._price(cands, names, B, resident, spec_resident, setup or {},
+                           {n: np.asarray(v) for n, v in (catchup or {}).items()})
+        self.arm_rates = {"plain": plain.rate, **{tag: a.rate for tag, a in arms.items()}}
+        best = max(arms.values(), key=lambda a: a.rate) if arms else None
+        if want is None:
+            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate)]
+                                      + [Arm(t, a.rate, a.optimistic) for t, a in arms.items()], B)
+            want, reason = ("plain" if pick.arm == "plain" else "spec"), pick.reason
+            best = arms.get(pick.arm, best)
+        else:
+            self.measured.note("plain" if want == "plain" or best is None else best.tag)
+        self.steps += 1
+        self.choices[want if best is not None else "plain"] += 1
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        if want == "plain" or best is None:
+            return self._plain_plan(seq_ids, plain, best, reason, resident)
+        return self._spec_plan(seq_ids, plain, best, reason)
+
+    def _override(self) -> tuple[str | None, str]:
+        """A forced or scheduled step kind ("plain" / "spec"), else (None, "")."""
+        if self.schedule is not None:
+            return self.schedule(self.steps), "schedule"
+        if self.force is not None:
+            return self.force, "forced"
+        return None, ""
+
+    def _price_plain(self, B: int, resident: np.ndarray) -> PricedPlain:
         cm = self.cost
-        t_plain_raw, t_plain = cm.plain_parts(B, resident)
-        t_plain += cm.overhead("plain", B)
-        plain_raw = B / t_plain
-        ext = self.outside_s(B)  # every step's cost outside what the model prices, whichever the arm
-        plain_rate = B / (t_plain * self.realized.slowdown("plain", B, self.steps) + ext)
+        t_raw, t = cm.plain_parts(B, resident)
+        t += cm.overhead("plain", B)
+        rate = B / (t * self.realized.slowdown("plain", B, self.steps) + self.outside_s(B))
+        return PricedPlain(t_raw, t, rate, B / t)
+
+    def _candidates(self, seq_ids: list[int], names: list[str], avail: dict[str, list[int]],
+                    forced: bool) -> list[Candidate]:
+        """Every distinct speculative plan (`candidates.candidates`); forced speculation: every row its full
+        γ with the first drafter."""
+        B = len(seq_ids)
         opt = self.optimism * np.sqrt(np.log(2.0 + self.steps))  # UCB: an arm left unused grows more optimistic
-        # draft lengths come from unbiased acceptance (optimism there would draft every row deeper than pays, on
-        # every step); the upper-confidence estimate only scores the arms against each other (exploration)
+        # draft lengths come from unbiased acceptance; the upper-confidence estimate only decides which arms are
+        # worth a trial (pruning)
         P = {n: self._probs(n, seq_ids, avail[n], 0.0) for n in names}
         Pu = {n: self._probs(n, seq_ids, avail[n], opt) for n in names}
-        cand = candidates(names, P, Pu, avail, B, self.g)
-        W, Gm, gain, gain_ucb, theta, tags, idx = (cand.W, cand.Gm, cand.gain, cand.gain_ucb, cand.theta, cand.tags,
-                                                   cand.idx)
-        ar = np.arange(self.g)
-        want, reason = None, "model"
-        if self.schedule is not None:
-            want, reason = self.schedule(self.steps), "schedule"
-        elif self.force is not None:
-            want, reason = self.force, "forced"
-        if want == "spec" and names:  # every sequence its full γ with the first drafter
-            full = np.asarray(avail[names[0]])
-            if full.sum():
-                W, Gm = np.zeros((1, B), int), full[None]
-                gain = np.array([float((P[names[0]] * (ar[None, :] < full[:, None])).sum())])
-                gain_ucb = np.array([float((Pu[names[0]] * (ar[None, :] < full[:, None])).sum())])
-                theta, tags, idx = np.array([np.nan]), [names[0]], np.array([0])
-        rows = [(W[c], Gm[c], float(gain[c]), None if np.isnan(theta[c]) else float(theta[c]), tags[c],
-                 float(gain_ucb[c])) for c in idx]
-        best = None
-        by_drafter: dict[str, tuple] = {}
-        if rows:
-            W = np.stack([r[0] for r in rows])
-            Gm = np.stack([r[1] for r in rows])
-            gains = np.array([r[2] for r in rows])
-            d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
-            raw = (B + gains) / t
-            tag_arr = np.array([r[4] for r in rows])
-            ucb = np.array([r[5] for r in rows])
-            for tag in dict.fromkeys(tag_arr.tolist()):  # the best candidate of each drafter (mix), unbiased
-                slow = self.realized.slowdown(tag, B, self.steps)
-                mine = np.flatnonzero(tag_arr == tag)
-                c = int(mine[np.argmax((B + gains[mine]) / (t[mine] * slow + ext))])
-                who, gam, _, th, _, _ = rows[c]
-                # the arm is scored by its unbiased rate, corrected by what its steps realized; the
-                # upper-confidence one (last) only decides which arms are worth a trial (exploration)
-                step = float(t[c]) * slow + ext
-                by_drafter[tag] = (float(B + gains[c]) / step, who, gam, th, tag, float(d_raw[c]), float(v_raw[c]),
-                                   float(t[c]) * slow, float(miss[c]), float(raw[c]), float(B + ucb[c]) / step)
-            best = max(by_drafter.values(), key=lambda row: row[0])
-        spec_rate = best[0] if best is not None else 0.0
-        self.arm_rates = {"plain": plain_rate, **{tag: row[0] for tag, row in by_drafter.items()}}
-        if want is None:
-            want = "spec" if best is not None and spec_rate > plain_rate else "plain"
-            stay = by_drafter.get(self.last_arm) if self.last_arm != "plain" else None
-            # until a speculative step is measured at this batch size, plain has nothing measured to defend
-            margin = self.switch_margin if any(self.realized.measured(t, B) for t in by_drafter) else 1.0
-            if self.last_arm == "plain" and want == "spec" and spec_rate < margin * plain_rate:
-                want = "plain"
-            elif stay is not None and max(spec_rate, plain_rate) < self.switch_margin * stay[0]:
-                best, want = stay, "spec"
-            top = max(spec_rate, plain_rate)
-            # a drafter's acceptance is its prior until it drafts, and its step time a model until measured at this
-            # batch size: try it on a few rows first, and once per batch size, when predicted close to the best
-            untried = [tag for tag in by_drafter if "+" not in tag and by_drafter[tag][-1] >= self.EXPLORE_WITHIN * top
-                       and (self.accs[tag].drafted[0] < self.MIN_TRIALS
-                            or (self.MIN_TRIALS and not self.realized.measured_near(tag, B)))]
-            if untried:
-                best, want, reason = by_drafter[untried[0]], "spec", "explore"
-            elif best is not None and self.steps and self.steps % self.explore_every == 0:
-                # a drafter not used for a while: try its best plan when it is predicted close to the best
-                stale = [tag for tag in by_drafter if "+" not in tag
-                         and self.steps - self.last_used.get(tag, 0) >= self.explore_every
-                         and by_drafter[tag][-1] >= self.EXPLORE_WITHIN * max(spec_rate, plain_rate)]
-                if stale:
-                    best = by_drafter[min(stale, key=lambda tag: self.last_used.get(tag, 0))]
-                    want, reason = "spec", "explore"
-            if (want == "plain" and best is not None and self.since_spec >= self.explore_every
-                    and spec_rate >= 0.9 * plain_rate):
-                want, reason = "spec", "explore"  # keep the acceptance estimates alive near the break-even
-            elif (want == "spec" and reason == "model" and plain_rate >= self.EXPLORE_WITHIN * spec_rate
-                  and self.explore_every <= self.realized.age("plain", B, self.steps) < math.inf):
-                # plain steps measured at this batch size long ago while speculating near a tie: one plain step
-                # re-measures what speculation is compared against
-                want, reason = "plain", "explore"
-        self.steps += 1
-        self.choices[want] += 1
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
-        spec_g = best[2].astype(int).tolist() if best is not None else [0] * B
-        spec_d = [names[i] for i in best[1]] if best is not None else [None] * B
-        self.spec_coasting = None
-        if reason == "model":
-            self.last_arm = "plain" if want == "plain" or best is None else best[4]
-        if want == "plain" or best is None:
-            self.since_spec += 1
-            # a clear call, or dear planning: the next steps reuse it without planning (not when nothing could be
-            # drafted this step: a sequence at its last token, a lookup without a match)
-            if reason == "forced" or (reason == "model" and best is not None
-                                      and (spec_rate < self.coast_below * plain_rate or self._dear(B / plain_rate))):
-                self.coasting = (frozenset(seq_ids), self._coast_len(B / plain_rate))
-            _, miss = cm.expected_union(np.array([B]), resident, "plain")
-            return Plan("plain", None, 1.0, B / plain_rate, t_plain_raw, float(miss.sum()), plain_rate, spec_rate, reason,
-                        spec_g, None, spec_d, "plain", plain_raw)
-        rate, who, gam, th, tag, d_raw, v_raw, t, miss, raw_rate, _ = best
-        self.since_spec = 0
-        theta = 0.0 if reason in ("forced", "schedule") or th is None else float(th)
-        drafter_of = [names[i] if g else None for i, g in zip(who, gam)]
+        if forced:
+            full = np.asarray(avail[names[0]]) if names else np.zeros(0, int)
+            if not full.sum():
+                return []
+            on = np.arange(self.g)[None, :] < full[:, None]
+            return [Candidate(names[0], np.zeros(B, int), full, float((P[names[0]] * on).sum()),
+                              float((Pu[names[0]] * on).sum()), None)]
+        c = candidates(names, P, Pu, avail, B, self.g)
+        return [Candidate(c.tags[i], c.W[i], c.Gm[i], float(c.gain[i]), float(c.gain_ucb[i]),
+                          None if np.isnan(c.theta[i]) else float(c.theta[i])) for i in c.idx]
+
+    def _price(self, cands: list[Candidate], names: list[str], B: int, resident, spec_resident,
+               setup: dict[str, float], catchup: dict[str, np.ndarray]) -> dict[str, PricedArm]:
+        """The best-priced candidate of each arm (drafter or mix): its rate on unbiased estimates, corrected by
+        what the arm's steps realized against such predictions, and the step's cost outside the model."""
+        if not cands:
+            return {}
+        W, Gm = np.stack([c.who for c in cands]), np.stack([c.gammas for c in cands])
+        gains, ucb = np.array([c.gain for c in cands]), np.array([c.gain_ucb for c in cands])
+        d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
+        ext, tags = self.outside_s(B), np.array([c.tag for c in cands])
+        out = {}
+        for tag in dict.fromkeys(tags.tolist()):
+            slow = self.realized.slowdown(tag, B, self.steps)
+            mine = np.flatnonzero(tags == tag)
+            i = int(mine[np.argmax((B + gains[mine]) / (t[mine] * slow + ext))])
+            step = float(t[i]) * slow + ext
+            out[tag] = PricedArm(cands[i], float(B + gains[i]) / step, float(B + ucb[i]) / step, float(d_raw[i]),
+                                 float(v_raw[i]), float(t[i]) * slow, float(miss[i]), float(B + gains[i]) / t[i])
+        return out
+
+    def _plain_plan(self, seq_ids: list[int], plain: PricedPlain, best: PricedArm | None, reason: str,
+                    resident: np.ndarray) -> Plan:
+        B = len(seq_ids)
+        spec_rate = best.rate if best is not None else 0.0
+        # a clear or forced call, or dear planning: the next steps reuse it without planning (not when nothing could
+        # be drafted this step: a sequence at its last token, a lookup without a match)
+        if reason == "forced" or (reason in self.DECIDED and best is not None
+                                  and (self._clear("plain", plain.rate, best.tag, spec_rate, B) or self._dear(B / plain.rate))):
+            self.coasting = (frozenset(seq_ids), self._coast_len(B / plain.rate))
+        _, miss = self.cost.expected_union(np.array([B]), resident, "plain")
+        return Plan("plain", None, 1.0, B / plain.rate, plain.raw_s, float(miss.sum()), plain.rate, spec_rate,
+                    reason, best.cand.gammas.astype(int).tolist() if best is not None else [0] * B, None,
+                    [self.planned[i] for i in best.cand.who] if best is not None else [None] * B, "plain",
+                    plain.raw_rate)
+
+    def _spec_plan(self, seq_ids: list[int], plain: PricedPlain, best: PricedArm, reason: str) -> Plan:
+        B, c = len(seq_ids), best.cand
+        gam = c.gammas.astype(int)
+        theta = 0.0 if reason in ("forced", "schedule") or c.theta is None else c.theta
+        drafter_of = [n if g else None for n, g in zip([self.planned[i] for i in c.who], gam)]
         probs = np.zeros((B, self.g))
         for n in set(d for d in drafter_of if d):
-            self.last_used[n] = self.steps
             rows = [b for b, d in enumerate(drafter_of) if d == n]
             probs[rows] = self._probs(n, [seq_ids[b] for b in rows], np.full(len(rows), self.g), 0.0, False)
-        plan = Plan("spec", gam.astype(int).tolist(), theta, t, d_raw + v_raw, miss, plain_rate, rate, reason,
-                    spec_g, drafter_of, spec_d, tag, raw_rate, probs)
-        if reason == "model" and (rate >= self.coast_above * plain_rate or self._dear(t)):  # the next steps reuse it
-            self.spec_coasting = (tuple(seq_ids), plan, self._coast_len(t))
+        plan = Plan("spec", gam.tolist(), theta, best.step_s, best.draft_s + best.verify_s, best.misses, plain.rate,
+                    best.rate, reason, gam.tolist(), drafter_of, [self.planned[i] for i in c.who], c.tag, best.raw_rate, probs)
+        if reason in self.DECIDED and (self._clear(c.tag, best.rate, "plain", plain.rate, B) or self._dear(best.step_s)):
+            self.spec_coasting = (tuple(seq_ids), plan, self._coast_len(best.step_s))  # the next steps reuse it
         return plan
+
+    def _clear(self, arm: str, rate: float, other: str, other_rate: float, B: int) -> bool:
+        """Whether `arm` wins over `other` by a clear margin (`coast_above`): on measured rates where both are
+        measured at this batch bucket, else on predicted ones."""
+        m, o = self.measured.rate(arm, B), self.measured.rate(other, B)
+        if m is not None and o is not None:
+            rate, other_rate = m, o
+        return rate >= self.coast_above * other_rate
 
     def plan(self, seq_ids: list[int], limits: list[int], resident: np.ndarray, spec_resident: np.ndarray,
              setup_s: float = 0.0) -> Plan:
@@ -445,4 +438,5 @@ class Controller(Coasting, StepFeedback):
         st["arm_slowdown"] = self.realized.stats()  # measured / predicted step seconds per arm@bucket
         st["controller_arm_rates"] = {k: round(v, 2) for k, v in self.arm_rates.items()}
         st["step_outside_s"] = {str(b): v for b, v in sorted(self.outside.items())}  # per batch bucket
+        st.update(self.measured.stats())  # what auto chose, its exploration share, each arm's measured tok/s
         return st

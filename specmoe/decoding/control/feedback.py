@@ -21,6 +21,7 @@ class StepFeedback:
         every freshly planned step; of the steps reusing a call, one in `_learn_stride` while folding a step in
         costs more than `learn_share` of it)."""
         plan = splan.decision
+        self._learn_rate(plan, seqs, out, clock)
         if plan is None:  # a coasting plain step
             return
         measured = clock.step_s()
@@ -38,6 +39,20 @@ class StepFeedback:
         dt = time.perf_counter() - t0
         self.learn_s = dt if self.learn_s is None else 0.8 * self.learn_s + 0.2 * dt
         self.learn_skip = self._learn_stride(measured) - 1
+
+    def _learn_rate(self, plan: Plan | None, seqs, out: list[list[int]], clock) -> None:
+        """The step's realized tokens/s for its arm (what `auto` chooses by): tokens emitted over the step's seconds
+        with its plan and the drafters' setup. A forced or scheduled speculative step is no arm's configuration."""
+        if plan is not None and plan.kind == "spec" and plan.reason in ("forced", "schedule"):
+            self.measured.interrupt()
+        else:
+            arm = "plain" if plan is None or plan.kind == "plain" else plan.arm
+            seconds = clock.step_s() + clock.wall("plan") + clock.wall("setup")
+            self.measured.record(arm, len(seqs), sum(len(o) for o in out), seconds, self.steps)
+        self.folded += 1
+        if self.memory is not None and self.folded % self.SAVE_EVERY == 0:
+            self.memory.save(self.accs, cost=self.cost.state(), realized=self.realized.state(),
+                             measured=self.measured.state())
 
     def _learn_stride(self, step_s: float) -> int:
         """1 in how many reused-call steps `_learn_time` runs: enough that it costs ~`learn_share` of the steps,
@@ -72,8 +87,6 @@ class StepFeedback:
                 self.accs[n].record_plan(plan.probs[rows], [plan.gammas[b] for b in rows],
                                          [len(out[b]) - 1 for b in rows])
         self.learned += 1
-        if self.memory is not None and self.learned % self.SAVE_EVERY == 0:
-            self.memory.save(self.accs, cost=self.cost.state(), realized=self.realized.state())
 
     def _learn_time(self, splan, plan: Plan, seqs, depths: list[int] | None, clock, step_bytes: int,
                     measured: float, expect: float, emitted: int) -> None:

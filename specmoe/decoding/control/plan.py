@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specmoe.decoding.control.candidates import Candidate
+
 
 @dataclass
 class Plan:
@@ -23,3 +25,32 @@ class Plan:
     arm: str = "plain"           # "plain" or the chosen speculative plan's drafter (mix), e.g. "eagle+ngram"
     raw_rate: float = 0.0        # the chosen arm's predicted tokens/s before its realized correction
     probs: np.ndarray | None = None  # [B, γ_max] each drafting row's acceptance probabilities before calibration
+
+
+@dataclass
+class PricedPlain:
+    """A plain step at this batch, priced: raw and refined seconds, its rate (corrected by what plain steps
+    realized, plus the step's cost outside the model) and its rate before that correction."""
+    raw_s: float
+    step_s: float
+    rate: float
+    raw_rate: float
+
+
+@dataclass
+class PricedArm:
+    """An arm's best candidate, priced: tokens/s on unbiased estimates (`rate`) and on upper-confidence ones
+    (`optimistic`, for pruning), raw draft and verify seconds, refined step seconds, expected misses, and its rate
+    before the realized correction."""
+    cand: Candidate
+    rate: float
+    optimistic: float
+    draft_s: float
+    verify_s: float
+    step_s: float
+    misses: float
+    raw_rate: float
+
+    @property
+    def tag(self) -> str:
+        return self.cand.tag

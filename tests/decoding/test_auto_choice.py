@@ -1,0 +1,157 @@
+"""decoding="auto" chooses by measured speed (`control/measured.py`): over injected step times (a fake clock), the
+controller converges to the arm that measures fastest whatever the cost model predicts, keeps its exploration within
+5% of the steps after the first 64, re-explores when the realized rate drifts or at a batch bucket not measured yet,
+remembers what it measured, and reports it through `llm.stats`."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from specmoe.decoding.control.controller import Controller
+from specmoe.decoding.control.measured import Arm, MeasuredArms
+from specmoe.engine.auto import controller_of
+
+from tests.decoding.test_controller import auto_llm, synthetic
+from tests.decoding.test_specmoe import BATCHES, reference
+
+
+def two_drafters():
+    """A controller over ("self", "eagle") whose cost model predicts self (the first drafter) faster than eagle and
+    both faster than plain: self's rows are estimated to accept every draft, eagle's 3 of 4."""
+    base, res, spec_res = synthetic(read_s=5e-4)
+    ctl = Controller(base.cost, base.g, ("self", "eagle"))
+    ids = list(range(8))
+    for _ in range(20):
+        ctl.accs["self"].record(ids, [4] * 8, [4] * 8, [[0.9] * 4] * 8)
+        ctl.accs["eagle"].record(ids, [4] * 8, [3] * 8, [[0.9] * 4] * 8)
+    return ctl, res, spec_res
+
+
+def drive(ctl, res, spec_res, seconds_per_token: dict[str, float], steps: int, ids=None) -> list[str]:
+    """Run `steps` choices; each step of arm a emits 2 tokens a row (1 for plain) in tokens × seconds_per_token[a]
+    seconds (the fake clock), folded in through the controller's own feedback (`_learn_rate`) → the arms chosen."""
+    ids = list(range(8)) if ids is None else ids
+    lim = [4] * len(ids)
+    chosen = []
+    for _ in range(steps):
+        plan = ctl.choose(ids, {"self": lim, "eagle": lim}, res, spec_res)
+        arm = plan.arm
+        tokens = len(ids) * (1 if arm == "plain" else 2)
+        s = tokens * seconds_per_token[arm]
+        clock = SimpleNamespace(step_s=lambda s=s: s, wall=lambda phase: 0.0)
+        ctl._learn_rate(plan, [None] * len(ids), [[0] * (tokens // len(ids))] * len(ids), clock)
+        chosen.append(arm)
+    return chosen
+
+
+def test_auto_converges_to_the_drafter_that_measures_faster_not_the_one_predicted():
+    """The model predicts self faster; eagle's steps measure 1.5x faster: auto ends up on eagle (a controller that
+    considers only its first drafter, or lets the prediction decide, stays on self)."""
+    ctl, res, spec_res = two_drafters()
+    ctl.choose(list(range(8)), {"self": [4] * 8, "eagle": [4] * 8}, res, spec_res)
+    assert ctl.arm_rates["self"] > ctl.arm_rates["eagle"] > ctl.arm_rates["plain"]  # the model's ranking
+    ctl.measured = MeasuredArms()
+    chosen = drive(ctl, res, spec_res, {"plain": 2e-3, "self": 1.5e-3, "eagle": 1e-3}, 400)
+    assert chosen[-100:].count("eagle") >= 95, chosen[-100:]
+    assert {"self", "eagle", "plain"} <= set(chosen[:64])  # each arm was tried in the warm-up
+    st = ctl.stats()
+    assert st["auto_chosen"] == "eagle" and st["auto_current_by_bucket"] == {"8": "eagle"}
+    rates = st["auto_measured_rates"]
+    assert abs(rates["eagle@8"] - 1000) < 1 and abs(rates["self@8"] - 1000 / 1.5) < 1 and rates["plain@8"] < 600
+    assert st["auto_exploration_share"] <= 0.05
+
+
+def test_plain_measured_faster_wins_over_speculation_predicted_faster():
+    """The cost model never overrides a measured comparison: speculation predicted ahead, plain measured ahead."""
+    ctl, res, spec_res = two_drafters()
+    chosen = drive(ctl, res, spec_res, {"plain": 1e-3, "self": 2e-3, "eagle": 2e-3}, 300)
+    assert ctl.arm_rates["self"] > ctl.arm_rates["plain"]
+    assert chosen[-100:].count("plain") >= 95
+
+
+def test_exploration_stays_within_five_percent_after_the_first_64_steps():
+    """Near a tie the close arm is re-measured now and then, and a batch bucket met soon after the warm-up waits
+    for the budget: at every step, exploration after the first 64 steps is at most 5% of them."""
+    ctl, res, spec_res = two_drafters()
+    m = ctl.measured
+    times = {"plain": 2e-3, "self": 1.1e-3, "eagle": 1e-3}
+    drive(ctl, res, spec_res, times, 70)
+    shares = []
+    for ids in (list(range(100, 132)), list(range(8))):  # a new batch bucket, then back
+        for _ in range(700):
+            drive(ctl, res, spec_res, times, 1, ids=ids)
+            shares.append(m.explored / max(1, m.steps - m.WARMUP))
+    assert max(shares) <= 0.05 and m.explored > 0
+    assert m.rate("self", 32) is not None and m.rate("plain", 32) is not None  # measured there, in time
+
+
+def test_when_the_exploited_arm_drifts_the_others_are_measured_again():
+    """Eagle's rate falls by 30% (still above what self measured long ago); self has meanwhile become faster:
+    the drift flags the other arms' measurements as old, self is measured again and auto moves to it."""
+    ctl, res, spec_res = two_drafters()
+    times = {"plain": 2e-3, "self": 2e-3, "eagle": 1e-3}
+    drive(ctl, res, spec_res, times, 300)
+    assert ctl.measured.current[8] == "eagle"
+    times.update(eagle=1 / 700, self=1e-3)
+    after = drive(ctl, res, spec_res, times, 400)
+    assert after[-100:].count("self") >= 95, after[-100:]
+
+
+def test_a_batch_bucket_not_measured_yet_is_explored_and_starts_from_the_nearest_one():
+    """At a new batch bucket the best arm measured at the nearest bucket is exploited first ("measured-near"), the
+    arms are measured there (within the budget), and the choice follows what they measure there."""
+    ctl, res, spec_res = two_drafters()
+    drive(ctl, res, spec_res, {"plain": 2e-3, "self": 1.5e-3, "eagle": 1e-3}, 400)
+    wide = list(range(100, 132))
+    reasons = []
+    orig = ctl.measured.pick
+
+    def pick(arms, B):
+        p = orig(arms, B)
+        reasons.append(p.reason)
+        return p
+    ctl.measured.pick = pick
+    chosen = drive(ctl, res, spec_res, {"plain": 2e-3, "self": 0.5e-3, "eagle": 1e-3}, 1200, ids=wide)
+    assert reasons[0] == "measured-near" and chosen[0] == "eagle"
+    assert "explore" in reasons and ctl.measured.rate("self", 32) is not None
+    assert chosen[-100:].count("self") >= 95
+    m = ctl.measured
+    assert m.explored <= 0.05 * (m.steps - m.WARMUP)
+
+
+def test_the_cost_model_prunes_arms_predicted_far_behind_and_orders_the_trials():
+    m = MeasuredArms()
+    arms = [Arm("plain", 100.0, 100.0), Arm("a", 300.0, 320.0), Arm("b", 250.0, 290.0), Arm("c", 50.0, 60.0)]
+    measures = {"plain": 100.0, "a": 300.0, "b": 250.0, "c": 50.0}  # tokens/s each arm realizes
+    picks = []
+    for step in range(40):
+        picks.append(m.pick(arms, 8).arm)
+        m.record(picks[-1], 8, measures[picks[-1]] * 0.01, 0.01, step)
+    assert picks[:4] == ["a"] * 4  # nothing measured: the model's best, measured first
+    assert "c" not in picks and "plain" in picks  # predicted far behind: never tried (but plain always is)
+    assert picks.index("b") < picks.index("plain")  # trials in the model's order
+    assert picks[-5:] == ["a"] * 5 and m.rate("b", 8) == 250.0
+
+
+def test_what_was_measured_is_remembered_by_the_next_controller():
+    ctl, res, spec_res = two_drafters()
+    drive(ctl, res, spec_res, {"plain": 2e-3, "self": 1.5e-3, "eagle": 1e-3}, 200)
+    fresh, _, _ = two_drafters()
+    fresh.measured.warm(ctl.measured.state())
+    p = fresh.choose(list(range(8)), {"self": [4] * 8, "eagle": [4] * 8}, res, spec_res)
+    assert p.arm == "eagle" and p.reason == "measured"
+
+
+def test_the_choice_its_exploration_and_the_measured_rates_reach_llm_stats(tiny_ckpt):
+    path = tiny_ckpt("mixtral")
+    llm = auto_llm(path)
+    ctl = controller_of(llm)
+    ps, sp = BATCHES["b7"]
+    assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
+    st = llm.stats
+    assert st["auto_chosen"] in st["auto_chosen_steps"]
+    assert sum(st["auto_chosen_steps"].values()) == ctl.steps == st["decode_steps"]
+    assert st["auto_measured_rates"] and all(v > 0 for v in st["auto_measured_rates"].values())
+    assert 0.0 <= st["auto_exploration_share"] <= 1.0
+    assert np.isfinite(list(st["auto_measured_rates"].values())).all()
