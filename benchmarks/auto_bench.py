@@ -57,7 +57,9 @@ DOMAINS = ("code", "bible", "docs", "fortunes")
 AUTO_KEEP = ("controller_steps", "controller_reasons", "controller_rows_by_drafter", "drafters", "tokens_per_step",
              "ar_steps", "steps", "plain_step_share", "expert_bytes_per_token", "acceptance_calibrated_by_drafter",
              "acceptance_plan_calibration_by_drafter",
-             "controller_s", "time_refinement", "fwd_refinement", "step_overhead_s_per_token")
+             "controller_s", "time_refinement", "fwd_refinement", "step_overhead_s_per_token",
+             "auto_chosen", "auto_chosen_steps", "auto_current_by_bucket", "auto_exploration_share",
+             "auto_exploration_steps", "auto_measured_rates", "auto_measured_steps")
 
 
 def paired(tps: dict, a: str, b: str) -> float:
