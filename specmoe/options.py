@@ -106,8 +106,9 @@ class OffloadConfig:
     cache_policy: str = opt("adaptive", "expert cache policy: ondemand (nothing kept past a layer), static "
                             "(hottest ~10%% per layer from a profile stay), lru, lfu, adaptive (per layer, LRU's or "
                             "LFU's eviction, whichever a simulation of both over the recent requests would have hit "
-                            "more)",
-                            ("ondemand", "static", "lru", "lfu", "adaptive"))
+                            "more), s3fifo (scan-resistant: new experts pass a small FIFO, re-used ones live in a main "
+                            "FIFO with a 2-bit access count, a ghost of recent evictions re-admits to main)",
+                            ("ondemand", "static", "lru", "lfu", "adaptive", "s3fifo"))
     prefetch: str = opt("none", "fetch layer l+1's experts while layer l computes: predicted (next router on the "
                         "current hidden state) or oracle (replay of a recorded run; an upper bound)",
                         ("none", "oracle", "predicted"))

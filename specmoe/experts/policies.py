@@ -15,6 +15,12 @@ which resident expert to evict when a slot is needed (`victim`), what a request 
   request stream; their hits decay by `Adaptive.DECAY` per forward. Which one wins depends on the workload
   (LFU keeps a skewed batch's hot experts, LRU follows a drifting one), so neither fixed rule is best
   everywhere.
+- `s3fifo` (S3-FIFO, Yang et al., SOSP 2023): per layer, a small FIFO (~10% of the evictable slots) that new
+  experts enter, a main FIFO with a 2-bit access count (a second chance per count), and a ghost FIFO of ids
+  recently evicted from the small queue (as many as main holds). An expert leaving the small queue unrequested
+  since it came is evicted (and remembered in the ghost); one requested again moves to main; an id found in
+  the ghost goes straight to main. A one-time scan therefore passes through the small queue without evicting
+  the re-used experts in main, which LRU cannot do.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ class LayerSlots:
         self.inflight: list = []  # (future) loads into this layer's slots started by prefetch
         self.done_event = None  # CUDA: compute finished reading the slots
         self.ghosts: Ghosts | None = None  # the adaptive policy's simulated LRU and LFU caches
+        self.fifo: S3Queues | None = None  # the s3fifo policy's queues
 
     @property
     def protected(self) -> set[int]:
@@ -177,7 +184,111 @@ class Adaptive(CachePolicy):
                                             for r in ("lru", "lfu")}}
 
 
-POLICY_CLASSES: dict[str, type[CachePolicy]] = {p.name: p for p in (OnDemand, Static, LRU, LFU, Adaptive)}
+class S3Queues:
+    """One layer's S3-FIFO state: expert ids only (the slots are the cache's). `small` and `main`: resident,
+    unprotected experts, oldest first, each with an access count 0..3 (`count`); `ghost`: ids evicted from
+    `small` unrequested, oldest first."""
+
+    def __init__(self):
+        self.small: OrderedDict[int, None] = OrderedDict()
+        self.main: OrderedDict[int, None] = OrderedDict()
+        self.ghost: OrderedDict[int, None] = OrderedDict()
+        self.count: dict[int, int] = {}
+        self.n = dict.fromkeys(("ghost_hits", "promotions", "small_evictions", "main_evictions"), 0)
+
+    def forget_gone(self, L: LayerSlots) -> None:
+        """Forget experts that left the slots or became protected outside the policy (a failed load,
+        `evict_all`, a pin)."""
+        for q in (self.small, self.main):
+            for e in [e for e in q if e not in L.slot_of or e in L.pinned or e in L.static]:
+                del q[e]
+                self.count.pop(e, None)
+
+    def add_unseen(self, L: LayerSlots, skip: set[int] = frozenset()) -> None:
+        """Queue resident experts the policy has not seen yet (placed for a request, or prefetched) as new."""
+        for e in L.recency:
+            if e not in self.count and e not in L.pinned and e not in L.static and e not in skip:
+                self.insert(e)
+
+    def insert(self, e: int) -> None:
+        if e in self.ghost:  # evicted from small not long ago and asked for again: re-used, straight to main
+            del self.ghost[e]
+            self.main[e] = None
+            self.n["ghost_hits"] += 1
+        else:
+            self.small[e] = None
+        self.count[e] = 0
+
+    def evict(self, candidates: set[int], capacity: int) -> int:
+        """Remove and return one of `candidates` (resident, evictable; at least one), moving others between the
+        queues as S3-FIFO does. Experts outside `candidates` (this forward's) count as requested now: one at the
+        head of small moves to main, one at the head of main goes round again without losing a count."""
+        small_target = max(1, round(S3FIFO.SMALL_SHARE * capacity))
+        while True:
+            from_small = any(e in candidates for e in self.small)
+            if from_small and (len(self.small) >= small_target
+                               or not any(e in candidates for e in self.main)):
+                e = next(iter(self.small))
+                del self.small[e]
+                if e in candidates and self.count[e] == 0:
+                    del self.count[e]
+                    self.ghost[e] = None
+                    while len(self.ghost) > max(1, capacity - small_target):
+                        self.ghost.popitem(last=False)
+                    self.n["small_evictions"] += 1
+                    return e
+                self.main[e] = None  # requested since it came (or being requested now): re-used
+                self.n["promotions"] += 1
+                continue
+            e = next(iter(self.main))
+            self.main.move_to_end(e)
+            if e not in candidates:
+                continue
+            if self.count[e] > 0:
+                self.count[e] -= 1  # second chance
+                continue
+            del self.main[e], self.count[e]
+            self.n["main_evictions"] += 1
+            return e
+
+
+class S3FIFO(CachePolicy):
+    """S3-FIFO per layer (module docstring): small FIFO, main FIFO with a 2-bit access count, ghost FIFO."""
+    name = "s3fifo"
+    SMALL_SHARE = 0.10  # of the layer's evictable slots
+    MAX_COUNT = 3  # 2 bits
+
+    @staticmethod
+    def _queues(L: LayerSlots) -> S3Queues:
+        if L.fifo is None:
+            L.fifo = S3Queues()
+        L.fifo.forget_gone(L)
+        return L.fifo
+
+    @staticmethod
+    def capacity(L: LayerSlots) -> int:
+        return max(L.rows.shape[0] - len(L.protected), 1)
+
+    def choose(self, L: LayerSlots, candidates: list[int]) -> int:
+        q, cands = self._queues(L), set(candidates)
+        q.add_unseen(L, skip=set(L.recency) - cands)  # this forward's experts are queued by `touch`, after it
+        return q.evict(cands, self.capacity(L))
+
+    def touch(self, L: LayerSlots, ids: list[int]) -> None:
+        super().touch(L, ids)
+        q = self._queues(L)
+        for e in ids:
+            if e in q.count:  # asked for again since it came
+                q.count[e] = min(q.count[e] + 1, self.MAX_COUNT)
+        q.add_unseen(L)  # this forward's misses (just placed) come in unrequested-since: count 0
+
+    def stats(self, layers: list[LayerSlots]) -> dict:
+        qs = [L.fifo for L in layers if L.fifo is not None]
+        return {f"s3fifo_{k}": sum(q.n[k] for q in qs) for k in ("ghost_hits", "promotions", "small_evictions",
+                                                                  "main_evictions")}
+
+
+POLICY_CLASSES: dict[str, type[CachePolicy]] = {p.name: p for p in (OnDemand, Static, LRU, LFU, Adaptive, S3FIFO)}
 POLICIES = tuple(POLICY_CLASSES)
 
 

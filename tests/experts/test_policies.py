@@ -16,7 +16,7 @@ def slots_with(resident: list[int], freq: dict[int, int]) -> LayerSlots:
 
 
 def test_every_policy_is_a_declared_policy_object():
-    assert POLICIES == ("ondemand", "static", "lru", "lfu", "adaptive")
+    assert POLICIES == ("ondemand", "static", "lru", "lfu", "adaptive", "s3fifo")
     assert all(isinstance(make_policy(p), CachePolicy) and make_policy(p).name == p for p in POLICIES)
 
 
