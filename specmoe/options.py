@@ -103,12 +103,14 @@ class OffloadConfig:
                                   "2GiB: cache slots (SpecMoE's draft experts are pinned in them) + scratch rows + "
                                   "staging (sets the "
                                   "slots per layer from what is left; instead of cache_experts)", type=size)
-    cache_policy: str = opt("adaptive", "expert cache policy: ondemand (nothing kept past a layer), static "
-                            "(hottest ~10%% per layer from a profile stay), lru, lfu, adaptive (per layer, LRU's or "
-                            "LFU's eviction, whichever a simulation of both over the recent requests would have hit "
-                            "more), s3fifo (scan-resistant: new experts pass a small FIFO, re-used ones live in a main "
-                            "FIFO with a 2-bit access count, a ghost of recent evictions re-admits to main)",
-                            ("ondemand", "static", "lru", "lfu", "adaptive", "s3fifo"))
+    cache_policy: str | None = opt(None, "expert cache policy: ondemand (nothing kept past a layer), static "
+                                   "(hottest ~10%% per layer from a profile stay), lru, lfu, adaptive (per layer, "
+                                   "LRU's or LFU's eviction, whichever a simulation of both over the recent requests "
+                                   "would have hit more), s3fifo (scan-resistant: new experts pass a small FIFO, "
+                                   "re-used ones live in a main FIFO with a 2-bit access count, a ghost of recent "
+                                   "evictions re-admits to main); default: s3fifo on the disk tier (it hit most on "
+                                   "natural text, benchmarks/results/cache_policy.json), adaptive otherwise",
+                                   ("ondemand", "static", "lru", "lfu", "adaptive", "s3fifo"), type=str)
     prefetch: str = opt("none", "fetch layer l+1's experts while layer l computes: predicted (next router on the "
                         "current hidden state) or oracle (replay of a recorded run; an upper bound)",
                         ("none", "oracle", "predicted"))
@@ -139,6 +141,8 @@ class OffloadConfig:
             except SizeError as e:
                 raise InputError(f"{name}: {e}") from None
         check_choices(self)
+        if self.cache_policy is None:  # the tier's default: s3fifo won on natural text from the disk tier
+            object.__setattr__(self, "cache_policy", "s3fifo" if self.offload == "disk" else "adaptive")
         check_int("cache_experts", self.cache_experts, 1, none_ok=True)
         check_number("link_gbps", self.link_gbps, none_ok=True)
         check_number("link_latency_us", self.link_latency_us, lo_open=False, none_ok=True)

@@ -31,26 +31,29 @@ class ReplayResult:
         return self.hits / n if n else 0.0
 
 
-def replay(policy: str, stream: list[list[list[int]]], slots: int, num_experts: int) -> ReplayResult:
+def replay(policy: str, stream: list[list[list[int]]], slots: int, num_experts: int,
+           counted: list[bool] | None = None) -> ReplayResult:
     """`stream[layer][step]`: the sorted expert ids that forward needed in that layer; every layer has `slots`
-    slots under its own copy of the policy's state (as the cache keeps one LayerSlots per layer)."""
+    slots under its own copy of the policy's state (as the cache keeps one LayerSlots per layer). `counted[step]`
+    (default: every step) says which steps' hits and misses are counted (e.g. decode steps, not a prompt's
+    prefill); the others still go through the bookkeeping."""
     p = make_policy(policy)
     hits = misses = scratch = 0
     for steps in stream:
         L = LayerSlots(torch.empty(slots, 0, dtype=torch.uint8), num_experts, ())
-        for ids in steps:
-            need = set(ids)
+        for i, ids in enumerate(steps):
+            need, n = set(ids), counted is None or counted[i]
             for e in ids:
                 if e in L.slot_of:
-                    hits += 1
+                    hits += n
                     continue
-                misses += 1
+                misses += n
                 if L.free:
                     s = L.free.pop()
                 else:
                     v = p.victim(L, need)
                     if v is None:
-                        scratch += 1
+                        scratch += n
                         continue
                     L.recency.pop(v)
                     s = L.slot_of.pop(v)

@@ -155,3 +155,11 @@ def test_a_replayed_routing_stream_gives_the_engines_hits(tiny_ckpt, policy):
     got = replay(policy, stream, 3, llm.config.num_experts)
     s = llm.stats
     assert (got.hits, got.misses) == (s["hits"], s["misses"]) and got.misses > 0 and got.hits > 0
+
+
+def test_the_default_policy_is_s3fifo_on_the_disk_tier_and_adaptive_elsewhere(tiny_ckpt):
+    from specmoe.options import OffloadConfig
+    assert OffloadConfig(offload="disk").cache_policy == "s3fifo"
+    assert OffloadConfig(offload="host").cache_policy == "adaptive"
+    assert OffloadConfig(offload="disk", cache_policy="lru").cache_policy == "lru"
+    assert LLM(tiny_ckpt("qwen3_moe"), offload="disk", cache_experts=3).stats["cache_policy"] == "s3fifo"
