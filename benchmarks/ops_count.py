@@ -40,7 +40,7 @@ def measure(path, decoding: str, *, batch: int, gamma: int, steps: int, warmup: 
             with OpCounter() as c:
                 out = step(active)
             records.append({"ops": c.ops, "syncs": c.syncs, "sync_sites": dict(c.sync_sites),
-                            "tokens": sum(len(t) for t in out.values()), "by_op": dict(c.by_op)})
+                            "tokens": sum(len(t) for t in out.tokens.values()), "by_op": dict(c.by_op)})
             return out
         strategy.step = counted
         return strategy

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specmoe.decoding.strategies.autoregressive import prefill
+from specmoe.decoding.strategies.protocol import StepInput
 from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.decoding.runtime.sampling import SamplingParams, make_generator
 from specmoe.decoding.runtime.sequence import Sequence
@@ -113,6 +114,9 @@ class EngineCore:
         self._aborts: dict[int, str] = {}
         self._ids = 0
         self._logits: dict[int, torch.Tensor] = {}
+        # the step boundary (`StepInput`): sequences admitted and ids that left since the strategy's last step
+        self._new: list[Sequence] = []
+        self._left: list[int] = []
         self.aborted = 0  # requests ended by abort (counter)
         self.closed = False
 
@@ -154,6 +158,7 @@ class EngineCore:
         for r in [r for r in self.active if r.finished]:
             self.active.remove(r)
             self._free(r.seq.slot)
+            self._left.append(r.seq.seq_id)
         # scheduling: admission, KV growth, appending tokens and stop checks, slot release (not prefill or steps)
         st.scheduling_s += time.perf_counter() - t0 - (st.timed_s - timed0)
         return updates
@@ -167,6 +172,7 @@ class EngineCore:
                         queue.remove(r)
                         if r.seq is not None:
                             self._free(r.seq.slot)
+                            self._left.append(r.seq.seq_id)
                         r.finished, r.finish_reason, r.abort_reason = True, ABORT, reason
                         self.aborted += 1
                         out.append(Update(r, 0, True, r.detok.take(finished=True)))
@@ -204,6 +210,7 @@ class EngineCore:
         self.stats.prefill_time_s += tally["prefill_time_s"]
         self.stats.prompt_tokens += tally["prompt_tokens"]
         self.active += new
+        self._new += [r.seq for r in new]
         return [self._append(r, first[r.request_id]) for r in new]
 
     def _decode(self) -> list[Update]:
@@ -211,8 +218,11 @@ class EngineCore:
         cache.reserve(self.n_slots, round_positions(max(cache.lengths[r.seq.slot] for r in self.active) + self.look,
                                                     self.cap))
         with self._recording(self.active):
+            live = {r.seq.seq_id for r in self.active}
+            inp = StepInput([r.seq for r in self.active], [s for s in self._new if s.seq_id in live], self._left)
+            self._new, self._left = [], []
             t0 = time.perf_counter()
-            out = self.strategy.step([r.seq for r in self.active])
+            out = self.strategy.step(inp).tokens
             self.stats.decode_time_s += time.perf_counter() - t0
         self.stats.decode_steps += 1
         return [self._append(r, out[r.request_id]) for r in self.active]
@@ -262,11 +272,11 @@ class EngineCore:
 
     # ------------------------------------------------------------ end
     def strategy_stats(self) -> dict:
-        return self.strategy.stats()
+        return self.strategy.stats().to_dict()
 
     def close(self) -> None:
         """Fold the strategy's counters into the stats (once)."""
         if self.closed:
             return
         self.closed = True
-        self.stats.close_session(self.strategy.stats())
+        self.stats.close_session(self.strategy.stats().to_dict())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from specmoe.decoding.control.measured import Pick
+from specmoe.decoding.control.view import StepView
 from specmoe.engine.auto import controller_of
 
 from tests.decoding.test_controller import auto_llm, synthetic
@@ -50,17 +51,13 @@ def test_a_reused_call_follows_its_sequences_as_some_finish():
     not in the plan makes the next step plan afresh."""
     ctl, res, spec_res = synthetic(read_s=5e-3)  # a slow link: speculation
 
-    class Lookup:  # a drafter that always has `limit` tokens
-        def available(self, seqs, limits):
-            return list(limits)
-
-        def catchup(self, seqs):
-            return [0] * len(seqs)
-
     class Seq:
         def __init__(self, sid):
             self.seq_id = sid
-    ctl.decoder = type("D", (), {"drafters": {"self": Lookup()}})()
+
+    def view(seqs, limits):  # a drafter that always has `limit` tokens
+        return StepView(seqs, limits, ("self",), lambda n: list(limits), lambda n: [0] * len(seqs), lambda layer: [],
+                        lambda: {})
     ids = list(range(6))
     ctl.acc.record(ids, [4] * 6, [2] * 6, [[0.9] * 4] * 6)
     ctl.realized.record("self", 6, 1.0, 1.0, 0)
@@ -68,10 +65,10 @@ def test_a_reused_call_follows_its_sequences_as_some_finish():
     p = ctl.plan(ids, [4, 3, 2, 4, 1, 4], res, spec_res)
     assert p.kind == "spec" and ctl.spec_coasting is not None
     left = [Seq(i) for i in (1, 4, 5)]  # 0, 2 and 3 finished
-    q = ctl.coast_spec(left, [4, 4, 4])
+    q = ctl.coast_spec(view(left, [4, 4, 4]))
     assert q.reason == "coast" and q.gammas == [p.gammas[1], p.gammas[4], p.gammas[5]]
     assert q.drafter_of == [p.drafter_of[b] for b in (1, 4, 5)] and q.probs.shape[0] == 3
-    assert ctl.coast_spec([Seq(1), Seq(9)], [4, 4]) is None and ctl.spec_coasting is None  # 9 joined
+    assert ctl.coast_spec(view([Seq(1), Seq(9)], [4, 4])) is None and ctl.spec_coasting is None  # 9 joined
 
 
 def test_a_clear_speculative_call_is_reused_for_a_few_steps_of_the_same_sequences(tiny_ckpt):

@@ -193,11 +193,11 @@ def test_a_step_never_emits_more_than_a_sequence_may(tiny_ckpt, monkeypatch):
     from specmoe.decoding.strategies.speculative import SpeculativeDecoder
     real, seen = SpeculativeDecoder.step, []
 
-    def step(self, seqs):
+    def step(self, inp):
         room = {s.seq_id: min(s.params.max_tokens - len(s.output_ids), self.max_model_len - s.num_tokens)
-                for s in seqs}
-        out = real(self, seqs)
-        seen.extend((len(toks), room[i]) for i, toks in out.items())
+                for s in inp.seqs}
+        out = real(self, inp)
+        seen.extend((len(toks), room[i]) for i, toks in out.tokens.items())
         return out
     monkeypatch.setattr(SpeculativeDecoder, "step", step)
     path = tiny_ckpt("mixtral")

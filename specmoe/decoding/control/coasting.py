@@ -31,7 +31,7 @@ class Coasting:
         self.reasons["coast"] = self.reasons.get("coast", 0) + 1
         return True
 
-    def coast_spec(self, seqs, limits: list[int]) -> Plan | None:
+    def coast_spec(self, view) -> Plan | None:
         """The last plan again, without planning, when it chose speculation by a clear margin
         (`coast_above` × the plain rate) or planning costs more than `coast_share` of the step, and this step's
         sequences were all in it (sequences that finished leave; one that joins plans afresh): for `coast_steps`
@@ -43,16 +43,15 @@ class Coasting:
             return None
         ids, plan, left = self.spec_coasting
         row = {sid: b for b, sid in enumerate(ids)}
-        keep = [row.get(s.seq_id) for s in seqs]
+        keep = [row.get(s) for s in view.seq_ids]
         if left <= 0 or self.schedule is not None or self.force is not None or None in keep:
             self.spec_coasting = None
             return None
-        drafters = self.decoder.drafters
         drafter_of = [plan.drafter_of[b] for b in keep]
         # a mix's model drafter ("eagle" of "eagle+ngram") drafts the rows whose lookup has nothing now
         model = plan.arm.split("+")[0] if "+" in plan.arm else None
         used = set(d for d in drafter_of if d) | ({model} if model else set())
-        avail = {n: drafters[n].available(seqs, limits) for n in used}
+        avail = {n: view.available(n) for n in used}
         if model:
             drafter_of = [model if d and d != model and not avail[d][i] else d for i, d in enumerate(drafter_of)]
         gam = [min(plan.gammas[b], avail[d][i]) if d else 0 for i, (b, d) in enumerate(zip(keep, drafter_of))]
@@ -60,7 +59,7 @@ class Coasting:
             self.spec_coasting = None
             return None
         self.spec_coasting = (ids, plan, left - 1)
-        self.catchup = {n: np.asarray(drafters[n].catchup(seqs)) for n in used}
+        self.catchup = {n: np.asarray(view.catchup(n)) for n in used}
         self.steps += 1
         self.measured.note(plan.arm)
         self.choices["spec"] += 1

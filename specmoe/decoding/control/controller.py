@@ -40,7 +40,8 @@ from specmoe.decoding.control.costmodel import CostModel, bucket
 from specmoe.decoding.control.feedback import StepFeedback
 from specmoe.decoding.control.learning import Acceptance, Realized
 from specmoe.decoding.control.measured import Arm, MeasuredArms
-from specmoe.decoding.control.plan import Plan, PricedArm, PricedPlain
+from specmoe.decoding.control.plan import Plan, PricedArm, PricedPlain, StepPlan
+from specmoe.decoding.control.view import StepView
 
 PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
 
@@ -91,7 +92,6 @@ class Controller(Coasting, StepFeedback):
         self.choices = {"plain": 0, "spec": 0}
         self.reasons: dict[str, int] = {}
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
-        self.decoder = None
         self.realized = Realized()  # per arm and batch bucket: measured / predicted step seconds
         self.resident = self.spec_resident = None  # [L, E] the last plan's resident experts without / with the
         # self draft's set
@@ -340,29 +340,27 @@ class Controller(Coasting, StepFeedback):
         return self.choose(seq_ids, {self.names[0]: limits}, resident, spec_resident, {self.names[0]: setup_s})
 
     # ------------------------------------------------------------ inside a step
-    def attach(self, decoder) -> None:
-        """The decoder this controller plans for (its drafters, runner and store)."""
-        self.decoder = decoder
-        self.use(list(decoder.drafters))
-        runner = decoder.runner
-        if self.cost.routing.observe not in runner.observers:
-            runner.observers.append(self.cost.routing.observe)
-        # a draft set pinned by an earlier run stays pinned in the cache; auto's plain steps need the slots
-        for layer in self.cost.routing.layers:
-            runner.provider.pin(layer, [])
+    @property
+    def layers(self) -> list[int]:
+        """The MoE layers the cost model prices (the decoder unpins a stale draft set there)."""
+        return self.cost.routing.layers
 
-    def plan_step(self, seqs, limits: list[int]):
-        """The StepPlan of this step (the decoder's `plan`)."""
-        from specmoe.decoding.strategies.speculative import StepPlan
+    @property
+    def observer(self):
+        """The runner observer that feeds the cost model the target's routing (the decoder registers it)."""
+        return self.cost.routing.observe
+
+    def plan_step(self, view: StepView) -> StepPlan:
+        """The StepPlan of this step (the decoder's `plan`): a reused call, or a fresh `choose` over `view`."""
         t0 = time.perf_counter()
-        B = len(seqs)
+        B = len(view.seqs)
         try:
-            if self.coast([s.seq_id for s in seqs]):
+            if self.coast(view.seq_ids):
                 return StepPlan([None] * B, [0] * B, None)
-            plan = self.coast_spec(seqs, limits)
+            plan = self.coast_spec(view)
             if plan is None:
                 t1 = time.perf_counter()
-                plan = self._plan_fresh(seqs, limits)
+                plan = self._plan_fresh(view)
                 dt = time.perf_counter() - t1
                 self.plan_s = dt if self.plan_s is None else 0.8 * self.plan_s + 0.2 * dt
             if plan.kind == "plain":
@@ -375,32 +373,28 @@ class Controller(Coasting, StepFeedback):
         finally:
             self.controller_s += time.perf_counter() - t0
 
-    def _plan_fresh(self, seqs, limits: list[int]) -> Plan:
+    def _plan_fresh(self, view: StepView) -> Plan:
         """`choose` over what is resident now (without / with the self draft's set) and what each drafter has."""
-        dec = self.decoder
         cm = self.cost
         cm.routing.flush()
-        store = dec.runner.provider
-        L = len(cm.routing.layers)
-        res = np.zeros((L, cm.c.num_experts), dtype=bool)
-        for i, layer in enumerate(cm.routing.layers):
-            res[i, list(store.resident(layer))] = True
+        res = np.zeros((len(self.layers), cm.c.num_experts), dtype=bool)
+        for i, layer in enumerate(self.layers):
+            res[i, list(view.resident(layer))] = True
         spec_res, setup = res, {}
-        sd = dec.drafters.get("self")
-        if sd is not None:
-            ex = sd.experts
-            if ex.ready:
+        ds = view.sets().get("self")
+        if ds is not None:
+            if ds.ids is not None:
                 spec_res = res.copy()
-                for i, layer in enumerate(cm.routing.layers):
-                    spec_res[i, ex.ids[layer]] = True
+                for i, layer in enumerate(self.layers):
+                    spec_res[i, ds.ids[layer]] = True
             else:
-                spec_res = res | cm.routing.hottest(ex.n)
-            if sd.needs_setup:  # the draft set's experts not resident now load first
-                setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * L
+                spec_res = res | cm.routing.hottest(ds.size)
+            if ds.needs_setup:  # the draft set's experts not resident now load first
+                setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * len(self.layers)
         self.resident, self.spec_resident = res, spec_res
-        avail = {n: d.available(seqs, limits) for n, d in dec.drafters.items()}
-        self.catchup = {n: np.asarray(d.catchup(seqs)) for n, d in dec.drafters.items()}
-        return self.choose([s.seq_id for s in seqs], avail, res, spec_res, setup, self.catchup)
+        avail = {n: view.available(n) for n in view.names}
+        self.catchup = {n: np.asarray(view.catchup(n)) for n in view.names}
+        return self.choose(view.seq_ids, avail, res, spec_res, setup, self.catchup)
 
     def stopper(self, splan, name: str, rows: list[int], seqs, gammas: list[int]):
         """The draft hook of drafter `name` over its rows (batch rows `rows`, local gammas): records each greedy

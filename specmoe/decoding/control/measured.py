@@ -114,7 +114,8 @@ class MeasuredArms:
         """The arm this step takes among `arms` (module docstring); counts the step."""
         b = bucket(B)
         exploit = self._exploit(arms, b)
-        self.current[b] = exploit.arm
+        if len(arms) > 1:  # (plain alone, e.g. at a sequence's last token, is no choice)
+            self.current[b] = exploit.arm
         x = self._explore(arms, b, exploit.arm)
         pick = Pick(x, "explore") if x is not None else exploit
         self.steps += 1

@@ -1,4 +1,5 @@
-"""What `auto`'s controller decided for one step (`Controller.choose`), as the decoder and the feedback read it."""
+"""What a speculative step does (`StepPlan`, the decoder's), what `auto`'s controller decided for it
+(`Plan`, from `Controller.choose`, as the decoder and the feedback read it) and how it priced the arms."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,6 +7,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmoe.decoding.control.candidates import Candidate
+
+
+@dataclass
+class StepPlan:
+    """What a step does: drafter_of[b] (None: row b drafts nothing) and gammas[b] (its most draft tokens).
+    `decision`: the controller's record of the choice (None for a fixed configuration, or a reused plain call)."""
+    drafter_of: list[str | None]
+    gammas: list[int]
+    decision: Plan | None = None
+
+    @property
+    def plain(self) -> bool:
+        return not any(g and d for d, g in zip(self.drafter_of, self.gammas))
 
 
 @dataclass

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -39,6 +40,15 @@ from specmoe.decoding.trees.tree import DraftTree
 # called by model drafters with (depth j, batch rows drafting at j, their logits [len(rows), V]); may lower
 # gammas[b] (the list passed to propose_tree, in place) to j + 1 for greedy rows b: they stop drafting there
 DraftHook = Callable[[int, list, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class DraftSet:
+    """A drafter's resident target experts: `ids` per MoE layer (None until chosen: then its `size` hottest per
+    layer will be), and whether `prepare` will first load or pin them (`needs_setup`)."""
+    ids: dict[int, list[int]] | None
+    size: int
+    needs_setup: bool
 
 
 class Drafter(ABC):
@@ -77,6 +87,11 @@ class Drafter(ABC):
     def needs_setup(self) -> bool:
         """`prepare` will do setup work (load or pin something) before the next draft phase."""
         return False
+
+    def draft_set(self) -> DraftSet | None:
+        """The target experts this drafter keeps resident while it drafts (None: none); the controller prices the
+        verification's misses and the setup with them."""
+        return None
 
     def idle(self) -> None:
         """A step this drafter sat out."""

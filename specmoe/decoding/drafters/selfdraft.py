@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from specmoe.decoding.drafters.draft_experts import DraftExperts
-from specmoe.decoding.drafters.base import Drafter, DraftHook, RowPicks, chain_trees
+from specmoe.decoding.drafters.base import Drafter, DraftHook, DraftSet, RowPicks, chain_trees
 from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.decoding.trees.tree import DraftTree
@@ -107,6 +107,10 @@ class SelfDrafter(Drafter):
     def needs_setup(self) -> bool:
         """The next draft phase first makes the draft set resident (first use, or after an idle stretch)."""
         return not self.experts.ready or self.dormant
+
+    def draft_set(self) -> DraftSet:
+        ex = self.experts
+        return DraftSet(dict(ex.ids) if ex.ready else None, ex.n, self.needs_setup)
 
     def prepare(self) -> None:
         if not self.experts.ready:

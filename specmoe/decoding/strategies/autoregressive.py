@@ -7,6 +7,8 @@ from specmoe.decoding.runtime.breakdown import StepBreakdown
 from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.decoding.runtime.sampling import sample
 from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.decoding.strategies.clock import PhaseClock
+from specmoe.decoding.strategies.protocol import StepInput, StepOutput, StrategyStats
 
 MAX_PREFILL_TOKENS = 4096  # tokens per prefill forward; bounds activation memory for large batches
 
@@ -36,6 +38,18 @@ def prefill(runner: ModelRunner, seqs: list[Sequence], stats: dict) -> dict[int,
     return out
 
 
+def plain_tokens(runner: ModelRunner, seqs: list[Sequence], clock: PhaseClock, ctx=None) -> list[int]:
+    """The plain step: one target forward over each sequence's pending token ("verify": its K/V committed), and
+    the token sampled from it ("accept"). `ctx`: the forward's context (default: the runner's)."""
+    with clock.phase("verify"):
+        logits = runner.forward(seqs, [[s.output_ids[-1]] for s in seqs], ctx=ctx)  # [B, V]
+        for s in seqs:
+            runner.commit(s, 1)
+    with clock.phase("accept"):
+        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                      [len(s.output_ids) for s in seqs])
+
+
 class AutoregressiveDecoder:
     """One target forward per step over the last token of every active sequence."""
     name = "ar"
@@ -44,18 +58,12 @@ class AutoregressiveDecoder:
         self.runner = runner
         self.breakdown = StepBreakdown()
 
-    def stats(self) -> dict:
-        return {"decoding": self.name, "step_breakdown": dict(self.breakdown.s)}
+    def stats(self) -> StrategyStats:
+        return StrategyStats(self.name, dict(self.breakdown.s))
 
-    def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
-        r = self.runner
-        t0, e0, w0 = time.perf_counter(), r.expert_s, r.provider.fetch_wait_s
-        logits = r.forward(seqs, [[s.output_ids[-1]] for s in seqs])  # [B, V]
-        for s in seqs:
-            r.commit(s, 1)
-        t1 = time.perf_counter()
-        toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
-                      [len(s.output_ids) for s in seqs])
-        self.breakdown.target(t1 - t0, r.expert_s - e0, r.provider.fetch_wait_s - w0)
-        self.breakdown.accept(time.perf_counter() - t1)
-        return {s.seq_id: [t] for s, t in zip(seqs, toks)}
+    def step(self, inp: StepInput) -> StepOutput:
+        clock = PhaseClock(self.runner, sync=False)
+        toks = plain_tokens(self.runner, inp.seqs, clock)
+        self.breakdown.target(*clock.spans["verify"])
+        self.breakdown.accept(clock.wall("accept"))
+        return StepOutput({s.seq_id: [t] for s, t in zip(inp.seqs, toks)})

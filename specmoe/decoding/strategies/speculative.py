@@ -17,65 +17,29 @@ drafter's observers, so it costs what an AR step costs. Timing and counters wrap
 """
 from __future__ import annotations
 
-import contextlib
-import time
-from dataclasses import dataclass, field
 
 import torch
 
+from specmoe.decoding.control.plan import StepPlan
+from specmoe.decoding.control.view import StepView
 from specmoe.decoding.runtime.breakdown import SpecTally, StepBreakdown, now
+from specmoe.decoding.strategies.autoregressive import plain_tokens
 from specmoe.decoding.strategies.budget import ExpertBudget
+from specmoe.decoding.strategies.clock import PhaseClock
+from specmoe.decoding.strategies.protocol import StepInput, StepOutput, StrategyStats
 from specmoe.decoding.drafters.base import Drafter
 from specmoe.decoding.runtime.runner import ModelRunner
-from specmoe.decoding.runtime.sampling import coupled_noise, sample
+from specmoe.decoding.runtime.sampling import coupled_noise
 from specmoe.decoding.runtime.sequence import Sequence
 from specmoe.decoding.trees.tree import DraftTree, accept, compaction, pack
 
 # B=sequences, T=verified rows per sequence (pending token + nodes, padded), V=vocab
 
 
-@dataclass
-class StepPlan:
-    """What a step does: drafter_of[b] (None: row b drafts nothing) and gammas[b] (its most draft tokens).
-    `decision`: the controller's record of the choice (None for a fixed configuration)."""
-    drafter_of: list[str | None]
-    gammas: list[int]
-    decision: object = None
-
-    @property
-    def plain(self) -> bool:
-        return not any(g and d for d, g in zip(self.drafter_of, self.gammas))
-
-
 def step_noise(seqs: list[Sequence], gammas: list[int], vocab: int, device) -> dict[int, torch.Tensor]:
     """Gumbel noise [γ_b+1, V] of the output positions a step may emit, for each seeded sampled row b."""
     return {b: coupled_noise(s.params.seed, len(s.output_ids), g + 1, vocab, device)
             for b, (s, g) in enumerate(zip(seqs, gammas)) if not s.params.greedy and s.params.seed is not None}
-
-
-@dataclass
-class PhaseClock:
-    """Wall time, routed-expert time and fetch wait of a step's phases, read around them (never inside)."""
-    runner: ModelRunner
-    spans: dict = field(default_factory=dict)  # phase -> (wall s, expert s, fetch wait s)
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        r = self.runner
-        t0, e0, w0 = now(r.device), r.expert_s, r.provider.fetch_wait_s
-        try:
-            yield
-        finally:
-            w, e, f = self.spans.get(name, (0.0, 0.0, 0.0))
-            self.spans[name] = (w + now(r.device) - t0, e + r.expert_s - e0, f + r.provider.fetch_wait_s - w0)
-
-    def wall(self, name: str) -> float:
-        return self.spans.get(name, (0.0,))[0]
-
-    def step_s(self) -> float:
-        """The step's own seconds as the controller prices them: draft, select, verify, accept, commit (not the
-        admission of new sequences, the plan, nor the self draft's setup)."""
-        return sum(self.wall(p) for p in ("draft", "select", "verify", "accept", "commit"))
 
 
 class DrafterTally:
@@ -110,8 +74,13 @@ class SpeculativeDecoder:
             selector.attach(runner)  # routing frequency, resident experts (the expert term)
             for d in drafters.values():
                 d.record_picks = selector.experts and d.name == "self"
-        if controller is not None:
-            controller.attach(self)
+        if controller is not None:  # it plans over these drafters and learns the target's routing
+            controller.use(list(drafters))
+            if controller.observer not in runner.observers:
+                runner.observers.append(controller.observer)
+            # a draft set pinned by an earlier run stays pinned in the cache; auto's plain steps need the slots
+            for layer in controller.layers:
+                runner.provider.pin(layer, [])
         self.tally = SpecTally(num_draft_tokens)
         self.per_drafter = {name: DrafterTally() for name in drafters}
         self.breakdown = StepBreakdown()
@@ -119,7 +88,6 @@ class SpeculativeDecoder:
         self.step_bytes = self.draft_phase_bytes = 0
         self.nodes = self.proposed_nodes = self.branched = self.moved = 0
         self.refresh0 = {n: d.refresh_s for n, d in drafters.items()}
-        self.seen: dict[int, Sequence] = {}  # the sequences of the last step (new ones are admitted)
         self._last: tuple[float, float, int] | None = None  # the last step's (start, priced seconds, batch)
 
     # ------------------------------------------------------------ the step
@@ -131,28 +99,34 @@ class SpeculativeDecoder:
     def plan(self, seqs: list[Sequence]) -> StepPlan:
         limits = [self.limit(s) for s in seqs]
         if self.ctl is not None:
-            return self.ctl.plan_step(seqs, limits)
+            return self.ctl.plan_step(self.view(seqs, limits))
         return StepPlan([self.default] * len(seqs), limits)
 
-    def step(self, seqs: list[Sequence]) -> dict[int, list[int]]:
-        t0 = now(self.runner.device)
-        live = {s.seq_id for s in seqs}
-        new = [s for s in seqs if self.seen.get(s.seq_id) is not s]
-        if self.ctl is not None and self._last is not None and not new:
+    def view(self, seqs: list[Sequence], limits: list[int]) -> StepView:
+        """What the controller reads of this step: the drafters' proposal lengths and catch-ups, the store's
+        resident experts, the drafters' draft sets."""
+        ds = self.drafters
+        return StepView(seqs, limits, tuple(ds), lambda n: ds[n].available(seqs, limits),
+                        lambda n: ds[n].catchup(seqs), self.runner.provider.resident,
+                        lambda: {n: x for n, d in ds.items() if (x := d.draft_set()) is not None})
+
+    def step(self, inp: StepInput) -> StepOutput:
+        seqs, t0 = inp.seqs, now(self.runner.device)
+        if self.ctl is not None and self._last is not None and not inp.new:
             # the last step's whole cycle (its start to this one's) less what it priced: the plan, the controller's
             # learning, the engine's loop between steps; not across a request's admission (its prefill)
             start, priced, B = self._last
             self.ctl.note_outside(B, t0 - start - priced)
-        self.seen = {s.seq_id: s for s in seqs}
+        live = {s.seq_id for s in seqs}
         for d in self.drafters.values():
             d.retire(live)
         clock = PhaseClock(self.runner)
-        if new:  # whatever this step does: not charged to its plan
+        if inp.new:  # whatever this step does: not charged to its plan
             with clock.phase("admit"):
                 for d in self.drafters.values():
-                    d.admit(new)
+                    d.admit(inp.new)
                 if self.ctl is not None:
-                    self.ctl.admit(new)
+                    self.ctl.admit(inp.new)
         with clock.phase("plan"):
             plan = self.plan(seqs)
         b0 = self.runner.provider.bytes_moved
@@ -163,19 +137,12 @@ class SpeculativeDecoder:
         if self.ctl is not None:
             self.ctl.learn(plan, seqs, depths, out, clock, self.runner.provider.bytes_moved - b0)
         self._last = (t0, clock.step_s(), len(seqs))
-        return {s.seq_id: toks for s, toks in zip(seqs, out)}
+        return StepOutput({s.seq_id: toks for s, toks in zip(seqs, out)})
 
     @torch.inference_mode()
     def plain_step(self, seqs: list[Sequence], clock: PhaseClock) -> list[list[int]]:
-        """One target forward over each sequence's pending token, no drafter observing it: an AR step."""
-        r = self.runner
-        with clock.phase("verify"):
-            logits = r.forward(seqs, [[s.output_ids[-1]] for s in seqs], ctx=self._context([]))  # [B, V]
-            for s in seqs:
-                r.commit(s, 1)
-        with clock.phase("accept"):
-            toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
-                          [len(s.output_ids) for s in seqs])
+        """The AR step (`autoregressive.plain_tokens`), no drafter observing its forward."""
+        toks = plain_tokens(self.runner, seqs, clock, ctx=self._context([]))
         for d in self.drafters.values():
             d.idle()
         self.plain_steps += 1
@@ -314,13 +281,12 @@ class SpeculativeDecoder:
                 pt.drafted += len(t)
                 pt.bytes += share
 
-    def stats(self) -> dict:
+    def stats(self) -> StrategyStats:
         emitted = self.tally.emitted
-        st = {"decoding": self.name, **self.tally.stats(), "ar_steps": self.plain_steps, "ar_time_s": self.plain_s,
+        st = {**self.tally.stats(), "ar_steps": self.plain_steps, "ar_time_s": self.plain_s,
               "plain_step_share": self.plain_steps / max(1, self.plain_steps + self.tally.steps),
               "num_draft_tokens": self.gamma, "draft_phase_bytes": self.draft_phase_bytes,
               "expert_bytes_per_token": self.step_bytes / emitted if emitted else 0.0,
-              "step_breakdown": dict(self.breakdown.s),
               "drafters": {name: t.to_dict() for name, t in self.per_drafter.items()}}
         for d in self.drafters.values():
             st.update(d.stats())
@@ -342,4 +308,4 @@ class SpeculativeDecoder:
         st["fallback_choice"] = ("specmoe" if self.tally.steps and not self.plain_steps else
                                  "ar" if self.plain_steps and not self.tally.steps else
                                  "mixed" if self.plain_steps else "specmoe")
-        return st
+        return StrategyStats(self.name, dict(self.breakdown.s), st)
