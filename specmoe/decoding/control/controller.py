@@ -177,6 +177,22 @@ class Controller(Coasting, StepFeedback):
             rows[:, 0] *= np.maximum(longest, 1)
         return rows
 
+    def draft_raw(self, name: str, mine: np.ndarray, Gm: np.ndarray, catchup: np.ndarray | None) -> np.ndarray:
+        """[C] raw seconds of drafter `name`'s draft phase over its rows `mine` [C, B] (draft lengths Gm [C, B])."""
+        return self.cost.drafter_time(name, self.draft_rows(mine, Gm, catchup)).sum(1)
+
+    def verify_raw(self, B: int, Gm: np.ndarray, uses_self: np.ndarray, resident, spec_resident
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """The verification's pricing, the one the plans and the feedback share: raw seconds [C] and expected
+        misses [C, L] of a forward over B pending tokens + Gm [C, B] drafts (rows padded to the longest), its
+        experts' union over what is resident (with the self draft's set where `uses_self` [C])."""
+        cm = self.cost
+        eff = cm.effective(B, Gm.sum(1))
+        u0, m0 = cm.expected_union(eff, resident, "spec")
+        u1, m1 = cm.expected_union(eff, spec_resident, "spec")
+        union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
+        return cm.forward_time(B + Gm.sum(1), union, miss, B * (1 + Gm.max(1))), miss
+
     def _costs(self, W: np.ndarray, Gm: np.ndarray, names: list[str], resident, spec_resident,
                setup: dict[str, float], catchup: dict[str, np.ndarray]
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -190,20 +206,15 @@ class Controller(Coasting, StepFeedback):
             mine = (W == i) & (Gm > 0)  # [C, B]
             if not mine.any():
                 continue
-            t = cm.drafter_time(n, self.draft_rows(mine, Gm, catchup.get(n))).sum(1)
+            t = self.draft_raw(n, mine, Gm, catchup.get(n))
             d_raw += t
             d_ref += t * cm.ratio(f"draft:{n}", B)
             used = mine.any(1)
             s_setup += used * setup.get(n, 0.0)
             if n == "self":
                 uses_self |= used
-        n_tok = B + Gm.sum(1)
-        eff = cm.effective(B, Gm.sum(1))
-        u0, m0 = cm.expected_union(eff, resident, "spec")
-        u1, m1 = cm.expected_union(eff, spec_resident, "spec")
-        union, miss = np.where(uses_self[:, None], u1, u0), np.where(uses_self[:, None], m1, m0)
-        padded = B * (1 + Gm.max(1))
-        v = cm.forward_time(n_tok, union, miss, padded)
+        v, miss = self.verify_raw(B, Gm, uses_self, resident, spec_resident)
+        n_tok, padded = B + Gm.sum(1), B * (1 + Gm.max(1))
         part, memo = cm.fwd(B), {}
         fwd = np.array([memo[b] if (b := bucket(int(k))) in memo else memo.setdefault(b, cm.ratio(part, int(k)))
                         for k in n_tok])

@@ -111,15 +111,14 @@ class StepFeedback:
         for i, n in enumerate(names):
             mine = (who == i) & (gam > 0)
             if mine.any() and f"draft:{n}" in clock.spans:
-                rows = self.draft_rows(mine[None], gam[None], self.catchup.get(n))
-                draft_raw[n] = float(cm.drafter_time(n, rows).sum())
+                draft_raw[n] = float(self.draft_raw(n, mine[None], gam[None], self.catchup.get(n))[0])
                 cm.refine(f"draft:{n}", B, clock.wall(f"draft:{n}"), draft_raw[n])
         n_tok = B + int(gam.sum())
         cm.routing.flush()  # the verification's routing: its union refines ρ
         cm.fold_union(B, int(gam.sum()))
-        res = self.spec_resident if "self" in draft_raw else self.resident  # as `_costs` prices it
-        union, miss = cm.expected_union(cm.effective(B, [int(gam.sum())]), res, "spec")
-        v_raw = float(cm.forward_time(np.array([n_tok]), union, miss, np.array([B * (1 + int(gam.max()))]))[0])
+        # priced as the plans price it (`Controller.verify_raw`), on the union refined by this step
+        v_raw = float(self.verify_raw(B, gam[None], np.array(["self" in draft_raw]), self.resident,
+                                      self.spec_resident)[0][0])
         cm.refine(cm.fwd(B), n_tok, clock.wall("verify"), v_raw)
         if plan.reason != "coast":  # a coasted step's gammas are not the ones its predictions were made for
             cm.refine_misses("spec", step_bytes / cm.c.expert_bytes, plan.predicted_misses)
