@@ -1,8 +1,11 @@
-"""Byte sizes, aligned host buffers and checks against the memory the machine has."""
+"""Byte sizes, aligned host buffers, checks against the memory the machine has, and the memory limit this
+process runs under (its cgroup's, or what the host has available)."""
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -99,3 +102,133 @@ def aligned_empty(nbytes: int, *, pin: bool = False) -> torch.Tensor:
     out = raw[off: off + nbytes]
     assert out.data_ptr() % ALIGN == 0, "alignment failed"
     return out
+
+
+FS_ROOT = Path("/")  # where /proc and /sys/fs/cgroup are read from (tests point it at a fake tree)
+# cgroup v1 reports "no limit" as the page counter's maximum rounded down to a page (9223372036854771712 with 4 KiB
+# pages); anything this large is no limit
+NO_LIMIT = 2**62
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """What bounds this process's memory: `cgroup_bytes` (the tightest limit of its memory cgroup and the cgroups
+    above it; None: none set), read from `cgroup_file` (`cgroup` is "v1" or "v2"), and the host's MemAvailable
+    (`available_bytes`); `used_bytes`: what the process holds already (its resident set), which the cgroup limit
+    also counts."""
+    cgroup: str | None
+    cgroup_bytes: int | None
+    cgroup_file: str | None
+    available_bytes: int
+    used_bytes: int = 0
+
+    @property
+    def room(self) -> int:
+        """Bytes this process may still take: the smaller of what the cgroup leaves and MemAvailable."""
+        left = self.available_bytes
+        if self.cgroup_bytes is not None:
+            left = min(left, self.cgroup_bytes - self.used_bytes)
+        return max(0, left)
+
+    @property
+    def bound_by(self) -> str:
+        """Which of the two bounds `room`: 'cgroup v1' / 'cgroup v2' or 'MemAvailable'."""
+        if self.cgroup_bytes is not None and self.cgroup_bytes - self.used_bytes <= self.available_bytes:
+            return f"cgroup {self.cgroup}"
+        return "MemAvailable"
+
+    def describe(self) -> str:
+        """'cgroup v1 memory.limit_in_bytes 2.00 GiB (/sys/fs/cgroup/memory/x/memory.limit_in_bytes) less 0.31 GiB
+        in use' or 'MemAvailable 12.0 GiB'."""
+        if self.bound_by == "MemAvailable":
+            return f"MemAvailable {fmt_bytes(self.available_bytes)}"
+        return (f"cgroup {self.cgroup} limit {fmt_bytes(self.cgroup_bytes)} ({self.cgroup_file}) less "
+                f"{fmt_bytes(self.used_bytes)} this process holds")
+
+    def to_dict(self) -> dict:
+        return {"cgroup": self.cgroup, "cgroup_limit_bytes": self.cgroup_bytes, "cgroup_file": self.cgroup_file,
+                "mem_available_bytes": self.available_bytes, "process_rss_bytes": self.used_bytes,
+                "room_bytes": self.room, "bound_by": self.bound_by}
+
+
+def _read_limit(path: Path) -> int | None:
+    """A memory.limit_in_bytes / memory.max file: bytes, or None for no limit ('max', the v1 sentinel) or a file
+    that is missing or unreadable."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit():  # "max" (v2), or garbage
+        return None
+    n = int(text)
+    return None if n >= NO_LIMIT else n
+
+
+def cgroup_memory_limit(root: str | Path = "/") -> tuple[str, int, str] | None:
+    """The memory limit of this process's cgroup under the file-system `root` (tests point it at a fake tree):
+    ("v1" or "v2", bytes, the file it came from), the tightest over the cgroup and its ancestors (a child's limit
+    may be set above its parent's), or None when no limit is set or no memory controller is found.
+
+    /proc/self/cgroup names the cgroup: a v1 line "N:...memory...:/path" (limit in
+    /sys/fs/cgroup/memory/<path>/memory.limit_in_bytes), else the v2 line "0::/path" (limit in
+    /sys/fs/cgroup/<path>/memory.max). Inside a cgroup namespace the path may be missing under the mount: the
+    mount's own files are then the process's cgroup's."""
+    root = Path(root)
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v1 = v2 = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "memory" in parts[1].split(","):
+            v1 = parts[2]
+        elif parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+    for kind, rel, mount, name in (("v1", v1, "sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+                                   ("v2", v2, "sys/fs/cgroup", "memory.max")):
+        if rel is None or not (root / mount).is_dir():
+            continue
+        best = None
+        d = Path(rel.strip("/"))
+        while True:
+            f = root / mount / d / name
+            n = _read_limit(f)
+            if n is not None and (best is None or n < best[1]):
+                best = (kind, n, "/" + str(f.relative_to(root)))
+            if d == Path("."):
+                break
+            d = d.parent
+        if best is not None:
+            return best
+    return None
+
+
+def process_rss(root: str | Path = "/") -> int:
+    """This process's resident set in bytes, from `root`/proc/self/statm (0 where it is not there)."""
+    try:
+        return int((Path(root) / "proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def memory_limit(root: str | Path | None = None) -> MemoryLimit:
+    """The limit this process runs under now (see MemoryLimit), read under `root` (default: FS_ROOT)."""
+    root = Path(FS_ROOT if root is None else root)
+    cg = cgroup_memory_limit(root)
+    return MemoryLimit(cgroup=cg[0] if cg else None, cgroup_bytes=cg[1] if cg else None,
+                       cgroup_file=cg[2] if cg else None, available_bytes=_mem_available(root),
+                       used_bytes=process_rss(root) if cg else 0)
+
+
+def _mem_available(root: Path) -> int:
+    """MemAvailable from `root`/proc/meminfo; the host's total memory where it has none."""
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return host_memory()[0]

@@ -98,7 +98,10 @@ class OffloadConfig:
     offload: str = opt("none", "backing tier of expert weights: none (all resident), host RAM, or disk (SSD, "
                        "direct reads of a one-time aligned repack)", ("none", "host", "disk"))
     cache_experts: int | None = opt(None, "device cache slots per MoE layer (default: a quarter of the experts, "
-                                    "at least top-k; with speculation at least draft_experts + top-k)", type=int)
+                                    "at least top-k; with speculation at least draft_experts + top-k; on the CPU "
+                                    "fewer where the memory limit (cgroup memory.limit_in_bytes / memory.max, or "
+                                    "MemAvailable) leaves less after the non-expert weights: docs/offloading.md)",
+                                    type=int)
     cache_bytes: int | None = opt(None, "upper bound on the device expert working set over all MoE layers, e.g. "
                                   "2GiB: cache slots (SpecMoE's draft experts are pinned in them) + scratch rows + "
                                   "staging (sets the "

@@ -26,7 +26,7 @@ from specmoe.engine.core import EngineCore, Request, wired_runner
 from specmoe.engine.outputs import RequestOutput
 from specmoe.engine.prompts import normalize_params, normalize_prompts
 from specmoe.engine.stats import EngineStats, MemoryStats
-from specmoe.experts.factory import build_store
+from specmoe.experts.factory import build_store, plan_store
 from specmoe.memory import check_fits, device_memory
 from specmoe.engine.translation import check_translation_args, translation_requests
 from specmoe.errors import InputError, UnsupportedModelError
@@ -69,12 +69,15 @@ class LLM:
                                         "decoding='auto' and the eagle drafter are not supported for it; use "
                                         "decoding='specmoe' with drafter 'self' or 'ngram'")
         self.dtype = resolve_dtype(dtype, default=self.config.dtype, device=self.device)
+        draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
+        # the expert memory and the memory limit are checked before any weight is loaded
+        store_plan = plan_store(self.ckpt, self.offload_cfg, dtype=self.dtype, device=self.device,
+                                draft_experts=draft_experts)
         self.model = load_model(self.ckpt, dtype=self.dtype, device=self.device, progress=progress)
         self.model.set_deterministic(self.spec_cfg.deterministic)
-        draft_experts = self.spec_cfg.draft_experts if self.spec_cfg.decoding != "ar" else 0
         self.store, self.expert_memory = build_store(self.ckpt, self.offload_cfg, dtype=self.dtype,
                                                      device=self.device, draft_experts=draft_experts,
-                                                     progress=progress, model=self.model)
+                                                     progress=progress, model=self.model, plan=store_plan)
         self.tokenizer = Tokenizer.load(self.path)
         self.max_model_len = min(max_model_len or self.config.max_position_embeddings,
                                  self.config.max_position_embeddings)

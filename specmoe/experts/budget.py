@@ -10,14 +10,24 @@ pinned in the cache's slots and read in place, so with a draft the slots per lay
 
 `memory_budget` bounds the sum of all parts; `cache_bytes` bounds the device working set (slots,
 scratch, staging). Either sets the slots per layer from what is left.
+
+Without either (and without cache_experts), an offloaded model on the CPU is sized from the memory limit the
+process runs under (`limit_budget`: its cgroup's memory.limit_in_bytes / memory.max, or MemAvailable, whichever
+leaves less, after the non-expert weights and a headroom): the default slots, or fewer where the limit leaves
+less. A limit that cannot hold the non-expert weights, the minimal cache (top-k slots per layer, or the draft's
+N, + scratch) and the headroom is refused before any weight is loaded.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import torch
+
 from specmoe.config import ModelConfig
 from specmoe.errors import InputError, MemoryBudgetError
+from specmoe.memory import MemoryLimit
+from specmoe.weights.names import fp32_params, non_expert_keys
 
 SCRATCH_BUFFERS = 2  # double buffering: one spare expert computes while the next loads
 STAGING_BUFFERS = 4  # CUDA + disk tier
@@ -27,8 +37,69 @@ PARTS = ("resident_experts", "expert_cache_slots", "scratch", "staging", "host_t
 WORKING_SET = ("expert_cache_slots", "scratch", "staging")
 
 
+# left free under a memory limit for what is not weights or experts (KV cache, activations, the allocator's slack)
+HEADROOM_SHARE = 0.10  # of the room the limit leaves
+HEADROOM_MIN = 256 * 2**20
+
+
 class BudgetTooSmallError(MemoryBudgetError, InputError):
     """memory_budget / cache_bytes cannot hold the minimum (top-k or N draft slots + scratch ...)."""
+
+
+class MemoryLimitError(BudgetTooSmallError):
+    """The memory limit the process runs under (cgroup, MemAvailable) cannot hold the non-expert weights, the
+    minimal expert cache and the headroom."""
+
+
+def headroom(room: int) -> int:
+    return max(HEADROOM_MIN, int(room * HEADROOM_SHARE))
+
+
+def non_expert_bytes(mc: ModelConfig, dtype: torch.dtype, stored: torch.dtype | None = None) -> int:
+    """An upper bound of the non-expert weights' bytes once loaded in `dtype`, from the checkpoint's shapes, before
+    anything is loaded: every tensor at `dtype`'s size (fp32 routers at 4 bytes), plus, where the loader keeps
+    projections in a `stored` dtype (models.loader.stored_dtype), a stored copy of a tied embedding for the LM head
+    (the projections themselves then take less than counted). llm.stats['memory']['non_expert_weights'] is the
+    measured figure."""
+    fp32 = fp32_params(mc)
+    size = torch.empty(0, dtype=dtype).element_size()
+    n = sum(math.prod(shape) * (4 if name in fp32 else size) for name, (_, shape) in non_expert_keys(mc).items())
+    if stored is not None and mc.tie_word_embeddings and mc.seq2seq is None:
+        n += mc.vocab_size * mc.hidden_size * torch.empty(0, dtype=stored).element_size()
+    return n
+
+
+@dataclass
+class LimitPlan:
+    """What the memory limit leaves for the experts: `budget` bounds every expert part (None: the user sized the
+    cache)."""
+    limit: MemoryLimit
+    non_expert_bytes: int
+    headroom: int
+    minimal_cache_bytes: int
+    budget: int | None
+    sized_by: str = ""  # what set the slots per layer: cache_experts, cache_bytes, memory_budget, default, limit
+
+    def to_dict(self) -> dict:
+        return {**self.limit.to_dict(), "non_expert_bytes_estimate": self.non_expert_bytes,
+                "headroom_bytes": self.headroom, "minimal_expert_bytes": self.minimal_cache_bytes,
+                "limit_expert_budget": self.budget, "cache_sized_by": self.sized_by}
+
+
+def limit_budget(limit: MemoryLimit, *, non_expert: int, minimal: ExpertMemory, user_sized: bool) -> LimitPlan:
+    """The expert budget `limit` leaves after the non-expert weights and the headroom (None when `user_sized`:
+    cache_experts / cache_bytes / memory_budget decide then). Raises MemoryLimitError, with the numbers, when the
+    limit cannot hold the non-expert weights + `minimal` (the smallest cache that runs) + the headroom."""
+    room = limit.room
+    head = headroom(room)
+    need = non_expert + minimal.total + head
+    if need > room:
+        raise MemoryLimitError(
+            f"memory limit too small: {limit.describe()} leaves {mib(room)}, less than non-expert weights "
+            f"{mib(non_expert)} + minimal expert cache {mib(minimal.total)} ({minimal.slots} slots per layer: "
+            f"{minimal.describe()}) + headroom {mib(head)} = {mib(need)}; raise the limit, or use a smaller "
+            "expert_format (int8/int4), or offload='disk' if the experts are in host RAM")
+    return LimitPlan(limit, non_expert, head, minimal.total, None if user_sized else room - non_expert - head)
 
 
 def mib(n: int) -> str:

@@ -54,8 +54,11 @@ class ExpertCache(ExpertStore):
 
     def __init__(self, tier, cfg: ModelConfig, *, slots: int, policy: str = "adaptive", prefetch: str = "none",
                  device: torch.device | str = "cpu", memory_budget: int | None = None, link: dict | None = None,
-                 scratch_buffers: int = SCRATCH_BUFFERS):
+                 scratch_buffers: int = SCRATCH_BUFFERS, memory_limit: dict | None = None):
+        """`memory_limit`: what the memory limit the process runs under left for the experts (budget.LimitPlan's
+        dict), shown in stats."""
         self.closed, self.loader = False, None
+        self.memory_limit = memory_limit
         if policy not in POLICIES:
             raise InputError(f"cache_policy={policy!r}; choose one of {', '.join(POLICIES)}")
         if prefetch not in PREFETCH:
@@ -452,7 +455,7 @@ class ExpertCache(ExpertStore):
                "hit_rate": s["hits"] / req if req else 0.0,
                "hit_rate_per_layer": [h / (h + m) if h + m else 0.0
                                       for h, m in zip(s["hits_per_layer"], s["misses_per_layer"])],
-               "scratch_buffers": self.scratch_buffers,
+               "scratch_buffers": self.scratch_buffers, "memory_limit": dict(self.memory_limit or {}) or None,
                **self.policy.stats([self.layers[i] for i in sorted(self.layers)])}
         out["expert_counts"] = [list(r) for r in s["expert_counts"]]
         if self.prefetch_mode == "oracle":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -9,19 +10,35 @@ from specmoe import kernels as native
 from specmoe.options import OffloadConfig
 from specmoe.errors import InputError
 from specmoe.experts.formats import STORED, ExpertShape, Plain, make_format
-from specmoe.experts.budget import SCRATCH_BUFFERS, plan_offload, plan_resident
-from specmoe.memory import check_budget_value, round_up
+from specmoe.experts.budget import (SCRATCH_BUFFERS, ExpertMemory, LimitPlan, limit_budget, non_expert_bytes,
+                                    plan_offload, plan_resident)
+from specmoe.memory import MemoryLimit, check_budget_value, memory_limit, round_up
+from specmoe.models.loader import stored_dtype
 from specmoe.experts.resident import ResidentExperts
 from specmoe.weights.checkpoint import Checkpoint
 
 
-def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, device: torch.device,
-                draft_experts: int = 0, progress: bool = False, model=None):
-    """Returns (store, ExpertMemory plan). `dtype` is the compute dtype slots hold; experts stay in their
-    storage format (`cfg.expert_format`: the checkpoint's dtype, or int8 / int4) in the tier and are decoded
-    on arrival. `draft_experts` is SpecMoE's N (0 without speculation): its N experts per MoE layer stay pinned
-    in the slots, which memory_budget / cache_bytes must hold. `model` (the loaded Transformer) gives predicted prefetch its
-    routers and lets the static policy profile the model when the checkpoint ships no expert_profile.json."""
+@dataclass
+class StorePlan:
+    """Everything build_store decides before allocating or loading anything: the experts' storage format, the
+    slot dtype and size, the disk tier's read path, the ExpertMemory plan, and what the memory limit left."""
+    fmt: object
+    compute: torch.dtype
+    dtype: torch.dtype
+    expert_bytes: int
+    direct: bool
+    io_depth: int
+    stride: int
+    memory: ExpertMemory
+    limit: LimitPlan | None = None
+
+
+def plan_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, device: torch.device,
+               draft_experts: int = 0, limit: MemoryLimit | None = None) -> StorePlan:
+    """The StorePlan of build_store; raises (BudgetTooSmallError, MemoryLimitError, ...) before any weight is loaded.
+    An offloaded model on the CPU is checked against the memory limit the process runs under (`limit`, default:
+    read now from its cgroup and MemAvailable) and, when the user set no cache_experts / cache_bytes /
+    memory_budget, its cache is sized to what the limit leaves (budget.py)."""
     device = torch.device(device)
     check_budget_value("memory_budget", cfg.memory_budget, device)
     check_budget_value("cache_bytes", cfg.cache_bytes, device)
@@ -32,6 +49,52 @@ def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, dev
     if cfg.offload == "none":
         plan = plan_resident(mc, expert_bytes=expert_bytes, draft_experts=draft_experts,
                              memory_budget=cfg.memory_budget)
+        return StorePlan(fmt, compute, dtype, expert_bytes, False, 1, expert_bytes, plan)
+    from specmoe.experts.tiers import DiskTier
+    # CUDA disk reads land straight in pinned staging rows; CPU ones go through the tier's staging row (tiers.py)
+    direct = cfg.offload == "disk" and fmt.identity(dtype) and device.type == "cuda"
+    io_depth = 1 if device.type == "cuda" else cfg.io_depth  # CUDA loads go through one staging ring
+    stride = round_up(fmt.stored_bytes) if direct else round_up(expert_bytes, 64)
+    # CUDA: a tier whose bytes are not the slot's decodes on the host into pinned staging rows first
+    staging = device.type == "cuda" and (cfg.offload == "disk" or not fmt.identity(dtype))
+    # every part is known before any allocation or repack: a budget too small fails here, with the numbers
+    common = dict(offload=cfg.offload, slot_bytes=stride, expert_bytes=expert_bytes, cuda=device.type == "cuda",
+                  draft_experts=draft_experts, stored_bytes=fmt.stored_bytes, staging=staging,
+                  tier_staging=0 if direct or cfg.offload != "disk" else DiskTier.staging_for(fmt.stored_bytes,
+                                                                                            io_depth))
+    user_sized = cfg.cache_experts is not None or cfg.cache_bytes is not None or cfg.memory_budget is not None
+    lp = None
+    if device.type == "cpu":  # the slots, scratch, staging and a host tier all live in the limited host memory
+        minimal = plan_offload(mc, **common, cache_experts=max(mc.top_k, min(draft_experts, mc.num_experts)),
+                               cache_bytes=None, memory_budget=None)
+        lp = limit_budget(memory_limit() if limit is None else limit, non_expert=non_expert_bytes(mc, compute, stored_dtype(ckpt.storage_dtype, compute, device)),
+                          minimal=minimal, user_sized=user_sized)
+    plan = plan_offload(mc, **common, cache_experts=cfg.cache_experts, cache_bytes=cfg.cache_bytes,
+                        memory_budget=cfg.memory_budget if lp is None or lp.budget is None else lp.budget)
+    if lp is not None:
+        user = [n for n, v in (("cache_experts", cfg.cache_experts), ("cache_bytes", cfg.cache_bytes),
+                               ("memory_budget", cfg.memory_budget)) if v is not None]
+        if lp.budget is not None:
+            plan.memory_budget = None  # the limit's budget is reported under memory_limit, not as the user's
+            unbound = plan_offload(mc, **common, cache_experts=None, cache_bytes=None, memory_budget=None)
+        lp.sized_by = " + ".join(user) or ("memory limit" if plan.slots < unbound.slots else "default")
+    return StorePlan(fmt, compute, dtype, expert_bytes, direct, io_depth, stride, plan, lp)
+
+
+def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, device: torch.device,
+                draft_experts: int = 0, progress: bool = False, model=None, plan: StorePlan | None = None):
+    """Returns (store, ExpertMemory plan). `dtype` is the compute dtype slots hold; experts stay in their
+    storage format (`cfg.expert_format`: the checkpoint's dtype, or int8 / int4) in the tier and are decoded
+    on arrival. `draft_experts` is SpecMoE's N (0 without speculation): its N experts per MoE layer stay pinned
+    in the slots, which memory_budget / cache_bytes must hold. `model` (the loaded Transformer) gives predicted prefetch its
+    routers and lets the static policy profile the model when the checkpoint ships no expert_profile.json.
+    `plan`: plan_store's result for the same arguments, made before the weights were loaded (default: made now)."""
+    device = torch.device(device)
+    mc = ckpt.config
+    sp = plan_store(ckpt, cfg, dtype=dtype, device=device, draft_experts=draft_experts) if plan is None else plan
+    fmt, compute, dtype, expert_bytes, plan = sp.fmt, sp.compute, sp.dtype, sp.expert_bytes, sp.memory
+    direct, io_depth, stride = sp.direct, sp.io_depth, sp.stride
+    if cfg.offload == "none":
         reader = None
         if fmt.quantized:  # the resident experts are the quantized model's, decoded as a tier would
             from specmoe.experts.repack import open_repack
@@ -40,19 +103,6 @@ def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, dev
         return ResidentExperts(ckpt, dtype, device, progress=progress, reader=reader, fmt=fmt), plan
     from specmoe.experts.cache import ExpertCache
     from specmoe.experts.tiers import DiskTier, EmulatedLink, HostTier
-    # CUDA disk reads land straight in pinned staging rows; CPU ones go through the tier's staging row (tiers.py)
-    direct = cfg.offload == "disk" and fmt.identity(dtype) and device.type == "cuda"
-    io_depth = 1 if device.type == "cuda" else cfg.io_depth  # CUDA loads go through one staging ring
-    stride = round_up(fmt.stored_bytes) if direct else round_up(expert_bytes, 64)
-    # CUDA: a tier whose bytes are not the slot's decodes on the host into pinned staging rows first
-    staging = device.type == "cuda" and (cfg.offload == "disk" or not fmt.identity(dtype))
-    # every part is known before any allocation or repack: a budget too small fails here, with the numbers
-    plan = plan_offload(mc, offload=cfg.offload, slot_bytes=stride, expert_bytes=expert_bytes,
-                        cuda=device.type == "cuda", draft_experts=draft_experts, cache_experts=cfg.cache_experts,
-                        cache_bytes=cfg.cache_bytes, memory_budget=cfg.memory_budget,
-                        stored_bytes=fmt.stored_bytes, staging=staging,
-                        tier_staging=0 if direct or cfg.offload != "disk" else DiskTier.staging_for(fmt.stored_bytes,
-                                                                                                    io_depth))
     link = None
     if cfg.offload == "host":
         emulate = cfg.link_gbps is not None or cfg.link_latency_us is not None
@@ -73,7 +123,8 @@ def build_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, dev
                         queue_depth=io_depth)
     assert tier.stride == stride, "plan and tier disagree on the slot size"
     cache = ExpertCache(tier, mc, slots=plan.slots, policy=cfg.cache_policy, prefetch=cfg.prefetch, device=device,
-                        memory_budget=cfg.memory_budget, link=link, scratch_buffers=SCRATCH_BUFFERS)
+                        memory_budget=cfg.memory_budget, link=link, scratch_buffers=SCRATCH_BUFFERS,
+                        memory_limit=sp.limit.to_dict() if sp.limit is not None else None)
     assert (cache.nbytes, cache.scratch_bytes, cache.staging_bytes) == (
         plan.parts["expert_cache_slots"], plan.parts["scratch"], plan.parts["staging"] - tier.staging_bytes), \
         "plan and cache disagree"
