@@ -29,7 +29,7 @@ RESULT_TAG = "OVERRAM-RESULT "  # a child's last stdout line: this tag + its JSO
 LLAMA_CHILD = Path(__file__).with_name("llama_child.py")
 SPECMOE = {  # name -> LLM options (all on the disk tier, greedy, batch 1)
     "lru": {"decoding": "ar", "cache_policy": "lru"},
-    "auto": {"decoding": "auto", "cache_policy": "lru"},
+    "auto": {"decoding": "auto"},  # the disk tier's default cache policy (s3fifo)
 }
 
 
