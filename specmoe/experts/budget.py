@@ -86,7 +86,8 @@ class LimitPlan:
                 "limit_expert_budget": self.budget, "cache_sized_by": self.sized_by}
 
 
-def limit_budget(limit: MemoryLimit, *, non_expert: int, minimal: ExpertMemory, user_sized: bool) -> LimitPlan:
+def limit_budget(limit: MemoryLimit, *, non_expert: int, minimal: ExpertMemory, user_sized: bool,
+                 offload: str = "disk") -> LimitPlan:
     """The expert budget `limit` leaves after the non-expert weights and the headroom (None when `user_sized`:
     cache_experts / cache_bytes / memory_budget decide then). Raises MemoryLimitError, with the numbers, when the
     limit cannot hold the non-expert weights + `minimal` (the smallest cache that runs) + the headroom."""
@@ -97,8 +98,9 @@ def limit_budget(limit: MemoryLimit, *, non_expert: int, minimal: ExpertMemory, 
         raise MemoryLimitError(
             f"memory limit too small: {limit.describe()} leaves {mib(room)}, less than non-expert weights "
             f"{mib(non_expert)} + minimal expert cache {mib(minimal.total)} ({minimal.slots} slots per layer: "
-            f"{minimal.describe()}) + headroom {mib(head)} = {mib(need)}; raise the limit, or use a smaller "
-            "expert_format (int8/int4), or offload='disk' if the experts are in host RAM")
+            f"{minimal.describe()}) + headroom {mib(head)} = {mib(need)}; raise the limit"
+            + (", or offload='disk' (the host tier holds every expert in RAM)" if offload == "host" else "")
+            + ", or use a smaller expert_format (int8/int4)")
     return LimitPlan(limit, non_expert, head, minimal.total, None if user_sized else room - non_expert - head)
 
 

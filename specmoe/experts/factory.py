@@ -68,7 +68,7 @@ def plan_store(ckpt: Checkpoint, cfg: OffloadConfig, *, dtype: torch.dtype, devi
         minimal = plan_offload(mc, **common, cache_experts=max(mc.top_k, min(draft_experts, mc.num_experts)),
                                cache_bytes=None, memory_budget=None)
         lp = limit_budget(memory_limit() if limit is None else limit, non_expert=non_expert_bytes(mc, compute, stored_dtype(ckpt.storage_dtype, compute, device)),
-                          minimal=minimal, user_sized=user_sized)
+                          minimal=minimal, user_sized=user_sized, offload=cfg.offload)
     plan = plan_offload(mc, **common, cache_experts=cfg.cache_experts, cache_bytes=cfg.cache_bytes,
                         memory_budget=cfg.memory_budget if lp is None or lp.budget is None else lp.budget)
     if lp is not None:

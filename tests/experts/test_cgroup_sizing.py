@@ -180,7 +180,7 @@ def test_the_host_tier_counts_every_expert_against_the_limit(sizes):
     path, non_expert, per_slot, default = sizes
     room = HEAD + non_expert + default.total  # enough for the disk tier's default cache, not for all experts in RAM
     plan(path, room, offload="disk")
-    with pytest.raises(MemoryLimitError, match="host tier"):
+    with pytest.raises(MemoryLimitError, match="offload='disk' .the host tier holds every expert"):
         plan(path, room, offload="host")
 
 
