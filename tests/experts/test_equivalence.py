@@ -11,7 +11,7 @@ from tests.conftest import FAMILIES
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [20, 21], [30, 31, 32, 33],
            [40, 41, 42, 43, 44, 45], [50], [60, 61, 62, 63, 64, 65, 66, 67, 68]]
-POLICIES = ("ondemand", "static", "lru", "lfu")
+POLICIES = ("ondemand", "static", "lru", "lfu", "s3fifo")
 TIERS = {"host": dict(offload="host"), "disk": dict(offload="disk"),
          "link": dict(offload="host", link_gbps=2.0, link_latency_us=20.0)}
 BATCHES = (1, 3, 8)
