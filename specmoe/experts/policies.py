@@ -224,19 +224,21 @@ class S3Queues:
         queues as S3-FIFO does. Experts outside `candidates` (this forward's) count as requested now: one at the
         head of small moves to main, one at the head of main goes round again without losing a count."""
         small_target = max(1, round(S3FIFO.SMALL_SHARE * capacity))
-        while True:
-            from_small = any(e in candidates for e in self.small)
-            if from_small and (len(self.small) >= small_target
-                               or not any(e in candidates for e in self.main)):
+        in_small = sum(e in candidates for e in self.small)
+        in_main = sum(e in candidates for e in self.main)
+        while True:  # ends: each pass evicts, moves an expert small -> main, or takes a count from a main candidate
+            if in_small and (len(self.small) >= small_target or not in_main):
                 e = next(iter(self.small))
                 del self.small[e]
-                if e in candidates and self.count[e] == 0:
-                    del self.count[e]
-                    self.ghost[e] = None
-                    while len(self.ghost) > max(1, capacity - small_target):
-                        self.ghost.popitem(last=False)
-                    self.n["small_evictions"] += 1
-                    return e
+                if e in candidates:
+                    if self.count[e] == 0:
+                        del self.count[e]
+                        self.ghost[e] = None
+                        while len(self.ghost) > max(1, capacity - small_target):
+                            self.ghost.popitem(last=False)
+                        self.n["small_evictions"] += 1
+                        return e
+                    in_small, in_main = in_small - 1, in_main + 1
                 self.main[e] = None  # requested since it came (or being requested now): re-used
                 self.n["promotions"] += 1
                 continue
