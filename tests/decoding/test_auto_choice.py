@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from specmoe.decoding.control.controller import Controller
 from specmoe.decoding.control.measured import Arm, MeasuredArms
@@ -29,14 +30,15 @@ def two_drafters():
 
 
 def drive(ctl, res, spec_res, seconds_per_token: dict[str, float], steps: int, ids=None) -> list[str]:
-    """Run `steps` choices; each step of arm a emits 2 tokens a row (1 for plain) in tokens × seconds_per_token[a]
-    seconds (the fake clock), folded in through the controller's own feedback (`_learn_rate`) → the arms chosen."""
+    """Run `steps` choices; each step of drafter a's arms emits 2 tokens a row (1 for plain) in tokens ×
+    seconds_per_token[a] seconds (the fake clock), folded in through the controller's own feedback (`_learn_rate`)
+    → the drafters chosen."""
     ids = list(range(8)) if ids is None else ids
     lim = [4] * len(ids)
     chosen = []
     for _ in range(steps):
         plan = ctl.choose(ids, {"self": lim, "eagle": lim}, res, spec_res)
-        arm = plan.arm
+        arm = plan.arm.split("-g")[0]  # short drafts ("eagle-g2") measure as their drafter's here
         tokens = len(ids) * (1 if arm == "plain" else 2)
         s = tokens * seconds_per_token[arm]
         clock = SimpleNamespace(step_s=lambda s=s: s, wall=lambda phase: 0.0)
@@ -139,8 +141,10 @@ def test_what_was_measured_is_remembered_by_the_next_controller():
     drive(ctl, res, spec_res, {"plain": 2e-3, "self": 1.5e-3, "eagle": 1e-3}, 200)
     fresh, _, _ = two_drafters()
     fresh.measured.warm(ctl.measured.state())
-    p = fresh.choose(list(range(8)), {"self": [4] * 8, "eagle": [4] * 8}, res, spec_res)
-    assert p.arm == "eagle" and p.reason == "measured"
+    fresh.choose(list(range(8)), {"self": [4] * 8, "eagle": [4] * 8}, res, spec_res)
+    # its first step already exploits the remembered best (arms remembered on too few steps are still tried)
+    assert fresh.measured.current[8].split("-g")[0] == "eagle" and fresh.measured.steps == 1
+    assert fresh.measured.rate(fresh.measured.current[8], 8) == pytest.approx(1000)
 
 
 def test_the_choice_its_exploration_and_the_measured_rates_reach_llm_stats(tiny_ckpt):

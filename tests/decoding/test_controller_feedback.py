@@ -91,7 +91,8 @@ def test_an_arm_whose_steps_measure_slower_than_predicted_is_priced_so_until_it_
     p = ctl.plan(ids, lim, res, spec_res)
     assert p.kind == "spec" and p.arm == "self"
     for k in range(Realized.MIN_STEPS):
-        ctl.realized.record("self", 8, 6 * p.predicted_s, p.predicted_s, ctl.steps)  # 6x slower than modelled
+        for arm in [a for a in ctl.arm_rates if a != "plain"]:  # "self" and "self-g2" (short drafts)
+            ctl.realized.record(arm, 8, 6 * p.predicted_s, p.predicted_s, ctl.steps)  # 6x slower than modelled
         ctl.realized.record("plain", 8, 1.0, 1.0, ctl.steps)
     assert ctl.realized.slowdown("self", 8, ctl.steps) == pytest.approx(6.0)
     ctl.coasting = (frozenset(), 0)

@@ -60,6 +60,7 @@ class Controller(Coasting, StepFeedback):
     (what decoding="specmoe" does) but for the p_min floor (0 turns it off)."""
 
     SAVE_EVERY = 32  # steps between writes of the memory
+    SHORT = 2  # a drafter's plans drafting at most this many tokens a row are an arm of their own (`arm_of`)
     DECIDED = ("measured", "measured-near", "model")  # reasons of a choice a reused call may repeat (not a trial)
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
 
@@ -284,8 +285,13 @@ class Controller(Coasting, StepFeedback):
             return [Candidate(names[0], np.zeros(B, int), full, float((P[names[0]] * on).sum()),
                               float((Pu[names[0]] * on).sum()), None)]
         c = candidates(names, P, Pu, avail, B, self.g)
-        return [Candidate(c.tags[i], c.W[i], c.Gm[i], float(c.gain[i]), float(c.gain_ucb[i]),
+        return [Candidate(self.arm_of(c.tags[i], c.Gm[i]), c.W[i], c.Gm[i], float(c.gain[i]), float(c.gain_ucb[i]),
                           None if np.isnan(c.theta[i]) else float(c.theta[i])) for i in c.idx]
+
+    def arm_of(self, tag: str, gammas: np.ndarray) -> str:
+        """The arm of a plan of drafter (mix) `tag`: short drafts (at most `SHORT` a row: "eagle-g2") are an arm
+        apart from deeper ones ("eagle"), measured apart (a drafter's best depth moves with the batch)."""
+        return f"{tag}-g{self.SHORT}" if self.SHORT < self.g and int(gammas.max()) <= self.SHORT else tag
 
     def _price(self, cands: list[Candidate], names: list[str], B: int, resident, spec_resident,
                setup: dict[str, float], catchup: dict[str, np.ndarray]) -> dict[str, PricedArm]:
