@@ -159,3 +159,22 @@ def test_the_choice_its_exploration_and_the_measured_rates_reach_llm_stats(tiny_
     assert st["auto_measured_rates"] and all(v > 0 for v in st["auto_measured_rates"].values())
     assert 0.0 <= st["auto_exploration_share"] <= 1.0
     assert np.isfinite(list(st["auto_measured_rates"].values())).all()
+
+
+def test_plans_and_feedback_price_a_verification_with_one_function(tiny_ckpt, monkeypatch):
+    """`Controller.verify_raw` prices the plans' verifications and the feedback's refinement of what a step
+    really drafted (no second derivation of the union and forward time in feedback.py)."""
+    llm = auto_llm(tiny_ckpt("mixtral"), auto_memory=False)
+    ctl = controller_of(llm)
+    callers = []
+    real = ctl.verify_raw
+
+    def counted(*a, **k):
+        import inspect
+        callers.append(inspect.stack()[1].function)
+        return real(*a, **k)
+    monkeypatch.setattr(ctl, "verify_raw", counted)
+    ctl.force = "spec"
+    ps, sp = BATCHES["b7"]
+    assert [o.token_ids for o in llm.generate(ps, sp)] == reference(tiny_ckpt("mixtral"), "b7")
+    assert {"_costs", "_learn_time"} <= set(callers)
