@@ -54,7 +54,8 @@ def test_offloaded_equals_resident(tiny_ckpt, reference, family, policy, tier, s
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("prefetch,policy", [("predicted", "ondemand"), ("predicted", "lru"), ("oracle", "lfu")])
+@pytest.mark.parametrize("prefetch,policy", [("predicted", "ondemand"), ("predicted", "lru"), ("oracle", "lfu"),
+                                            ("predicted", "s3fifo")])
 def test_prefetch_equals_resident(tiny_ckpt, reference, family, prefetch, policy):
     ref_logits, ref_tokens = reference(family)
     llm = LLM(tiny_ckpt(family), offload="disk", cache_policy=policy, cache_experts=3, prefetch=prefetch)
