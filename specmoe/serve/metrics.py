@@ -117,6 +117,20 @@ class _StatsCollector:
         if "plain_step_share" in s:
             yield gauge("specmoe_plain_step_share", "share of decode steps in which no sequence drafted (auto's plain "
                         "steps)", s["plain_step_share"])
+        if "auto_exploration_share" in s:  # decoding="auto": what it chose and what it measured
+            yield gauge("specmoe_auto_exploration_share", "share of auto's decode steps after its first 64 spent "
+                        "trying configurations other than the best measured one", s["auto_exploration_share"])
+            chosen = CounterMetricFamily("specmoe_auto_chosen_steps", "decode steps auto ran each configuration "
+                                         "(plain, a drafter or mix, -g2: short drafts)", labels=["arm"])
+            for arm, n in s["auto_chosen_steps"].items():
+                chosen.add_metric([arm], float(n))
+            yield chosen
+            rates = GaugeMetricFamily("specmoe_auto_measured_tokens_per_second", "tokens/s auto measured for a "
+                                      "configuration at a batch bucket in this process", labels=["arm", "bucket"])
+            for key, v in s["auto_measured_rates"].items():
+                arm, bucket = key.rsplit("@", 1)
+                rates.add_metric([arm, bucket], float(v))
+            yield rates
         drafters = s.get("drafters") or {}
         if drafters:
             rows = CounterMetricFamily("specmoe_drafter_rows", "sequence-steps drafted, by drafter", labels=["drafter"])

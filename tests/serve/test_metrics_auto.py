@@ -1,0 +1,27 @@
+"""/metrics shows what decoding="auto" chose, its exploration share and the rate it measured per configuration,
+read from `llm.stats` (the collector, without a server)."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from specmoe import LLM, SamplingParams  # noqa: E402
+from specmoe.serve.metrics import ServerMetrics  # noqa: E402
+
+
+def test_metrics_show_autos_choice_and_measured_rates():
+    llm = LLM(decoding="auto", dtype="float32", threads=1)
+    llm.generate(["def fibonacci(n):", "And God said,"], SamplingParams(max_tokens=48, ignore_eos=True))
+    st = llm.stats
+    fams = {f.name: f for f in text_string_to_metric_families(ServerMetrics(llm).render().decode())}
+    share = fams["specmoe_auto_exploration_share"].samples[0].value
+    assert share == pytest.approx(st["auto_exploration_share"])
+    chosen = {s.labels["arm"]: s.value for s in fams["specmoe_auto_chosen_steps"].samples
+              if s.name.endswith("_total")}
+    assert chosen == {k: float(v) for k, v in st["auto_chosen_steps"].items()} and sum(chosen.values()) > 0
+    rates = {(s.labels["arm"], s.labels["bucket"]): s.value
+             for s in fams["specmoe_auto_measured_tokens_per_second"].samples}
+    assert rates and rates == {tuple(k.rsplit("@", 1)): pytest.approx(v) for k, v in st["auto_measured_rates"].items()}
+    assert all(v > 0 for v in rates.values())
