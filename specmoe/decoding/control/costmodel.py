@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specmoe.decoding import expert_union
 from specmoe.decoding.control.refinement import Refinement, bucket
 from specmoe.decoding.control.routing import RoutingStats
 from specmoe.decoding.runtime.breakdown import now
@@ -318,9 +319,9 @@ class CostModel:
         if abs(n - (B + drafted)) > 0.5:
             return
         p = np.clip(p, 0.0, 1.0)
-        predicted = float((1.0 - (1.0 - p) ** self.effective(B, drafted)).sum())
+        predicted = float(expert_union.union_hit(p, self.effective(B, drafted))[0].sum())
         grid = np.linspace(B, B + drafted, 33)  # the expected union is increasing in m: read m off a grid
-        curve = (1.0 - (1.0 - p[None]) ** grid[:, None, None]).sum((1, 2))
+        curve = expert_union.union_hit(p[None], grid[:, None, None])[0].sum((1, 2))
         m = float(np.interp(u_obs, curve, grid)) if u_obs < curve[-1] else float(grid[-1])
         r = min(max((m - B) / drafted, 0.02), 1.0)
         self.rho = (1 - self.RHO_ALPHA) * self.rho + self.RHO_ALPHA * r
@@ -330,9 +331,10 @@ class CostModel:
     # -------------------------------------------------------------- pieces
     def expected_union(self, n: np.ndarray, resident: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
         """Expected (union, misses) per layer [C, L] for forwards of n [C] independent tokens; `resident`
-        [L, E] bool. Misses are scaled by the kind's measured/predicted EMA."""
+        [L, E] bool. Misses are scaled by the kind's measured/predicted EMA. The formula is
+        `expert_union.union_hit`, the one the tree selection prices its nodes with."""
         p = np.clip(self.routing.p, 0.0, 1.0)[None]  # [1, L, E]
-        hit = 1.0 - (1.0 - p) ** np.asarray(n, float)[:, None, None]  # [C, L, E]
+        hit = expert_union.union_hit(p, np.asarray(n, float)[:, None, None])[0]  # [C, L, E]
         union = hit.sum(-1)
         miss = (hit * ~resident[None]).sum(-1) * self.ref.misses.get(kind, 1.0)
         return union, np.minimum(miss, union)

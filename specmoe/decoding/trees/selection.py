@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from specmoe.decoding import expert_union
+
 
 @dataclass(frozen=True)
 class DraftNode:
@@ -65,17 +67,18 @@ def missing(covered=frozenset()) -> dict:
 
 
 def added(experts, miss: dict) -> float:
-    """Expected (layer, expert) pairs `experts` adds to the union beyond `miss` (see the module docstring)."""
+    """Expected (layer, expert) pairs `experts` adds to the union beyond `miss` (see the module docstring): one node,
+    `expert_union.union_hit` at n = 1 in its closed form p·m (not re-routed: the last bit could break greedy ties)."""
     return sum(p * miss.get(k, 1.0) for k, p in _pairs(experts))
 
 
 def absorb(experts, miss: dict, times: int = 1) -> float:
-    """Add `times` nodes with these experts to the union (`miss` updated in place); the expected new pairs."""
+    """Add `times` nodes with these experts to the union (`miss` updated in place); the expected new pairs
+    (`expert_union.union_hit`, the formula the auto controller's cost model prices with)."""
     new = 0.0
     for k, p in _pairs(experts):
-        before = miss.get(k, 1.0)
-        miss[k] = before * (1.0 - p) ** times
-        new += before - miss[k]
+        gained, miss[k] = expert_union.union_hit(p, times, miss.get(k, 1.0))
+        new += gained
     return new
 
 
