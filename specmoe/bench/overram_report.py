@@ -232,23 +232,26 @@ def readme_block(res: dict) -> str:
             lines.append(f"| {b['workload']} | {b['limit']} | {b['model_over_ram']:.2f} | {name} | {v:.2f} "
                          f"({lo_hi[0]:.2f}–{lo_hi[1]:.2f}) | {tps_r} | {mib(rb)} | {rb_r} | {hit} | {dist} | "
                          f"{s['peak_rss_anon_bytes'] / 2**30:.2f} |")
-    lines += ["", "llama.cpp's routing cannot be observed from llama-cpp-python (its distinct-experts cell is –). "
-              "The issue's published figures for comparison: natural text touches 93–166 of the 192 experts in 64 "
-              "tokens (about 15–28 per layer of 32); Mixtral offloading reports LRU hit rates of about 40–60%.", ""]
+    note = ("llama.cpp's routing cannot be observed from llama-cpp-python (its distinct-experts cell is –). "
+            "The issue's published figures for comparison: natural text touches 93–166 of the 192 experts in 64 "
+            "tokens (about 15–28 per layer of 32); Mixtral offloading reports LRU hit rates of about 40–60%.")
     met = [t for b in res["blocks"] for t in b.get("targets", [])]
     if met:
-        lines += ["Targets (issue 36): " + "; ".join(
+        note += " Targets (issue 36): " + "; ".join(
             f"{t['target']}: {'not measured' if t['value'] is None else _val(t['value'])} "
-            f"{'' if t['met'] is None else ('**met**' if t['met'] else '**unmet**')}".rstrip() for t in met) + "."]
+            f"{'' if t['met'] is None else ('**met**' if t['met'] else '**unmet**')}".rstrip() for t in met) + "."
+    lines += ["", note]
+    splits = []
     for b in res["blocks"]:
         ref = (b.get("summary", {}).get(LLAMA) or {}).get("steady_tok_s")
         split = [f"{name} {t['target_expert_compute_s']:.3f} + {t['fetch_wait_s']:.3f} of {t['decode_wall_s']:.3f}"
                  for name, s in b.get("summary", {}).items() if (t := s.get("seconds_per_decoded_token"))
                  and all(k in t for k in ("target_expert_compute_s", "fetch_wait_s", "decode_wall_s"))]
         if split:
-            lines += ["", f"{b['label']}: seconds per decoded token in expert compute + fetch wait, of the whole "
-                      f"decode: {'; '.join(split)}" + (f" (llama.cpp: {1 / ref:.3f} per token in all)" if ref else "")
-                      + "."]
+            splits.append(f"{b['label']}: {'; '.join(split)}" + (f" (llama.cpp: {1 / ref:.3f} in all)" if ref else ""))
+    if splits:
+        lines += ["", "Seconds per decoded token in expert compute + fetch wait, of the whole decode: "
+                  + ". ".join(splits) + "."]
     return "\n".join(lines + ["", END])
 
 
