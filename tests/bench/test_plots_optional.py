@@ -25,11 +25,14 @@ def over_ram():
 
 def results(tmp_path):
     """`write`'s inputs: flags, artifacts and one measured block."""
-    args = SimpleNamespace(systems="lru,auto", fixed="eagle-g4", budgets="8GiB", balloons="0", max_tokens=8,
-                           window=4, prompt_tokens=32, repeats=1, threads=1, io_depth=1, floor_gib=3.0, dtype="auto",
-                           dry_run=True, llama_site=None)
-    art = {"path": str(tmp_path), "plan": {"model_bytes": 3 << 30}, "prompts": [[1, 2, 3]]}
-    block = {"label": "full RAM (no balloon)", "model_over_ram": 2.0, "runs": [],
+    args = SimpleNamespace(model="dry", workload="natural-forced", documents=1, temperature=0.8, systems="lru,auto",
+                           fixed="eagle-g4", budgets="8GiB", limits="2x", limit_kind="cgroup", limit_floor_gib=0.0,
+                           headroom_gib=1.0, max_tokens=8, window=4, prompt_tokens=32, repeats=1, threads=1,
+                           io_depth=1, floor_gib=3.0, dtype="auto", dry_run=True, llama_site=None)
+    art = {"path": str(tmp_path), "plan": {"model_bytes": 3 << 30}, "prompts": [[1, 2, 3]],
+           "documents": [{"domain": "code", "prompt": [1, 2, 3], "forced": [4] * 8}]}
+    block = {"workload": "natural-forced", "limit": "cgroup", "label": "natural-forced, cgroup limit 1.50 GiB",
+             "model_over_ram": 2.0, "runs": [],
              "summary": {"lru@8GiB": {"steady_tok_s": 2.0, "steady_read_bytes_per_token": 1 << 20},
                          "auto@8GiB": {"steady_tok_s": 3.0, "steady_read_bytes_per_token": 1 << 19}}}
     return args, art, [block]
