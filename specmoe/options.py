@@ -206,7 +206,8 @@ class SpecConfig:
                            "(ngram: up to draft_tree_width distinct continuations from the history merged into a "
                            "trie; self, eagle: the draft's chain plus its next most likely tokens at every depth as "
                            "leaves), one forward "
-                           "with a tree attention mask; the accepted path's K/V is compacted in place")
+                           "with a tree attention mask; the accepted path's K/V is compacted in place; under auto, "
+                           "each drafter gets a tree arm beside its chain arms and measured speed picks between them")
     draft_tree_width: int = opt(3, "draft_tree: most branches per tree (continuations; at most width x gamma nodes)")
     deterministic: bool = opt(False, "fp32: pad every matrix product, and each routed expert's rows, to the row "
                               "count from which this CPU's fp32 kernels round a row alike whatever rows come with "

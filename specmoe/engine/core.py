@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specmoe.decoding.strategies.autoregressive import prefill
+from specmoe.decoding.runtime.prefill import prefill
 from specmoe.decoding.strategies.protocol import StepInput
 from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.decoding.runtime.sampling import SamplingParams, make_generator

@@ -122,17 +122,42 @@ def test_a_batch_bucket_not_measured_yet_is_explored_and_starts_from_the_nearest
     assert m.explored <= 0.05 * (m.steps - m.WARMUP)
 
 
+def test_a_batch_size_passing_through_a_bucket_is_not_explored_there():
+    """A ragged tail (a few steps at a smaller batch, then back) exploits the nearest measured bucket's best arm and
+    pays no trial there; once the batch stays in the bucket for SETTLE steps, the bucket is explored."""
+    ctl, res, spec_res = two_drafters()
+    speeds = {"plain": 2e-3, "self": 1.5e-3, "eagle": 1e-3}
+    drive(ctl, res, spec_res, speeds, 300)
+    m = ctl.measured
+    reasons = []
+    orig = m.pick
+
+    def pick(arms, B):
+        p = orig(arms, B)
+        reasons.append(p.reason)
+        return p
+    m.pick = pick
+    for _ in range(10):  # ten tails of 3 steps at batch 2, each followed by steps at batch 8 again
+        drive(ctl, res, spec_res, speeds, m.SETTLE - 5, ids=[0, 1])
+        drive(ctl, res, spec_res, speeds, 6)
+    assert "explore" not in reasons and len({k[0] for k, w in m.win.items() if k[1] == 2 and w}) <= 1  # exploited
+    reasons.clear()
+    drive(ctl, res, spec_res, speeds, 400, ids=[0, 1])  # the batch now stays at 2
+    assert "explore" in reasons and m.rate("self", 2) is not None
+
+
 def test_the_cost_model_prunes_arms_predicted_far_behind_and_orders_the_trials():
     m = MeasuredArms()
-    arms = [Arm("plain", 100.0, 100.0), Arm("a", 300.0, 320.0), Arm("b", 250.0, 290.0), Arm("c", 50.0, 60.0)]
-    measures = {"plain": 100.0, "a": 300.0, "b": 250.0, "c": 50.0}  # tokens/s each arm realizes
+    arms = [Arm("plain", 100.0, 100.0), Arm("a", 300.0, 320.0), Arm("d", 200.0, 240.0), Arm("b", 250.0, 290.0),
+            Arm("c", 50.0, 60.0)]
+    measures = {"plain": 100.0, "a": 300.0, "b": 250.0, "c": 50.0, "d": 200.0}  # tokens/s each arm realizes
     picks = []
     for step in range(40):
         picks.append(m.pick(arms, 8).arm)
         m.record(picks[-1], 8, measures[picks[-1]] * 0.01, 0.01, step)
     assert picks[:4] == ["a"] * 4  # nothing measured: the model's best, measured first
     assert "c" not in picks and "plain" in picks  # predicted far behind: never tried (but plain always is)
-    assert picks.index("b") < picks.index("plain")  # trials in the model's order
+    assert picks.index("plain") < picks.index("b") < picks.index("d")  # plain (the baseline) first, then the model's order
     assert picks[-5:] == ["a"] * 5 and m.rate("b", 8) == 250.0
 
 
@@ -178,3 +203,67 @@ def test_plans_and_feedback_price_a_verification_with_one_function(tiny_ckpt, mo
     ps, sp = BATCHES["b7"]
     assert [o.token_ids for o in llm.generate(ps, sp)] == reference(tiny_ckpt("mixtral"), "b7")
     assert {"_costs", "_learn_time"} <= set(callers)
+
+
+def test_with_trees_each_drafter_has_a_tree_arm_that_wins_when_it_measures_faster():
+    """decoding="auto" over a decoder that verifies trees (draft_tree): chain and tree arms are both offered
+    ("eagle" and "eagle/tree"), and the choice follows the one that measures faster; a tree arm's plan carries the
+    decoder's width, a chain arm's width 1."""
+    ctl, res, spec_res = two_drafters()
+    ctl.use(["self", "eagle"], width=3)
+    ctl.choose(list(range(8)), {"self": [4] * 8, "eagle": [4] * 8}, res, spec_res)
+    assert {"self/tree", "eagle/tree"} <= set(ctl.arm_rates), ctl.arm_rates
+    speeds = {"plain": 2e-3, "self": 1.5e-3, "eagle": 1e-3, "self/tree": 1.4e-3, "eagle/tree": 0.5e-3}
+    widths = []
+    orig = ctl._spec_plan
+
+    def spy(*a, **k):
+        p = orig(*a, **k)
+        widths.append((p.arm, p.width))
+        return p
+    ctl._spec_plan = spy
+    chosen = drive(ctl, res, spec_res, speeds, 600)
+    assert chosen[-100:].count("eagle/tree") >= 95
+    assert all(w == (3 if arm.endswith("/tree") else 1) for arm, w in widths) and {w for _, w in widths} == {1, 3}
+
+
+@pytest.mark.parametrize("arm, branched", [("self/tree", True), ("self", False)])
+def test_a_tree_arm_drafts_trees_and_a_chain_arm_chains_both_exact(tiny_ckpt, monkeypatch, arm, branched):
+    """Real runs with every step on one arm: the tree arm's steps verify branching trees, the chain arm's steps
+    verify chains (under the same tree-width decoder), and both give plain greedy's tokens."""
+    from specmoe.decoding.control.measured import MeasuredArms, Pick
+    from specmoe.decoding.strategies.speculative import SpeculativeDecoder
+    path = tiny_ckpt("mixtral")
+    seen = {}
+    real_init = SpeculativeDecoder.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        seen["dec"] = self
+    monkeypatch.setattr(SpeculativeDecoder, "__init__", init)
+    real_pick = MeasuredArms.pick
+
+    def pick(self, arms, B):
+        real_pick(self, arms, B)
+        names = [a.name for a in arms]
+        return Pick(arm if arm in names else names[0], "explore")
+    monkeypatch.setattr(MeasuredArms, "pick", pick)
+    llm = auto_llm(path, draft_tree=True, auto_memory=False)
+    ps, sp = BATCHES["b7"]
+    assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
+    dec = seen["dec"]
+    assert dec.tally.steps > 0 and (dec.branched > 0) == branched
+
+
+def test_an_arm_far_behind_at_a_neighbouring_bucket_is_not_tried_at_a_new_one():
+    """At batch 8 "self" measures at half eagle's rate; at batch 16 (a new bucket) it is not tried, while plain
+    (the baseline) and eagle are measured there."""
+    ctl, res, spec_res = two_drafters()
+    speeds = {"plain": 2e-3, "self": 2e-3, "eagle": 1e-3, "self-g2": 2e-3, "eagle-g2": 1.1e-3}
+    drive(ctl, res, spec_res, speeds, 300)
+    m = ctl.measured
+    assert m.score("self", 8) is not None and m.score("self", 8) < m.NEAR * m.score("eagle", 8)
+    drive(ctl, res, spec_res, speeds, m.NEAR_AFTER - 10, ids=list(range(100, 116)))
+    assert m.n("self", 16) == 0 and m.n("plain", 16) >= m.min_steps
+    drive(ctl, res, spec_res, speeds, 300, ids=list(range(100, 116)))  # settled there: checked after all
+    assert m.n("self", 16) >= m.min_steps

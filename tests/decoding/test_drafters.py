@@ -148,7 +148,9 @@ def test_selector_cuts_costly_unlikely_chain_drafts_and_keeps_cheap_likely_ones(
     assert lens(sel, [4, 2, 0]) == [4, 2, 0], "before a fit, every proposal is verified"
     for i in range(8):  # verification costs 1 s + 1 s per row; drafts are never accepted
         pos = 1 + i % 4
-        sel.record_trees([chain(list(range(pos - 1)))], [[0]], pos, 1.0 + pos)
+        t = chain(list(range(pos - 1)))
+        sel.record_trees([t], pos, 1.0 + pos)
+        sel.accs["self"].record([0], [len(t)], [0], [[]], [t], [[0]])  # (the decoder records acceptance)
     assert sel.cost() == pytest.approx((1.0, 1.0))
     assert lens(sel, [4, 3]) == [0, 0]
     for _ in range(5):
@@ -157,7 +159,9 @@ def test_selector_cuts_costly_unlikely_chain_drafts_and_keeps_cheap_likely_ones(
     cheap = TreeSelector(4, 1, experts=False)
     for i in range(8):  # rows nearly free, drafts always accepted
         pos = 1 + i % 5
-        cheap.record_trees([chain(list(range(pos - 1)))], [list(range(pos))], pos, 1.0 + 0.01 * pos)
+        t = chain(list(range(pos - 1)))
+        cheap.record_trees([t], pos, 1.0 + 0.01 * pos)
+        cheap.accs["self"].record([0], [len(t)], [len(t)], [[]], [t], [list(range(pos))])
     assert lens(cheap, [4, 1, 0]) == [4, 1, 0]
     assert cheap.stats()["selection_cut_tokens"] == 0 and sel.stats()["selection_cut_tokens"] == 12
 

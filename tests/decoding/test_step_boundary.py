@@ -124,3 +124,18 @@ def test_choose_and_the_speculative_step_read_in_under_40_lines():
     for f in (Controller.choose, SpeculativeDecoder.step):
         n = len(inspect.getsource(f).splitlines())
         assert n < 40, (f.__qualname__, n)
+
+
+def test_prefill_sits_beside_the_runner_and_no_strategy_defines_one():
+    """The engine core's prefill and the model runner are one package (`decoding/runtime`), the layer the core calls;
+    no strategy module defines or imports a prefill."""
+    from specmoe.decoding.runtime import prefill as prefill_mod, runner as runner_mod
+    from specmoe.engine import core
+    assert Path(prefill_mod.__file__).parent == Path(runner_mod.__file__).parent
+    assert core.prefill is prefill_mod.prefill and core.ModelRunner is runner_mod.ModelRunner
+    strategies = Path(speculative.__file__).parent
+    for f in strategies.glob("*.py"):
+        names = {n.name for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.FunctionDef)}
+        names |= {a.name for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.ImportFrom)
+                  for a in n.names}
+        assert "prefill" not in names, f"{f.name} defines or imports a prefill"

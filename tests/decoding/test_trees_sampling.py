@@ -133,9 +133,10 @@ def test_tree_selection_is_closed_and_never_below_the_chain_of_its_budget(seed):
     B = rng.randint(1, 3)
     trees = _forest(rng, B)
     sel = TreeSelector(gamma=6, width=3)
+    acc = sel.accs["self"]
     for d in range(6):  # measured acceptance by depth and rank
         for k in range(3):
-            sel.t_reach[d][k], sel.t_acc[d][k] = 10.0, rng.uniform(0, 10)
+            acc.reach[d, k], acc.hit[d, k] = 10.0, rng.uniform(0, 10)
     nodes, where, _ = sel.nodes_of(trees)
     assert all(v.p == sel.prob(t.depths()[i], ranks(t)[i]) for v, (b, i) in zip(nodes, where) for t in [trees[b]])
     cost = VerifyCost(base_s=rng.uniform(0.5, 2), token_s=rng.uniform(0.01, 0.6))
@@ -151,7 +152,8 @@ def test_tree_selector_cuts_unlikely_branches_once_fitted():
     assert sel.choose_trees([t]) == [t], "before a fit every node is verified"
     for i in range(8):  # cost 1 s + 0.5 s per row; the chain is always accepted, siblings never
         rows = 1 + len(t) - (i % 3)
-        sel.record_trees([t], [[0, 1, 2, 3]], rows, 1.0 + 0.5 * rows)
+        sel.record_trees([t], rows, 1.0 + 0.5 * rows)
+        sel.accs["self"].record([0], [t.depth()], [3], [[]], [t], [[0, 1, 2, 3]])  # (the decoder records it)
     kept = sel.choose_trees([t])[0]
     assert kept.tokens == [1, 2, 3] and kept.parents == [-1, 0, 1]
     assert sel.stats()["selection_cut_tokens"] == 3
@@ -174,9 +176,10 @@ def test_padded_tree_selection_beats_every_capped_chain(seed):
     B = rng.randint(1, 4)
     trees = _forest(rng, B)
     sel = TreeSelector(gamma=6, width=3)
+    acc = sel.accs["self"]
     for d in range(6):
         for k in range(3):
-            sel.t_reach[d][k], sel.t_acc[d][k] = 10.0, rng.uniform(0, 10)
+            acc.reach[d, k], acc.hit[d, k] = 10.0, rng.uniform(0, 10)
     nodes, _, _ = sel.nodes_of(trees)
     fit = (rng.uniform(0.5, 2), rng.uniform(0.01, 0.6))
     sets = TreeSelector.select_sets(nodes, B, fit)

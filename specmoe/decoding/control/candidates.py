@@ -75,3 +75,32 @@ def candidates(names: list[str], P: dict[str, np.ndarray], Pu: dict[str, np.ndar
         first.setdefault(r.tobytes(), i)
     idx = np.array(sorted(first.values()), dtype=int)  # distinct plans, the highest θ of each
     return Candidates(W, Gm, np.concatenate(Ns).sum(1), np.concatenate(Us).sum(1), theta, tags, idx)
+
+
+def tree_extra(acc, gammas: np.ndarray, width: int) -> float:
+    """Expected accepted tokens a tree of `width` branches per depth adds over its chain (the drafter's estimate
+    `acc`, a `learning.Acceptance`; rows drafting gammas[b] deep): at the depth where the chain's node is rejected,
+    one of its siblings may be accepted, P = 1 − Π_k (1 − P(rank k accepted | parent accepted)), k = 1..width−1."""
+    G = acc.g
+    q0 = np.array([acc.node_prob(d + 1, 0) for d in range(G)])
+    sib = 1 - np.prod([[1 - acc.node_prob(d + 1, k) for k in range(1, width)] for d in range(G)], axis=1)
+    reach = np.concatenate([[1.0], acc.position()[:-1]])  # P(the chain reached depth j + 1)
+    extra = np.cumsum(reach * (1 - q0) * sib)  # [G]: what a row drafting j + 1 deep gains
+    return float(sum(extra[g - 1] for g in np.asarray(gammas, int) if g > 0))
+
+
+def uniform(names: list[str], P: dict[str, np.ndarray], Pu: dict[str, np.ndarray], avail: dict[str, list[int]],
+            B: int, G: int, short: int) -> list[Candidate]:
+    """The fixed configurations as plans: drafter d drafting every row g tokens ("eagle-g2"; g = `short` and G),
+    as far as each row may, with no stopping threshold: what decoding="specmoe" with that drafter and
+    num_draft_tokens does, so auto measures the configurations a user would otherwise pick by hand beside its
+    per-row plans ("eagle": lengths priced per row)."""
+    out = []
+    for i, n in enumerate(names):
+        for g in sorted({min(short, G), G}):
+            gam = np.minimum(np.asarray(avail[n]), g)
+            if gam.sum():
+                on = np.arange(G)[None, :] < gam[:, None]
+                out.append(Candidate(f"{n}-g{g}", np.full(B, i), gam, float((P[n] * on).sum()),
+                                     float((Pu[n] * on).sum()), None))
+    return out

@@ -12,7 +12,8 @@ arm, the per-row draft lengths are priced by the predicted rate
 forward, with the expected expert union and misses, its non-expert model over the rows padded to the longest)
 and the setup of the self draft's set come from the calibrated `CostModel`, and P_{d,b,j}, the probability that
 sequence b's j-th draft by drafter d is accepted (all before it accepted), from acceptance calibrated online per
-drafter: per draft position (`Acceptance.position`), scaled by the sequence's own recent acceptance with that
+drafter: per draft position (`Acceptance.position`, the product of the chain's node conditionals in the node
+table the tree selection prices with too), scaled by the sequence's own recent acceptance with that
 drafter and per position by what recent plans' rows accepted against the P they were planned on
 (`Acceptance.calibration`). A lookup drafter (ngram) says before the step how long its proposal for each sequence
 is (`Drafter.available`); rows without one cannot use it. Candidate plans (`candidates.py`): for each threshold θ
@@ -34,7 +35,7 @@ import time
 import numpy as np
 import torch
 
-from specmoe.decoding.control.candidates import Candidate, candidates
+from specmoe.decoding.control.candidates import Candidate, candidates, tree_extra, uniform
 from specmoe.decoding.control.coasting import Coasting
 from specmoe.decoding.control.costmodel import CostModel, bucket
 from specmoe.decoding.control.feedback import StepFeedback
@@ -42,9 +43,6 @@ from specmoe.decoding.control.learning import Acceptance, Realized
 from specmoe.decoding.control.measured import Arm, MeasuredArms
 from specmoe.decoding.control.plan import Plan, PricedArm, PricedPlain, StepPlan
 from specmoe.decoding.control.view import StepView
-
-PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
-
 
 class Controller(Coasting, StepFeedback):
     """Chooses each step (module docstring). Every choice is an *arm*: a plain step, or a speculative plan named by
@@ -60,7 +58,7 @@ class Controller(Coasting, StepFeedback):
     (what decoding="specmoe" does) but for the p_min floor (0 turns it off)."""
 
     SAVE_EVERY = 32  # steps between writes of the memory
-    SHORT = 2  # a drafter's plans drafting at most this many tokens a row are an arm of their own (`arm_of`)
+    SHORT = 2  # the fixed configurations offered as arms: each drafter drafting SHORT and γ_max tokens a row
     DECIDED = ("measured", "measured-near", "model")  # reasons of a choice a reused call may repeat (not a trial)
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
 
@@ -68,8 +66,9 @@ class Controller(Coasting, StepFeedback):
                  p_min: float = 0.05):
         self.cost, self.g = cost, gamma_max
         self.names = list(drafters)
+        self.width = 1  # > 1: tree arms too (`use`)
         self.planned: list[str] = list(drafters)  # the drafters the last `choose` planned over
-        self.accs = {n: Acceptance(gamma_max, prior=PRIOR.get(n, 0.6)) for n in self.names}
+        self.accs = {n: Acceptance.of(n, gamma_max) for n in self.names}  # the decoder records them
         self.p_min = p_min
         self.optimism = self.OPTIMISM
         self.force: str | None = None
@@ -116,13 +115,29 @@ class Controller(Coasting, StepFeedback):
     def acc(self, value: Acceptance) -> None:
         self.accs[self.names[0]] = value
 
-    def use(self, drafters: list[str]) -> None:
-        """Plan over these drafters (a decoder's, in its order: the first is forced speculation's)."""
+    TREE = "/tree"  # the suffix of a drafter's tree arm ("eagle/tree"), offered when the decoder drafts trees
+
+    def use(self, drafters: list[str], width: int = 1) -> None:
+        """Plan over these drafters (a decoder's, in its order: the first is forced speculation's); `width` > 1
+        (the decoder verifies trees of that width): each drafter also has a tree arm beside its chain arms."""
+        self.width = width
         for n in drafters:
             if n not in self.accs:
-                self.accs[n] = Acceptance(self.g, prior=PRIOR.get(n, 0.6))
+                self.accs[n] = Acceptance.of(n, self.g)
                 self.rows_by_drafter[n] = 0
         self.names = list(drafters)
+
+    def acceptance(self) -> dict[str, Acceptance]:
+        """Each drafter's acceptance estimate, the one the decoder records and the tree selection prices with."""
+        return self.accs
+
+    def cost_model(self) -> CostModel:
+        """The step-time model the plans price with, and the tree selection too (`CostModel.verify_line`)."""
+        return self.cost
+
+    def confidences(self, rows: list[int]) -> list[list[float]]:
+        """The draft confidences the draft hook (`stopper`) read this step for these batch rows."""
+        return [self.conf.get(b, []) for b in rows]
 
     def remember(self, memory) -> None:
         """Start each drafter's acceptance and the step-time corrections from `memory` (a `ControllerMemory`)
@@ -195,10 +210,11 @@ class Controller(Coasting, StepFeedback):
         return cm.forward_time(B + Gm.sum(1), union, miss, B * (1 + Gm.max(1))), miss
 
     def _costs(self, W: np.ndarray, Gm: np.ndarray, names: list[str], resident, spec_resident,
-               setup: dict[str, float], catchup: dict[str, np.ndarray]
+               setup: dict[str, float], catchup: dict[str, np.ndarray], nodes: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per candidate c (W [C, B]: index into names of each row's drafter, Gm [C, B] its draft length):
-        raw draft s, raw verify s, refined total s and expected misses, each [C]."""
+        """Per candidate c (W [C, B]: index into names of each row's drafter, Gm [C, B] its draft length; `nodes`
+        [C, B]: the nodes each row verifies where that is more than its depth, a tree): raw draft s, raw verify s,
+        refined total s and expected misses, each [C]."""
         cm = self.cost
         C, B = Gm.shape
         d_raw, d_ref, s_setup = np.zeros(C), np.zeros(C), np.zeros(C)
@@ -214,8 +230,9 @@ class Controller(Coasting, StepFeedback):
             s_setup += used * setup.get(n, 0.0)
             if n == "self":
                 uses_self |= used
-        v, miss = self.verify_raw(B, Gm, uses_self, resident, spec_resident)
-        n_tok, padded = B + Gm.sum(1), B * (1 + Gm.max(1))
+        Gv = Gm if nodes is None else nodes
+        v, miss = self.verify_raw(B, Gv, uses_self, resident, spec_resident)
+        n_tok, padded = B + Gv.sum(1), B * (1 + Gv.max(1))
         part, memo = cm.fwd(B), {}
         fwd = np.array([memo[b] if (b := bucket(int(k))) in memo else memo.setdefault(b, cm.ratio(part, int(k)))
                         for k in n_tok])
@@ -285,13 +302,9 @@ class Controller(Coasting, StepFeedback):
             return [Candidate(names[0], np.zeros(B, int), full, float((P[names[0]] * on).sum()),
                               float((Pu[names[0]] * on).sum()), None)]
         c = candidates(names, P, Pu, avail, B, self.g)
-        return [Candidate(self.arm_of(c.tags[i], c.Gm[i]), c.W[i], c.Gm[i], float(c.gain[i]), float(c.gain_ucb[i]),
-                          None if np.isnan(c.theta[i]) else float(c.theta[i])) for i in c.idx]
-
-    def arm_of(self, tag: str, gammas: np.ndarray) -> str:
-        """The arm of a plan of drafter (mix) `tag`: short drafts (at most `SHORT` a row: "eagle-g2") are an arm
-        apart from deeper ones ("eagle"), measured apart (a drafter's best depth moves with the batch)."""
-        return f"{tag}-g{self.SHORT}" if self.SHORT < self.g and int(gammas.max()) <= self.SHORT else tag
+        out = [Candidate(c.tags[i], c.W[i], c.Gm[i], float(c.gain[i]), float(c.gain_ucb[i]),
+                         None if np.isnan(c.theta[i]) else float(c.theta[i])) for i in c.idx]
+        return out + uniform(names, P, Pu, avail, B, self.g, self.SHORT)
 
     def _price(self, cands: list[Candidate], names: list[str], B: int, resident, spec_resident,
                setup: dict[str, float], catchup: dict[str, np.ndarray]) -> dict[str, PricedArm]:
@@ -311,6 +324,30 @@ class Controller(Coasting, StepFeedback):
             step = float(t[i]) * slow + ext
             out[tag] = PricedArm(cands[i], float(B + gains[i]) / step, float(B + ucb[i]) / step, float(d_raw[i]),
                                  float(v_raw[i]), float(t[i]) * slow, float(miss[i]), float(B + gains[i]) / t[i])
+        if self.width > 1:
+            out.update(self._tree_arms(out, names, B, resident, spec_resident, setup, catchup))
+        return out
+
+    def _tree_arms(self, chains: dict[str, PricedArm], names: list[str], B: int, resident, spec_resident,
+                   setup: dict[str, float], catchup: dict[str, np.ndarray]) -> dict[str, PricedArm]:
+        """Each drafter's tree arm ("eagle/tree"), on its chain arm's best per-row draft lengths: the tree verifies
+        up to `width` nodes per depth, and at a depth where the chain's node is rejected a sibling may still be
+        accepted (the node table's rank > 0 conditionals); one more accepted token at most per row."""
+        out = {}
+        for tag, arm in chains.items():
+            if "+" in tag or tag not in names:  # single-drafter, full-depth chain arms only
+                continue
+            c = arm.cand
+            extra = tree_extra(self.accs[tag], c.gammas, self.width)
+            nodes = (c.gammas * self.width)[None]
+            d_raw, v_raw, t, miss = self._costs(c.who[None], c.gammas[None], names, resident, spec_resident, setup,
+                                                catchup, nodes)
+            name = tag + self.TREE
+            slow = self.realized.slowdown(name, B, self.steps)
+            step = float(t[0]) * slow + self.outside_s(B)
+            cand = Candidate(name, c.who, c.gammas, c.gain + extra, c.gain_ucb + extra, c.theta)
+            out[name] = PricedArm(cand, (B + cand.gain) / step, (B + cand.gain_ucb) / step, float(d_raw[0]),
+                                  float(v_raw[0]), float(t[0]) * slow, float(miss[0]), (B + cand.gain) / float(t[0]))
         return out
 
     def _plain_plan(self, seq_ids: list[int], plain: PricedPlain, best: PricedArm | None, reason: str,
@@ -338,14 +375,15 @@ class Controller(Coasting, StepFeedback):
             rows = [b for b, d in enumerate(drafter_of) if d == n]
             probs[rows] = self._probs(n, [seq_ids[b] for b in rows], np.full(len(rows), self.g), 0.0, False)
         plan = Plan("spec", gam.tolist(), theta, best.step_s, best.draft_s + best.verify_s, best.misses, plain.rate,
-                    best.rate, reason, gam.tolist(), drafter_of, [self.planned[i] for i in c.who], c.tag, best.raw_rate, probs)
+                    best.rate, reason, gam.tolist(), drafter_of, [self.planned[i] for i in c.who], c.tag, best.raw_rate, probs,
+                    self.width if c.tag.endswith(self.TREE) or reason in ("forced", "schedule") else 1)
         if reason in self.DECIDED and (self._clear(c.tag, best.rate, "plain", plain.rate, B) or self._dear(best.step_s)):
             self.spec_coasting = (tuple(seq_ids), plan, self._coast_len(best.step_s))  # the next steps reuse it
         return plan
 
     def _clear(self, arm: str, rate: float, other: str, other_rate: float, B: int) -> bool:
-        """Whether `arm` wins over `other` by a clear margin (`coast_above`): on measured rates where both are
-        measured at this batch bucket, else on predicted ones."""
+        """Whether `arm` wins over `other` by a clear margin (`coast_above`): on measured rates where both
+        are measured at this batch bucket, else on predicted ones."""
         m, o = self.measured.rate(arm, B), self.measured.rate(other, B)
         if m is not None and o is not None:
             rate, other_rate = m, o
@@ -386,7 +424,7 @@ class Controller(Coasting, StepFeedback):
             for n in plan.drafter_of:
                 if n:
                     self.rows_by_drafter[n] += 1
-            return StepPlan(plan.drafter_of, plan.gammas, plan)
+            return StepPlan(plan.drafter_of, plan.gammas, plan, plan.width)
         finally:
             self.controller_s += time.perf_counter() - t0
 
@@ -424,6 +462,7 @@ class Controller(Coasting, StepFeedback):
         run = np.ones(len(seqs))
         greedy = [s.params.greedy for s in seqs]
         theta = plan.theta if plan.reason not in ("forced", "schedule") else 0.0  # forced: the p_min floor only
+        p_min = 0.0 if "-g" in plan.arm else self.p_min  # a fixed configuration's arm drafts its full length
         conf = {b: self.conf.setdefault(b, []) for b in rows}
 
         def hook(j: int, local: list[int], logits: torch.Tensor) -> None:
@@ -432,7 +471,7 @@ class Controller(Coasting, StepFeedback):
             run[local] *= here
             for i, b in enumerate(local):
                 conf[rows[b]].append(c[i])
-                if greedy[b] and gammas[b] > j + 1 and (here[i] < self.p_min or run[b] < theta):
+                if greedy[b] and gammas[b] > j + 1 and (here[i] < p_min or run[b] < theta):
                     gammas[b] = j + 1
                     self.stops += 1
         return hook

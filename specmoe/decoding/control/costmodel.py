@@ -293,6 +293,11 @@ class CostModel:
         self.rho = 1.0
         self.union_obs: list[tuple[int, float, float]] = []  # (tokens, observed union, predicted union) recent
 
+    @property
+    def read_s(self) -> float:
+        """Seconds per expert read from the backing tier (the calibrated coefficient)."""
+        return self.c.read_s
+
     def state(self) -> dict:
         """The online refinements (`warm` reads them back): forward fits, draft / overhead EMAs, miss ratios, ρ."""
         return {**self.ref.state(), "rho": self.rho}
@@ -351,6 +356,19 @@ class CostModel:
         fetch = c.read_latency_s + miss * c.read_s
         per_layer = np.where(miss > 0, np.maximum(comp, fetch + comp / np.maximum(union, 1.0)), comp)
         return c.ne_fixed + c.ne_per_token * dense + (c.layer_fixed + per_layer).sum(-1)
+
+    def verify_line(self, B: int, rows_hint: int | None = None) -> tuple[float, float]:
+        """A verification of B pending tokens as a line in the rows its forward computes, t ≈ a + c·rows, without
+        the expert reads (the cost-aware tree selection prices those per node; `read_s`): a = the fixed parts and
+        the B tokens' expected expert union's fixed compute, c = a computed row's non-expert and expert compute;
+        both scaled by the forwards' refinement at this batch (at `rows_hint` tokens, default 2B). This is the
+        controller's `forward_time` with every row real, so the selection and the plans price alike."""
+        c = self.c
+        union, _ = self.expected_union(np.array([B]), np.zeros_like(self.routing.p, dtype=bool), "spec")
+        a = c.ne_fixed + float((c.layer_fixed + union[0] * c.exp_fixed).sum())
+        per_row = c.ne_per_token + c.moe_layers * c.top_k * c.exp_per_row
+        r = self.ratio(self.fwd(B), rows_hint if rows_hint is not None else 2 * B)
+        return a * r, per_row * r
 
     def draft_time(self, rows: np.ndarray) -> np.ndarray:
         """Seconds of draft forwards over rows [...] tokens each (draft experts only, no fetches: the measured

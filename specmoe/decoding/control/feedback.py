@@ -1,5 +1,6 @@
 """Folding a measured step back into the controller's estimates (`Controller` mixes this in; its state is set up
-in `Controller.__init__`): acceptance per drafter and sequence on every speculative step; the step-time model's
+in `Controller.__init__`): the plans' acceptance calibration on every speculative step (the acceptance itself is
+recorded by the decoder, `SpeculativeDecoder.record_acceptance`); the step-time model's
 refinements and each arm's realized correction on freshly planned steps and on one in a stride of a reused call's
 steps."""
 from __future__ import annotations
@@ -16,13 +17,15 @@ class StepFeedback:
     """`learn` and its parts, over the controller's estimates (`accs`, `cost`, `realized`) and its plan's record."""
 
     def learn(self, splan, seqs, depths: list[int] | None, out: list[list[int]], clock, step_bytes: int) -> None:
-        """Fold one step into the estimates: acceptance per drafter and sequence (every speculative step), and the
+        """Fold one step into the estimates: the plans' acceptance calibration (every speculative step), and the
         cost model's time and miss refinements against predictions for what the step really drafted (`_learn_time`:
         every freshly planned step; of the steps reusing a call, one in `_learn_stride` while folding a step in
         costs more than `learn_share` of it)."""
         plan = splan.decision
         self._learn_rate(plan, seqs, out, clock)
         if plan is None:  # a coasting plain step
+            return
+        if plan.width > 1:  # a tree step: the time model and the plans' calibration price chains
             return
         measured = clock.step_s()
         timed = plan.reason != "coast" or self.learn_skip <= 0
@@ -79,10 +82,9 @@ class StepFeedback:
         return total
 
     def _learn_acceptance(self, splan, plan: Plan, seqs, depths: list[int], out: list[list[int]]) -> None:
-        ids = [s.seq_id for s in seqs]
+        """The plans' calibration (what the plan expected of the rows it planned); the acceptance itself is recorded
+        by the decoder (`SpeculativeDecoder.record_acceptance`), once for the controller and the selector."""
         for n, rows in self._rows_by_drafter(splan).items():
-            self.accs[n].record([ids[b] for b in rows], [depths[b] for b in rows], [len(out[b]) - 1 for b in rows],
-                                [self.conf.get(b, []) for b in rows])
             if plan.reason != "coast" and plan.probs is not None:  # what the plan expected of the rows it planned
                 self.accs[n].record_plan(plan.probs[rows], [plan.gammas[b] for b in rows],
                                          [len(out[b]) - 1 for b in rows])

@@ -1,5 +1,7 @@
-"""What `auto`'s controller learns online: acceptance per drafter (`Acceptance`: per draft position, per
-sequence, by draft confidence; `ControllerMemory` carries it and the time corrections to the next engine) and
+"""What speculation learns online: acceptance per drafter (`Acceptance`: per draft depth and sibling rank, per
+sequence, by draft confidence; one estimate that `auto`'s controller and the cost-aware tree selection both price
+with, recorded once per step by the decoder; `ControllerMemory` carries it and the time corrections to the next
+engine) and
 what each arm's steps really take (`Realized`: measured over predicted step time, per arm — a plain step, or a speculative plan's
 drafter or drafter mix — and batch bucket)."""
 from __future__ import annotations
@@ -23,13 +25,23 @@ def conf_bin(conf: np.ndarray) -> np.ndarray:
     return np.minimum((x * CONF_BINS).astype(int), CONF_BINS - 1)
 
 
+PRIOR = {"self": 0.6, "eagle": 0.7, "ngram": 0.6}  # acceptance priors (weight 2) before anything is measured
+RANKS = 16  # sibling ranks a node table keeps apart (draft_tree_width's most); wider ranks share the last
+
+
 class Acceptance:
-    """Online acceptance statistics, decayed so they follow the workload."""
+    """A drafter's acceptance, the one estimate both the controller's plans and the tree selection price with,
+    decayed so it follows the workload. Its core is a node table: per depth and sibling rank (rank 0: the first
+    child, i.e. the drafter's chain), how often a node was verified with its parent accepted (`reach`) and how often
+    it was then accepted (`hit`): P(a node is accepted | its parent was), Beta-smoothed towards `prior`
+    (`node_prob`). A chain's position estimate is the product along rank 0 (`position`). Beside it: per sequence
+    (`seq_factor`), by the draft's own confidence (`by_confidence`) and the plans' calibration (`calibration`)."""
 
     def __init__(self, gamma_max: int, *, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 1 / 256):
         self.g, self.prior, self.w, self.decay = gamma_max, prior, prior_weight, decay
-        self.acc = np.zeros(gamma_max)      # steps in which draft j was accepted
-        self.drafted = np.zeros(gamma_max)  # steps that drafted position j
+        self.reach = np.zeros((gamma_max, RANKS))  # [depth-1, rank]: verified with the parent accepted
+        self.hit = np.zeros((gamma_max, RANKS))    # ... and accepted
+        self.drafted = np.zeros(gamma_max)  # rows whose draft reached depth j + 1
         self.conf_acc = np.zeros(CONF_BINS)  # conditional acceptance (all before accepted) by draft confidence
         self.conf_n = np.zeros(CONF_BINS)
         self.seq: dict[int, list[float]] = {}  # seq_id -> [accepted, drafted]
@@ -38,13 +50,24 @@ class Acceptance:
         self.plan_pred = np.zeros(gamma_max)
         self.plan_acc = np.zeros(gamma_max)
 
+    @property
+    def acc(self) -> np.ndarray:
+        """[γ_max] rows whose node at depth j + 1 was accepted (at any rank)."""
+        return self.hit.sum(1)
+
+    def node_prob(self, depth: int, rank: int) -> float:
+        """P(a node at this depth (1 = a child of the pending token) and sibling rank is accepted | its parent
+        was): what the tree selection prices a node with."""
+        d, k = min(depth, self.g) - 1, min(rank, RANKS - 1)
+        return float((self.hit[d, k] + self.w * self.prior) / (self.reach[d, k] + self.w))
+
     def position(self, optimism: float = 0.0) -> np.ndarray:
-        """P_j: probability that draft j is accepted, j = 0..γ_max-1 (non-increasing); with `optimism` c, the
-        upper confidence estimate p + c·sqrt(p(1−p)/(n + w)) (n: drafts seen at j), so a drafter seen on few rows
-        is tried until its estimate is measured rather than left at a pessimistic prior."""
-        prior = self.prior ** np.arange(1, self.g + 1)
-        n = self.drafted + self.w
-        p = (self.acc + self.w * prior) / n
+        """P_j: probability that a chain's draft j is accepted, j = 0..γ_max-1: the product of the node table's
+        rank-0 conditionals up to j (non-increasing); with `optimism` c, the upper confidence estimate
+        p + c·sqrt(p(1−p)/(n + w)) (n: nodes seen at j with their parent accepted), so a drafter seen on few rows is
+        tried until its estimate is measured rather than left at a pessimistic prior."""
+        n = self.reach[:, 0] + self.w
+        p = np.cumprod((self.hit[:, 0] + self.w * self.prior) / n)
         if optimism:
             p = np.minimum(p + optimism * np.sqrt(p * (1 - p) / n), 1.0)
         return np.minimum.accumulate(p)
@@ -54,11 +77,9 @@ class Acceptance:
         return float((self.acc.sum() + self.w * self.prior) / (d + self.w))
 
     def conditional(self) -> float:
-        """P(a draft is accepted | every draft before it in the row was): accepted drafts over drafts whose
-        predecessors were all accepted (position 0: every row that drafted; position j: at most the rows that
-        accepted j − 1)."""
-        seen = self.drafted[0] + np.minimum(self.drafted[1:], self.acc[:-1]).sum()
-        return float((self.acc.sum() + self.w * self.prior) / (seen + self.w))
+        """P(a draft is accepted | every draft before it in the row was): the chain nodes accepted over those
+        reached (rank 0, every depth)."""
+        return float((self.hit[:, 0].sum() + self.w * self.prior) / (self.reach[:, 0].sum() + self.w))
 
     PLAN_PRIOR = 8.0  # rows: k_j starts at 1 and follows what the plans' rows measured
 
@@ -78,6 +99,11 @@ class Acceptance:
         for p, g, n in zip(probs, gammas, accepted):
             self.plan_pred[:g] += p[:g]
             self.plan_acc[:min(n, g)] += 1
+
+    @classmethod
+    def of(cls, name: str, gamma_max: int) -> Acceptance:
+        """Drafter `name`'s estimate, on its prior."""
+        return cls(gamma_max, prior=PRIOR.get(name, 0.6))
 
     def forget(self, seq_ids) -> None:
         """Drop what was measured on these sequence ids (new sequences reuse ids of finished ones)."""
@@ -100,18 +126,29 @@ class Acceptance:
         b = conf_bin(np.asarray(conf))
         return (self.conf_acc[b] + 2 * self.conditional()) / (self.conf_n[b] + 2)
 
-    def record(self, seq_ids: list[int], gammas: list[int], accepted: list[int],
-               confidences: list[list[float]]) -> None:
+    def record(self, seq_ids: list[int], gammas: list[int], accepted: list[int], confidences: list[list[float]],
+               trees=None, paths=None) -> None:
+        """Fold in one step's rows of this drafter: gammas the depth each row's draft reached, accepted the drafts
+        accepted, confidences the drafts' own confidences (may be empty); `trees` / `paths` (`DraftTree`s and the
+        accepted forward rows, root 0 first) where rows branched, else each row is a chain of its gamma."""
         keep = 1 - self.decay
-        self.acc *= keep
-        self.drafted *= keep
-        self.conf_acc *= keep
-        self.conf_n *= keep
-        for s, g, n, conf in zip(seq_ids, gammas, accepted, confidences):
+        for a in (self.reach, self.hit, self.drafted, self.conf_acc, self.conf_n):
+            a *= keep
+        for r, (s, g, n, conf) in enumerate(zip(seq_ids, gammas, accepted, confidences)):
             if g == 0:
                 continue
+            g = min(g, self.g)
             self.drafted[:g] += 1
-            self.acc[:n] += 1
+            if trees is None or trees[r].is_chain:  # node j reached when all before it were accepted
+                self.reach[:min(n + 1, g), 0] += 1
+                self.hit[:min(n, g), 0] += 1
+            else:
+                on = set(paths[r])
+                for i, (p, d, k) in enumerate(zip(trees[r].parents, trees[r].depths(), trees[r].ranks())):
+                    if p + 1 in on and d <= self.g:
+                        k = min(k, RANKS - 1)
+                        self.reach[d - 1, k] += 1
+                        self.hit[d - 1, k] += (i + 1) in on
             a = self.seq.setdefault(s, [0.0, 0.0])
             a[0], a[1] = 0.9 * a[0] + n, 0.9 * a[1] + g
             seen = conf[:min(g, n + 1)]  # observations conditional on all before accepted
@@ -125,18 +162,19 @@ class Acceptance:
 
     def state(self) -> dict:
         """What `warm` reads back (JSON-ready)."""
-        return {"acc": self.acc.tolist(), "drafted": self.drafted.tolist(), "conf_acc": self.conf_acc.tolist(),
-                "conf_n": self.conf_n.tolist(), "plan_pred": self.plan_pred.tolist(),
-                "plan_acc": self.plan_acc.tolist()}
+        return {"reach": self.reach.tolist(), "hit": self.hit.tolist(), "drafted": self.drafted.tolist(),
+                "conf_acc": self.conf_acc.tolist(), "conf_n": self.conf_n.tolist(),
+                "plan_pred": self.plan_pred.tolist(), "plan_acc": self.plan_acc.tolist()}
 
     def warm(self, state: dict, rows: float) -> None:
-        """Start from an earlier run's estimates (`state`), worth at most `rows` rows (per position and over the
-        confidence bins), so this run's own rows soon outweigh them. Positions past the saved γ stay on the prior."""
-        acc, drafted = np.asarray(state["acc"], float), np.asarray(state["drafted"], float)
-        k = min(self.g, len(acc), len(drafted))
-        if k and drafted[0] > 0:
-            f = min(1.0, rows / drafted[0])
-            self.acc[:k], self.drafted[:k] = acc[:k] * f, drafted[:k] * f
+        """Start from an earlier run's estimates (`state`), worth at most `rows` rows (per node and over the
+        confidence bins), so this run's own rows soon outweigh them. Depths past the saved γ stay on the prior."""
+        reach, hit = np.asarray(state["reach"], float), np.asarray(state["hit"], float)
+        drafted = np.asarray(state["drafted"], float)
+        k = min(self.g, len(reach), len(hit), len(drafted))
+        if k and reach.ndim == hit.ndim == 2 and reach.shape[1] == hit.shape[1] == RANKS and reach[0, 0] > 0:
+            f = min(1.0, rows / reach[0, 0])
+            self.reach[:k], self.hit[:k], self.drafted[:k] = reach[:k] * f, hit[:k] * f, drafted[:k] * f
         ca, cn = np.asarray(state["conf_acc"], float), np.asarray(state["conf_n"], float)
         if len(ca) == len(cn) == CONF_BINS and cn.sum() > 0:
             f = min(1.0, rows / cn.sum())
@@ -147,8 +185,13 @@ class Acceptance:
             f = min(1.0, rows / pp[0])
             self.plan_pred[:k], self.plan_acc[:k] = pp[:k] * f, pa[:k] * f
 
+    def node_table(self) -> list[list[float]]:
+        """node_prob for every depth × the ranks seen (at least rank 0)."""
+        width = max(1, int(np.flatnonzero(self.reach.sum(0) > 0).max(initial=0)) + 1)
+        return [[self.node_prob(d + 1, k) for k in range(width)] for d in range(self.g)]
+
     def stats(self) -> dict:
-        return {"acceptance_calibrated": self.position().tolist(),
+        return {"acceptance_calibrated": self.position().tolist(), "acceptance_by_node": self.node_table(),
                 "acceptance_plan_calibration": self.calibration().tolist(),
                 "acceptance_by_confidence": [float(a / n) if n > 0.5 else None
                                              for a, n in zip(self.conf_acc, self.conf_n)]}

@@ -8,12 +8,21 @@ nothing is measured at this batch bucket or a neighbouring one; it never overrid
 Successive elimination with a bounded budget:
 - an arm counts as measured at a bucket after `min_steps` of its steps there (the first step after a switch to it
   is not counted: it pays the switch's catch-up, which the arm's steady state does not);
-- exploitation: the measured arm with the highest rate (the current one stays unless another measures `STAY`×
-  faster: near a tie, flipping pays catch-ups and follows noise); before any arm is measured at this bucket, the
-  best measured at the nearest bucket; before that, the model's best;
-- exploration, in bursts of `min_steps` + 1 consecutive steps of one arm: an unmeasured arm (most promising
-  predicted first), a measured one flagged by drift, one measured `STALE` steps ago while close to the best, or one measured on few steps that is nearly tied; free during the first `WARMUP` steps, afterwards
+- exploitation: the current arm stays unless another measures `STAY`× faster *and* faster by more than `Z`
+  standard errors of the two rates (a step's tokens follow the text it lands on, so a few steps of an arm are a
+  noisy sample: the best of many noisy rates is mostly the luckiest); with no current arm, the measured arm of
+  the highest lower confidence bound (rate − Z·se); before any arm is measured at this bucket, the best measured
+  at the nearest bucket; before that, the model's best. (Rates relative to the exploited arm's
+  adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more than the
+  machine's speed, and chained ratios compounded that noise);
+- exploration, in bursts of `min_steps` + 1 consecutive steps of one arm: an unmeasured arm (plain, the baseline,
+  first; then the most promising predicted), a measured one flagged by drift, one measured `STALE` steps ago while close to the best, or one measured on few steps that is nearly tied; free during the first `WARMUP` steps, afterwards
   only while exploration steps stay within `SHARE` of the steps after the warm-up;
+- a bucket is explored only while at least `SETTLE` of the last 2·`SETTLE` steps were in it (or while nothing is
+  measured anywhere): a passing batch size, such as a batch's ragged tail (4 sequences, then 3, 2, 1), exploits
+  the nearest measured bucket's best arm instead of paying trials it could never amortize; at a new bucket, an
+  arm measured below `NEAR` × the best at a neighbouring bucket (within a factor 4) is not tried until the batch
+  has stayed `NEAR_AFTER` steps there;
 - drift: when the exploited arm's recent rate leaves its reference by more than `DRIFT`, the other arms at the
   bucket are flagged stale (re-measured within the budget); a batch bucket not seen yet starts unmeasured.
 """
@@ -61,6 +70,10 @@ class MeasuredArms:
     CLOSE: float = 0.85      # "close to the best" for re-measuring a stale arm
     DRIFT: float = 0.25
     RECENT: int = 8
+    SETTLE: int = 8          # steps of the last 2·SETTLE in a bucket before it is explored
+    Z: float = 1.0           # standard errors a challenger's rate must clear to replace the exploited arm
+    NEAR: float = 0.75       # an arm measured below this share of the best at a neighbouring bucket is not tried ...
+    NEAR_AFTER: int = 256    # ... until the batch has stayed this many steps in the new bucket
     win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds)]
     last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
     ref: dict = field(default_factory=dict)        # (arm, bucket) -> its rate when last compared with the others
@@ -72,10 +85,18 @@ class MeasuredArms:
     chosen: dict = field(default_factory=dict)     # arm -> steps it was chosen
     prev: str | None = None                        # the last step's arm (a switch's first step is not measured)
     burst: _Burst | None = None
+    recent: deque = field(default_factory=deque)  # buckets of the last 2·SETTLE steps
+    seen: dict = field(default_factory=dict)       # bucket -> steps recorded there
+
+    def __post_init__(self):
+        self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
 
     # ------------------------------------------------------------ measurements
     def record(self, arm: str, B: int, tokens: float, seconds: float, step: int) -> None:
         """One step of `arm` at batch B emitted `tokens` in `seconds` (its whole cycle as the decoder measured it)."""
+        b = bucket(B)
+        self.recent.append(b)
+        self.seen[b] = self.seen.get(b, 0) + 1
         switched, self.prev = self.prev is not None and self.prev != arm, arm
         if switched or tokens <= 0 or seconds <= 0:
             return
@@ -103,8 +124,20 @@ class MeasuredArms:
 
     def rate(self, arm: str, B: int) -> float | None:
         """The arm's measured tokens/s at B's bucket (None until `min_steps` steps are measured there)."""
-        key = (arm, bucket(B))
-        return self.rate_of(key) if len(self.win.get(key, ())) >= max(1, self.min_steps) else None
+        return self.score(arm, bucket(B))
+
+    def score(self, arm: str, b: int) -> float | None:
+        """`rate` at bucket b."""
+        return self.rate_of((arm, b)) if self.n(arm, b) >= max(1, self.min_steps) else None
+
+    def se_of(self, key) -> float:
+        """Standard error of the arm's rate at a bucket: the spread of its steps' rates over √steps (inf below 2)."""
+        w = self.win.get(key, ())
+        if len(w) < 2:
+            return math.inf
+        xs = [t / s for t, s in w]
+        m = sum(xs) / len(xs)
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
 
     def n(self, arm: str, b: int) -> int:
         return len(self.win.get((arm, b), ()))
@@ -134,16 +167,18 @@ class MeasuredArms:
 
     def _exploit(self, arms: list[Arm], b: int) -> Pick:
         names = [a.name for a in arms]
-        measured = {n: self.rate_of((n, b)) for n in names if self.n(n, b) >= max(1, self.min_steps)}
+        measured = {n: r for n in names if (r := self.score(n, b)) is not None}
         if measured:
-            best = max(measured, key=measured.get)
             cur = self.current.get(b)
-            if cur in measured and measured[cur] * self.STAY >= measured[best]:
-                best = cur
-            return Pick(best, "measured")
+            if cur not in measured:
+                return Pick(max(measured, key=lambda n: measured[n] - self.Z * self.se_of((n, b))), "measured")
+            best = max(measured, key=measured.get)
+            gap = measured[best] - measured[cur]
+            clear = gap > self.Z * math.hypot(self.se_of((best, b)), self.se_of((cur, b)))
+            return Pick(best if measured[best] > self.STAY * measured[cur] and clear else cur, "measured")
         near = sorted({k[1] for k in self.win if k[1] != b}, key=lambda k: abs(math.log2(k / b)))
         for nb in near:
-            there = {n: self.rate_of((n, nb)) for n in names if self.n(n, nb) >= max(1, self.min_steps)}
+            there = {n: r for n in names if (r := self.score(n, nb)) is not None}
             if there:
                 return Pick(max(there, key=there.get), "measured-near")
         return Pick(max(arms, key=lambda a: a.predicted).name, "model")
@@ -154,7 +189,7 @@ class MeasuredArms:
         return after <= 0 or self.explored + steps <= self.SHARE * after
 
     def _explore(self, arms: list[Arm], b: int, best: str) -> str | None:
-        if not self.min_steps:
+        if not self.min_steps or (self.recent.count(b) < self.SETTLE and any(self.win.values())):
             return None
         offered = {a.name for a in arms}
         if self.burst is not None:  # a burst runs to its end while its arm is offered at its bucket
@@ -163,11 +198,13 @@ class MeasuredArms:
                 bu.left -= 1
                 return bu.arm
             self.burst = None
-        target, again = self._target(arms, b, best)
+        target, mode = self._target(arms, b, best)
         if target is None:
             return None
-        # + the switch's unmeasured step; an arm measured again starts a fresh window (its old steps are old news)
-        length = self.min_steps + 1 - (0 if again else min(self.n(target, b), self.min_steps))
+        # + the switch's unmeasured step; an arm measured again starts a fresh window (its old steps are old news),
+        # one measured more adds a burst to it
+        again = mode == "again"
+        length = self.min_steps + 1 - (min(self.n(target, b), self.min_steps) if mode == "new" else 0)
         if not self._budget(length):
             return None
         if again:
@@ -175,25 +212,43 @@ class MeasuredArms:
         self.burst = _Burst(target, b, length - 1)
         return target
 
-    def _target(self, arms: list[Arm], b: int, best: str) -> tuple[str | None, bool]:
-        """The arm to explore, and whether it is measured again from scratch (drift, or an old measurement)."""
+    def _target(self, arms: list[Arm], b: int, best: str) -> tuple[str | None, str]:
+        """The arm to explore, and how: "new" (not measured yet), "again" (from scratch: drift, or an old
+        measurement) or "more" (a burst added to a noisy measurement)."""
         if self.n(best, b) < self.min_steps:  # the exploited arm is being measured first
-            return None, False
+            return None, ""
         top = max(a.predicted for a in arms)
         cands = [a for a in arms if a.name != best and (a.name == "plain" or a.optimistic >= self.PRUNE * top)]
-        unmeasured = [a for a in cands if self.n(a.name, b) < self.min_steps]
-        if unmeasured:  # the model seeds the order
-            return max(unmeasured, key=lambda a: a.optimistic).name, False
-        rb = self.rate_of((best, b))
+        unmeasured = [a for a in cands if self.n(a.name, b) < self.min_steps
+                      and (a.name == "plain" or not self._behind_near(a.name, b))]
+        if unmeasured:  # plain (the baseline) first, then in the model's order
+            return max(unmeasured, key=lambda a: (a.name == "plain", a.optimistic)).name, "new"
+        rb = self.score(best, b) or 0.0
         # flagged by drift: every arm (its rate is old news); merely old: those close to the best
         old = [a.name for a in cands if (a.name, b) in self.stale
                or (self.steps - self.last.get((a.name, b), 0) > self.STALE
-                   and self.rate_of((a.name, b)) >= self.CLOSE * rb)]
+                   and (self.score(a.name, b) or 0.0) >= self.CLOSE * rb)]
         if old:
-            return min(old, key=lambda n: self.last.get((n, b), 0)), True
-        few = [a.name for a in cands if self.n(a.name, b) < 2 * self.min_steps
-               and self.rate_of((a.name, b)) >= rb / self.STAY]
-        return (few[0], False) if few else (None, False)
+            return min(old, key=lambda n: self.last.get((n, b), 0)), "again"
+        # nearly tied or not clearly behind (upper confidence bound reaching the exploited rate): measured longer
+        few = [a.name for a in cands if self.n(a.name, b) < 3 * self.min_steps
+               and (self.score(a.name, b) or 0.0) + self.Z * self.se_of((a.name, b)) >= rb]
+        return (few[0], "more") if few else (None, "")
+
+    def _behind_near(self, arm: str, b: int) -> bool:
+        """Whether `arm` measured below `NEAR` × the best arm at the nearest bucket (within a factor 4 of b) where
+        it was measured: not worth a trial here (plain is always tried: the baseline) unless the batch has stayed
+        `NEAR_AFTER` steps in this bucket (a workload that settles here can afford to check)."""
+        if self.seen.get(b, 0) >= self.NEAR_AFTER:
+            return False
+        near = sorted({k[1] for k in self.win if k[0] == arm and k[1] != b and max(k[1], b) <= 4 * min(k[1], b)},
+                      key=lambda k: abs(math.log2(k / b)))
+        for nb in near:
+            mine = self.score(arm, nb)
+            best = max((r for (a, k) in self.win if k == nb and (r := self.score(a, nb)) is not None), default=None)
+            if mine is not None and best:
+                return mine < self.NEAR * best
+        return False
 
     # ------------------------------------------------------------ read out, persist
     def exploration_share(self) -> float:
@@ -212,7 +267,8 @@ class MeasuredArms:
                 "auto_measured_steps": {f"{a}@{b}": len(w) for (a, b), w in sorted(self.win.items())}}
 
     def state(self) -> dict:
-        """What `warm` reads back: each arm's measured (tokens, seconds) per bucket, summed over its window."""
+        """What `warm` reads back: each arm's measured (tokens, seconds) per bucket, summed over its window, and its
+        step count."""
         return {f"{a}@{b}": [sum(t for t, _ in w), sum(s for _, s in w), len(w)]
                 for (a, b), w in self.win.items() if w}
 

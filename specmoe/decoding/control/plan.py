@@ -16,6 +16,7 @@ class StepPlan:
     drafter_of: list[str | None]
     gammas: list[int]
     decision: Plan | None = None
+    width: int | None = None  # branches per tree node (1: chains; None: the decoder's configured width)
 
     @property
     def plain(self) -> bool:
@@ -39,6 +40,7 @@ class Plan:
     arm: str = "plain"           # "plain" or the chosen speculative plan's drafter (mix), e.g. "eagle+ngram"
     raw_rate: float = 0.0        # the chosen arm's predicted tokens/s before its realized correction
     probs: np.ndarray | None = None  # [B, γ_max] each drafting row's acceptance probabilities before calibration
+    width: int = 1               # branches per tree node: 1 for a chain arm, the decoder's width for a tree arm
 
 
 @dataclass

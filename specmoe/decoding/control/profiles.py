@@ -98,8 +98,9 @@ def predict(coef: Coefficients, routing: RoutingStats, *, batches, draft_experts
     ctl = Controller(cm, gamma)
     if acceptance:
         ctl.acc = Acceptance(gamma)
-        a = np.asarray(list(acceptance)[:gamma] + [0.0] * max(0, gamma - len(acceptance)))
-        ctl.acc.acc, ctl.acc.drafted = a * 1e6, np.full(gamma, 1e6)
+        a = np.asarray(list(acceptance)[:gamma] + [0.0] * max(0, gamma - len(acceptance)))  # P_j by position
+        reached = np.concatenate([[1.0], a[:-1]])  # a chain's node j is reached when draft j - 1 was accepted
+        ctl.acc.reach[:, 0], ctl.acc.hit[:, 0], ctl.acc.drafted = reached * 1e6, a * 1e6, np.full(gamma, 1e6)
     L, E = routing.p.shape
     none = np.zeros((L, E), bool)
     lru = routing.hottest(cache_slots)

@@ -29,7 +29,7 @@ def make_strategy(runner: ModelRunner, cfg: SpecConfig, *, ckpt=None, max_model_
     width = tree_width(cfg, ckpt.config)
     ctl = memo.get("controller")  # a calibrated cost model, when the engine has one: its read time
     sel = (TreeSelector(cfg.num_draft_tokens, width, experts=cfg.draft_selection == "cost",
-                        read_s=ctl.cost.c.read_s if ctl is not None else None)
+                        read_s=ctl.cost_model().read_s if ctl is not None else None)
            if cfg.draft_selection != "all" else None)
     return SpeculativeDecoder(runner, drafters, num_draft_tokens=cfg.num_draft_tokens, max_model_len=max_model_len,
                               width=width, selector=sel, budget=budget,
@@ -84,7 +84,7 @@ def build_controller(model, provider, *, ckpt, spec: SpecConfig, offload: Offloa
     ctl = Controller(CostModel(coef, routing, draft_experts=nd), spec.num_draft_tokens, names)
     if spec.auto_memory:
         from specmoe.decoding.control.learning import ControllerMemory
-        raw = f"auto-v1|{key}|{names}|{spec.eagle_head}|{spec.eagle_draft_vocab}|{spec.ngram_min}-{spec.ngram_max}|" \
+        raw = f"auto-v2|{key}|{names}|{spec.eagle_head}|{spec.eagle_draft_vocab}|{spec.ngram_min}-{spec.ngram_max}|" \
               f"{spec.substitution}|{spec.draft_policy}|{spec.num_draft_tokens}"
         ctl.remember(ControllerMemory(hashlib.sha1(raw.encode()).hexdigest()[:16]))
     return ctl

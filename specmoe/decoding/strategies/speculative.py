@@ -31,6 +31,7 @@ from specmoe.decoding.drafters.base import Drafter
 from specmoe.decoding.runtime.runner import ModelRunner
 from specmoe.decoding.runtime.sampling import coupled_noise
 from specmoe.decoding.runtime.sequence import Sequence
+from specmoe.decoding.control.learning import Acceptance
 from specmoe.decoding.trees.tree import DraftTree, accept, compaction, pack
 
 # B=sequences, T=verified rows per sequence (pending token + nodes, padded), V=vocab
@@ -70,17 +71,22 @@ class SpeculativeDecoder:
         self.selector, self.budget, self.ctl = selector, budget, controller
         self.name = "auto" if controller is not None else "specmoe"
         self.default = next(iter(drafters))
-        if selector is not None:
-            selector.attach(runner)  # routing frequency, resident experts (the expert term)
-            for d in drafters.values():
-                d.record_picks = selector.experts and d.name == "self"
         if controller is not None:  # it plans over these drafters and learns the target's routing
-            controller.use(list(drafters))
+            controller.use(list(drafters), width)
             if controller.observer not in runner.observers:
                 runner.observers.append(controller.observer)
             # a draft set pinned by an earlier run stays pinned in the cache; auto's plain steps need the slots
             for layer in controller.layers:
                 runner.provider.pin(layer, [])
+        # each drafter's acceptance: ONE estimate (`learning.Acceptance`), recorded here once per step, that the
+        # controller's plans and the tree selection both price with (auto's controller keeps it across engines)
+        self.accs = controller.acceptance() if controller is not None else {
+            n: Acceptance.of(n, num_draft_tokens) for n in drafters}
+        if selector is not None:
+            # routing frequency, resident experts (the expert term); under auto, the controller's cost model
+            selector.attach(runner, self.accs, controller.cost_model() if controller is not None else None)
+            for d in drafters.values():
+                d.record_picks = selector.experts and d.name == "self"
         self.tally = SpecTally(num_draft_tokens)
         self.per_drafter = {name: DrafterTally() for name in drafters}
         self.breakdown = StepBreakdown()
@@ -130,12 +136,16 @@ class SpeculativeDecoder:
         with clock.phase("plan"):
             plan = self.plan(seqs)
         b0 = self.runner.provider.bytes_moved
+        trees = paths = depths = None
         if plan.plain:
-            out, depths = self.plain_step(seqs, clock), None
+            out = self.plain_step(seqs, clock)
         else:
-            out, depths = self.speculate(seqs, plan, clock)
+            out, trees, paths = self.speculate(seqs, plan, clock)
+            depths = [t.depth() for t in trees]
         if self.ctl is not None:
             self.ctl.learn(plan, seqs, depths, out, clock, self.runner.provider.bytes_moved - b0)
+        if trees is not None:  # after the controller's learning, which compares with the estimates before the step
+            self.record_acceptance(plan, seqs, trees, paths, out)
         self._last = (t0, clock.step_s(), len(seqs))
         return StepOutput({s.seq_id: toks for s, toks in zip(seqs, out)})
 
@@ -151,9 +161,10 @@ class SpeculativeDecoder:
         return [[t] for t in toks]
 
     @torch.inference_mode()
-    def speculate(self, seqs: list[Sequence], plan: StepPlan, clock: PhaseClock) -> tuple[list[list[int]], list[int]]:
-        """The draft phase, selection, one verification, acceptance and commit → (tokens per row, verified
-        tree depth per row)."""
+    def speculate(self, seqs: list[Sequence], plan: StepPlan, clock: PhaseClock
+                  ) -> tuple[list[list[int]], list[DraftTree], list[list[int]]]:
+        """The draft phase, selection, one verification, acceptance and commit → (tokens per row, the trees
+        verified, the accepted forward rows of each)."""
         r = self.runner
         gammas = [g if d else 0 for d, g in zip(plan.drafter_of, plan.gammas)]
         groups: dict[str, list[int]] = {}
@@ -177,7 +188,7 @@ class SpeculativeDecoder:
         self.proposed_nodes += sum(len(t) for t in trees)
         with clock.phase("select"):
             if self.selector is not None:
-                trees = self.selector.choose_trees(trees)
+                trees = self.selector.choose_trees(trees, plan.drafter_of)
         lengths = [r.cache.lengths[s.slot] for s in seqs]
         with clock.phase("verify"):
             logits, depths, lens, tokens = self.verify(seqs, trees, used)
@@ -187,9 +198,22 @@ class SpeculativeDecoder:
             self.commit(seqs, paths, out, logits, lengths)
         if self.selector is not None:
             wall, _, wait = clock.spans["verify"]
-            self.selector.record_trees(trees, paths, len(lens) * max(lens), wall, wait)
+            self.selector.record_trees(trees, len(lens) * max(lens), wall, wait)
         self._record(plan, trees, out, clock, r.provider.bytes_moved - b0)
-        return out, [t.depth() for t in trees]
+        return out, trees, paths
+
+    def record_acceptance(self, plan: StepPlan, seqs: list[Sequence], trees: list[DraftTree],
+                          paths: list[list[int]], out: list[list[int]]) -> None:
+        """Fold the step's verified trees into each drafter's acceptance estimate (with the drafts' confidences
+        where the controller's draft hook read them)."""
+        rows: dict[str, list[int]] = {}
+        for b, d in enumerate(plan.drafter_of):
+            if d:
+                rows.setdefault(d, []).append(b)
+        for d, rs in rows.items():
+            conf = self.ctl.confidences(rs) if self.ctl is not None else [[] for _ in rs]
+            self.accs[d].record([seqs[b].seq_id for b in rs], [trees[b].depth() for b in rs],
+                                [len(out[b]) - 1 for b in rs], conf, [trees[b] for b in rs], [paths[b] for b in rs])
 
     def propose(self, seqs, groups: dict[str, list[int]], gammas: list[int], noise, plan: StepPlan,
                 clock: PhaseClock) -> list[DraftTree]:
@@ -201,7 +225,8 @@ class SpeculativeDecoder:
             nz = {i: noise[b] for i, b in enumerate(rows) if b in noise}
             hook = self.ctl.stopper(plan, name, rows, sub, g) if self.ctl is not None else None
             with clock.phase(f"draft:{name}"):
-                for b, t in zip(rows, self.drafters[name].propose_tree(sub, g, self.width, nz, hook)):
+                width = plan.width if plan.width is not None else self.width
+                for b, t in zip(rows, self.drafters[name].propose_tree(sub, g, width, nz, hook)):
                     trees[b] = t
         return trees
 

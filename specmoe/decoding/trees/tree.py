@@ -74,6 +74,15 @@ class DraftTree:
     def depth(self) -> int:
         return max(self.depths(), default=0)
 
+    def ranks(self) -> list[int]:
+        """Each node's index among its siblings (children in order; a chain's nodes are all rank 0)."""
+        seen: dict[int, int] = {}
+        out = []
+        for p in self.parents:
+            out.append(seen.get(p, 0))
+            seen[p] = out[-1] + 1
+        return out
+
     def children(self) -> list[list[int]]:
         """children[r] = the forward rows of row r's children (row 0 = root, node i = row i + 1), in order."""
         kids: list[list[int]] = [[] for _ in range(len(self) + 1)]

@@ -3,12 +3,15 @@ width 1, so chains are selected by the same rule).
 
 Per step, the verified set of each sequence is an ancestor-closed subtree of its proposed tree, chosen to
 maximise (B + Σ_v P(v)) / T(S) over the whole batch: P(v) = Π p(u) along v's path (`selection.path_probs`),
-p(u) the acceptance measured so far for nodes at u's depth and sibling rank (rank 0: the first child, i.e.
-the drafter's chain; Beta(1, 1) prior, conditional on the parent's acceptance). The verification forward is
-padded to the largest tree of the batch, so T(S) = a + c · B · (1 + max_b |S_b|), fitted against the rows
-the forward computed (a least-squares fit t ≈ a + c · rows, exponentially forgotten; every 8th step verifies whole trees so the fit
-keeps seeing large verifications; while the fit has no spread, e.g. same-size trees at batch 1, every other
-step verifies only the chains). Candidates: for every cap k, each sequence's k nodes of highest P
+p(u) the acceptance measured so far for nodes of u's drafter at u's depth and sibling rank (rank 0: the first
+child, i.e. the drafter's chain; conditional on the parent's acceptance): `learning.Acceptance.node_prob`, the one
+estimate `auto`'s controller plans with too, recorded once per step by the decoder. The verification forward is
+padded to the largest tree of the batch, so T(S) = a + c · B · (1 + max_b |S_b|). Under `auto`, (a, c) is the
+controller's cost model (`CostModel.verify_line`: the same coefficients and refinements its plans price a
+verification with); otherwise it is fitted against the rows the forward computed (a least-squares fit
+t ≈ a + c · rows, exponentially forgotten; while the fit has no spread, e.g. same-size trees at batch 1, every
+other step verifies only the chains). Every 8th step verifies whole trees, so deep and sibling nodes keep being
+measured (and the fit keeps seeing large verifications). Candidates: for every cap k, each sequence's k nodes of highest P
 (ancestor-closed: P never grows along a path), and `selection.select`'s SpecFit greedy set; the best by the
 objective wins. For every k the capped set's Σ P is at least that of the first k nodes of the chain, so the
 choice never scores lower than a chain selection of the same budget; chains are the special case of one
@@ -34,19 +37,15 @@ from __future__ import annotations
 
 import time
 
+from specmoe.decoding.control.learning import Acceptance
 from specmoe.decoding.trees.selection import (DraftNode, VerifyCost, missing, path_probs, select, uniform_chains,
                                         union_added)
 from specmoe.decoding.trees.tree import DraftTree
 
 
 def ranks(tree: DraftTree) -> list[int]:
-    """Each node's index among its siblings (children in order)."""
-    seen: dict[int, int] = {}
-    out = []
-    for p in tree.parents:
-        out.append(seen.get(p, 0))
-        seen[p] = out[-1] + 1
-    return out
+    """Each node's index among its siblings (`DraftTree.ranks`)."""
+    return tree.ranks()
 
 
 class TreeSelector:
@@ -55,13 +54,14 @@ class TreeSelector:
     EXPLORE_EVERY = 8  # every 8th step verifies every proposal, so the fit keeps seeing long verifications
 
     def __init__(self, gamma: int, width: int, *, forget: float = 0.98, experts: bool = True,
-                 read_s: float | None = None):
+                 read_s: float | None = None, accs: dict[str, Acceptance] | None = None):
         self.forget = forget
+        # drafter → its acceptance estimate (the decoder's, shared with auto's controller: `attach`)
+        self.accs = accs if accs is not None else {"self": Acceptance(gamma)}
+        self.model = None  # auto's cost model (`attach`): the verification's line comes from it, not the fit
         self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0  # weighted sums of (rows computed, seconds)
         self.steps = self.cut = self.calls = 0  # steps fitted; proposed nodes left out; choose_trees() calls
         self.width = width
-        self.t_reach = [[0.0] * width for _ in range(gamma)]  # [depth-1][rank]: verified with parent accepted
-        self.t_acc = [[0.0] * width for _ in range(gamma)]    # ... and accepted
         self.experts = experts  # False: SpecFit alone (no expert term)
         self.mode = "cost" if experts else "cost-compute"
         self.read_s = read_s    # the calibrated cost model's seconds per expert read (None: measured here)
@@ -89,9 +89,16 @@ class TreeSelector:
         return (a, c) if c > 0 and a + c > 0 else None
 
     # ------------------------------------------------------------ the expert term's inputs
-    def attach(self, runner) -> None:
-        """Watch the runner's target forwards (routing frequency, what each verification fetched) and its store
-        (what is resident). On a store that holds every expert the expert term is always 0 and is switched off."""
+    def attach(self, runner, accs: dict[str, Acceptance] | None = None, model=None) -> None:
+        """Price nodes with `accs` (the decoder's acceptance estimates, which it records) and, under `auto`, the
+        verification with `model` (the controller's `CostModel.verify_line`, one pricing for the plans and the
+        selection; without one, the online fit `cost`), and watch the runner's target forwards (routing
+        frequency, what each verification fetched) and its store (what is resident). On a store that holds every
+        expert the expert term is always 0 and is switched off."""
+        if accs is not None:
+            self.accs = accs
+        if model is not None:
+            self.model, self.read_s = model, model.read_s
         if runner.provider.holds_all:  # every expert resident: no expert term (and no host reads of routing)
             self.experts = False
             return
@@ -121,24 +128,24 @@ class TreeSelector:
             return self.read_s
         return self.wait_s / self.wait_n if self.wait_n > 0 else 0.0
 
-    def _key(self, depth: int, rank: int) -> tuple[int, int]:
-        return min(depth, len(self.t_reach)) - 1, min(rank, self.width - 1)
+    def prob(self, depth: int, rank: int, drafter: str | None = None) -> float:
+        """P(node accepted | parent accepted) for `drafter`'s nodes (None: the first drafter's)."""
+        acc = self.accs[drafter] if drafter is not None else next(iter(self.accs.values()))
+        return acc.node_prob(depth, rank)
 
-    def prob(self, depth: int, rank: int) -> float:
-        d, k = self._key(depth, rank)
-        return (self.t_acc[d][k] + 1.0) / (self.t_reach[d][k] + 2.0)
-
-    def nodes_of(self, trees: list[DraftTree]) -> tuple[list[DraftNode], list[tuple[int, int]], dict]:
-        """The batch's forest as `DraftNode`s (P from the measured acceptance, experts as in the module
-        docstring), each node's (row, index) and `covered`: (layer, expert) → P(already in the union) for the
-        resident experts and the pending tokens' experts."""
+    def nodes_of(self, trees: list[DraftTree], drafters: list[str | None] | None = None
+                 ) -> tuple[list[DraftNode], list[tuple[int, int]], dict]:
+        """The batch's forest as `DraftNode`s (P from the acceptance measured for each row's drafter, `drafters[b]`;
+        experts as in the module docstring), each node's (row, index) and `covered`: (layer, expert) → P(already in
+        the union) for the resident experts and the pending tokens' experts."""
         guess = self.expected() if self.experts else {}
         nodes, where = [], []
         for b, t in enumerate(trees):
             base = len(nodes)
+            who = drafters[b] if drafters is not None else None
             for i, (p, d, k) in enumerate(zip(t.parents, t.depths(), ranks(t))):
                 ex = t.experts[i] if t.experts is not None and t.experts[i] is not None else guess
-                nodes.append(DraftNode(seq=b, parent=base + p if p >= 0 else -1, p=self.prob(d, k),
+                nodes.append(DraftNode(seq=b, parent=base + p if p >= 0 else -1, p=self.prob(d, k, who),
                                        experts=ex if self.experts else frozenset()))
                 where.append((b, i))
         miss = missing({(layer, e) for layer, es in self.resident.items() for e in es})
@@ -151,17 +158,22 @@ class TreeSelector:
         if self.provider is not None and self.experts:
             self.resident = {layer: set(self.provider.resident(layer)) for layer in self.freq}
 
-    def choose_trees(self, trees: list[DraftTree]) -> list[DraftTree]:
-        """The subtree of each proposal to verify this step (its host time: `selection_s`)."""
+    def choose_trees(self, trees: list[DraftTree], drafters: list[str | None] | None = None) -> list[DraftTree]:
+        """The subtree of each proposal to verify this step (row b drafted by `drafters[b]`; its host time:
+        `selection_s`)."""
         t0 = time.perf_counter()
         try:
-            return self._choose(trees)
+            return self._choose(trees, drafters)
         finally:
             self.selection_s += time.perf_counter() - t0
 
-    def _choose(self, trees: list[DraftTree]) -> list[DraftTree]:
+    def line(self, B: int) -> tuple[float, float] | None:
+        """(a, c) of the verification time a + c·rows: the cost model's when attached, else the online fit."""
+        return self.model.verify_line(B) if self.model is not None else self.cost()
+
+    def _choose(self, trees: list[DraftTree], drafters) -> list[DraftTree]:
         self.snapshot()
-        fit = self.cost()
+        fit = self.line(len(trees))
         self.calls += 1
         if fit is None and self.steps >= self.MIN_STEPS and self.calls % 2 == 0:
             chains = [self.chain_of(t) for t in trees]  # no spread in rows yet (same-size trees): verify chains
@@ -170,7 +182,7 @@ class TreeSelector:
         if fit is None or not any(len(t) for t in trees) or self.calls % self.EXPLORE_EVERY == 0:
             self._predict(trees)
             return trees
-        nodes, where, covered = self.nodes_of(trees)
+        nodes, where, covered = self.nodes_of(trees, drafters)
         r = self.expert_s() * self.union_scale() if self.experts else 0.0
         self.expert_s_used = r
         sets = self.select_sets(nodes, len(trees), (*fit, r), covered)
@@ -234,17 +246,9 @@ class TreeSelector:
         return max(cands, key=lambda sets: (cls.padded_objective(nodes, P, sets, fit, covered),
                                             -sum(map(len, sets))))
 
-    def record_trees(self, trees: list[DraftTree], paths: list[list[int]], positions: int, seconds: float,
-                     wait_s: float = 0.0) -> None:
-        """One step: trees verified, paths[b] the accepted forward rows (root 0 first), the forward covered
-        `positions` rows in `seconds`, of which it waited `wait_s` for expert loads."""
-        for t, path in zip(trees, paths):
-            on = set(path)
-            for i, (p, d, k) in enumerate(zip(t.parents, t.depths(), ranks(t))):
-                if p + 1 in on:
-                    dd, kk = self._key(d, k)
-                    self.t_reach[dd][kk] += 1
-                    self.t_acc[dd][kk] += (i + 1) in on
+    def record_trees(self, trees: list[DraftTree], positions: int, seconds: float, wait_s: float = 0.0) -> None:
+        """One step's verification cost (its acceptance is recorded by the decoder into `accs`): the forward over
+        `trees` covered `positions` rows in `seconds`, of which it waited `wait_s` for expert loads."""
         f = self.forget
         if self.experts:  # the verification's fetches: its union beyond what was resident at the start
             fetched = sum(sum(1 for e, c in enumerate(self.used.get(layer, ())) if c and e not in res)
@@ -262,9 +266,9 @@ class TreeSelector:
     def stats(self) -> dict:
         fit = self.cost()
         st = {"draft_selection": self.mode, "selection_cut_tokens": self.cut,
-              "selection_cost_fit": None if fit is None else {"base_s": fit[0], "per_position_s": fit[1]}}
-        st["selection_accept_probs"] = [[(a + 1.0) / (r + 2.0) for a, r in zip(ra, rr)]
-                                        for ra, rr in zip(self.t_acc, self.t_reach)]
+              "selection_cost_fit": None if fit is None else {"base_s": fit[0], "per_position_s": fit[1]},
+              "selection_time_source": "cost model" if self.model is not None else "fit"}
+        st["selection_accept_probs"] = {n: a.node_table() for n, a in self.accs.items()}
         st.update(draft_selection=self.mode, selection_expert_term=self.experts,
                   selection_expert_s=self.expert_s_used,
                   selection_expert_s_source="cost model" if self.read_s is not None else "measured wait",
