@@ -28,7 +28,7 @@ also on Ctrl-C and SIGTERM.
 
 Protocol: --repeats repeats, the systems' order alternated; every run after the model files were dropped from the
 page cache (their residency recorded before and after); median and spread per system. Results:
-benchmarks/results/over_ram.json (+ png, README block through overram_report.write_readme).
+benchmarks/results/over_ram.json (+ png; the block in docs/over_ram.md through overram_report.write_readme).
 """
 from __future__ import annotations
 
@@ -325,13 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child-timeout", type=float, default=3600.0)
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/over_ram.json; dry run: "
                     "the cache dir)")
-    ap.add_argument("--readme-only", action="store_true", help="rewrite README.md's over-RAM table from --out's JSON")
+    ap.add_argument("--readme-only", action="store_true",
+                    help="rewrite the over-RAM block of docs/over_ram.md (no longer README.md) from --out's JSON")
     ap.add_argument("--stage", default="all", choices=("all", "prepare"), help=argparse.SUPPRESS)
     ap.add_argument("--gguf", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.readme_only:
-        write_readme(json.loads(Path(args.out or REPO / "benchmarks" / "results" / "over_ram.json").read_text()),
-                     REPO / "README.md")
+        write_readme(json.loads(Path(args.out or REPO / "benchmarks" / "results" / "over_ram.json").read_text()))
         return 0
     dry = args.dry_run
     args.model = args.model or ("dry" if dry else "big")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import time
 
-from specmoe.decoding.strategies.autoregressive import MAX_PREFILL_TOKENS
+from specmoe.decoding.runtime.prefill import MAX_PREFILL_TOKENS
 from specmoe.decoding.runtime.sampling import SamplingParams
 from specmoe.experts.store import DelegatingStore, ExpertStore
 
