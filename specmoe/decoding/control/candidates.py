@@ -89,6 +89,12 @@ def tree_extra(acc, gammas: np.ndarray, width: int) -> float:
     return float(sum(extra[g - 1] for g in np.asarray(gammas, int) if g > 0))
 
 
+def is_uniform(tag: str) -> bool:
+    """Whether an arm is a fixed configuration (`uniform`'s "eagle-g2"): one drafter, one length for every row, no
+    stopping threshold; nothing in its plan goes stale while the same sequences decode."""
+    return "-g" in tag
+
+
 def uniform(names: list[str], P: dict[str, np.ndarray], Pu: dict[str, np.ndarray], avail: dict[str, list[int]],
             B: int, G: int, short: int) -> list[Candidate]:
     """The fixed configurations as plans: drafter d drafting every row g tokens ("eagle-g2"; g = `short` and G),

@@ -35,7 +35,7 @@ import time
 import numpy as np
 import torch
 
-from specmoe.decoding.control.candidates import Candidate, candidates, tree_extra, uniform
+from specmoe.decoding.control.candidates import Candidate, candidates, is_uniform, tree_extra, uniform
 from specmoe.decoding.control.coasting import Coasting
 from specmoe.decoding.control.costmodel import CostModel, bucket
 from specmoe.decoding.control.feedback import StepFeedback
@@ -356,8 +356,10 @@ class Controller(Coasting, StepFeedback):
         spec_rate = best.rate if best is not None else 0.0
         # a clear or forced call, or dear planning: the next steps reuse it without planning (not when nothing could
         # be drafted this step: a sequence at its last token, a lookup without a match)
-        if reason == "forced" or (reason in self.DECIDED and best is not None
-                                  and (self._clear("plain", plain.rate, best.tag, spec_rate, B) or self._dear(B / plain.rate))):
+        if reason == "measured" and best is not None:  # measured the best: a plain step has nothing to go stale
+            self.coasting = (frozenset(seq_ids), self.coast_max)
+        elif reason == "forced" or (reason in self.DECIDED and best is not None
+                                    and (self._clear("plain", plain.rate, best.tag, spec_rate, B) or self._dear(B / plain.rate))):
             self.coasting = (frozenset(seq_ids), self._coast_len(B / plain.rate))
         _, miss = self.cost.expected_union(np.array([B]), resident, "plain")
         return Plan("plain", None, 1.0, B / plain.rate, plain.raw_s, float(miss.sum()), plain.rate, spec_rate,
@@ -377,7 +379,9 @@ class Controller(Coasting, StepFeedback):
         plan = Plan("spec", gam.tolist(), theta, best.step_s, best.draft_s + best.verify_s, best.misses, plain.rate,
                     best.rate, reason, gam.tolist(), drafter_of, [self.planned[i] for i in c.who], c.tag, best.raw_rate, probs,
                     self.width if c.tag.endswith(self.TREE) or reason in ("forced", "schedule") else 1)
-        if reason in self.DECIDED and (self._clear(c.tag, best.rate, "plain", plain.rate, B) or self._dear(best.step_s)):
+        if reason == "measured" and is_uniform(c.tag):  # a measured fixed configuration: nothing goes stale
+            self.spec_coasting = (tuple(seq_ids), plan, self.coast_max)
+        elif reason in self.DECIDED and (self._clear(c.tag, best.rate, "plain", plain.rate, B) or self._dear(best.step_s)):
             self.spec_coasting = (tuple(seq_ids), plan, self._coast_len(best.step_s))  # the next steps reuse it
         return plan
 
@@ -462,7 +466,9 @@ class Controller(Coasting, StepFeedback):
         run = np.ones(len(seqs))
         greedy = [s.params.greedy for s in seqs]
         theta = plan.theta if plan.reason not in ("forced", "schedule") else 0.0  # forced: the p_min floor only
-        p_min = 0.0 if "-g" in plan.arm else self.p_min  # a fixed configuration's arm drafts its full length
+        p_min = 0.0 if is_uniform(plan.arm) else self.p_min  # a fixed configuration's arm drafts its full length
+        if plan.reason == "coast" and not theta and not p_min:
+            return None  # nothing to stop: a reused call of a fixed configuration drafts as the fixed engine does
         conf = {b: self.conf.setdefault(b, []) for b in rows}
 
         def hook(j: int, local: list[int], logits: torch.Tensor) -> None:
