@@ -118,3 +118,40 @@ def test_a_new_sequence_on_a_reused_id_starts_with_nothing_measured(tiny_ckpt):
         llm.generate(ps, sp)
         assert any(a.seq for a in ctl.accs.values())  # measured on this request's id by its end
     assert len(admitted) == 2 and admitted[1] == admitted[0]  # the second request came on the same id
+
+
+def test_a_measured_fixed_configuration_is_reused_longest_and_its_reused_steps_run_no_draft_hook():
+    """A fixed configuration ("self-g4") chosen on measured rates has nothing that goes stale: it is reused for
+    `coast_max` steps, however cheap planning is, and its reused steps draft with no hook (nothing to stop); the
+    model-planned arm of the same drafter, chosen the same way, keeps the short reuse and its hook."""
+    from types import SimpleNamespace
+
+    from specmoe.decoding.control.plan import StepPlan
+    ctl, res, spec_res = synthetic(read_s=1.2e-4)
+    ids = list(range(8))
+    ctl.acc.record(ids, [4] * 8, [2] * 8, [[0.9] * 4] * 8)
+
+    def Seq(sid):
+        return SimpleNamespace(seq_id=sid, params=SimpleNamespace(greedy=True))
+
+    def view(seqs, limits):
+        return StepView(seqs, limits, (ctl.names[0],), lambda n: list(limits), lambda n: [0] * len(seqs),
+                        lambda layer: [], lambda: {})
+    ctl.plan_s = None  # planning cheap: no reuse for its cost
+    name = ctl.names[0]
+    for arm, reuse in ((f"{name}-g4", ctl.coast_max), (name, None)):
+        ctl.spec_coasting = None
+        ctl.measured.pick = lambda arms, B, arm=arm: Pick(arm, "measured")
+        p = ctl.plan(ids, [4] * 8, res, spec_res)
+        assert p.kind == "spec" and p.arm == arm
+        if reuse is None:  # not a clear win here: planned afresh next step
+            assert ctl.spec_coasting is None or ctl.spec_coasting[2] < ctl.coast_max
+            continue
+        assert ctl.spec_coasting is not None and ctl.spec_coasting[2] == reuse
+        seqs = [Seq(i) for i in ids]
+        q = ctl.coast_spec(view(seqs, [4] * 8))
+        assert q is not None and q.reason == "coast"
+        splan = StepPlan(q.drafter_of, q.gammas, q)
+        assert ctl.stopper(splan, name, ids, seqs, list(q.gammas)) is None
+        fresh = StepPlan(p.drafter_of, p.gammas, p)  # the freshly planned step still reads confidences
+        assert ctl.stopper(fresh, name, ids, seqs, list(p.gammas)) is not None
