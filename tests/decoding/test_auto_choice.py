@@ -267,3 +267,40 @@ def test_an_arm_far_behind_at_a_neighbouring_bucket_is_not_tried_at_a_new_one():
     assert m.n("self", 16) == 0 and m.n("plain", 16) >= m.min_steps
     drive(ctl, res, spec_res, speeds, 300, ids=list(range(100, 116)))  # settled there: checked after all
     assert m.n("self", 16) >= m.min_steps
+
+
+def _exploit(m: MeasuredArms, arm: str, steps) -> None:
+    """Record `steps` [(tokens, seconds)] of `arm` at batch 1 as the exploited arm."""
+    m.current[1] = arm
+    for t, s in steps:
+        m.record(arm, 1, t, s, m.steps)
+        m.steps += 1
+
+
+def test_a_rate_that_swings_with_the_text_is_no_drift_but_a_lasting_fall_is():
+    """At batch 1 a step's tokens follow the text: an arm emitting 1 or 5 tokens per step in turn (rate 300 over
+    its window, its steps 100 or 500) is not drifting, so nothing is flagged for re-measurement; when its steps
+    fall to 1 token for good, the others are flagged."""
+    m = MeasuredArms()
+    m.record("plain", 1, 1.0, 1 / 150, 0)
+    for _ in range(6):
+        m.record("plain", 1, 1.0, 1 / 150, 0)
+    m.interrupt()
+    noisy = [(1.0, 0.01), (5.0, 0.01)] * 8 + [(1.0, 0.01), (1.0, 0.01), (5.0, 0.01), (1.0, 0.01)] * 16
+    _exploit(m, "eagle", noisy)
+    assert m.n("eagle", 1) == m.WINDOW and not m.stale  # (16 steps at 300, then 16 at 200: within the noise)
+    _exploit(m, "eagle", [(1.0, 0.01)] * 32)
+    assert ("plain", 1) in m.stale
+
+
+def test_arms_flagged_by_drift_are_measured_again_closest_to_the_best_first():
+    m = MeasuredArms()
+    for arm, rate in (("plain", 100.0), ("self", 180.0), ("ngram", 120.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 1.0, 1 / rate, 0)
+    m.interrupt()
+    _exploit(m, "eagle", [(2.0, 0.01)] * 16)
+    m.stale |= {("plain", 1), ("self", 1), ("ngram", 1)}
+    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "self", "ngram", "eagle")]
+    assert m._target(arms, 1, "eagle") == ("self", "again")

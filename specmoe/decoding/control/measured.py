@@ -23,8 +23,12 @@ Successive elimination with a bounded budget:
   the nearest measured bucket's best arm instead of paying trials it could never amortize; at a new bucket, an
   arm measured below `NEAR` × the best at a neighbouring bucket (within a factor 4) is not tried until the batch
   has stayed `NEAR_AFTER` steps there;
-- drift: when the exploited arm's recent rate leaves its reference by more than `DRIFT`, the other arms at the
-  bucket are flagged stale (re-measured within the budget); a batch bucket not seen yet starts unmeasured.
+- drift: when the exploited arm's rate over its last `RECENT` steps differs from its rate over the `RECENT` steps
+  before them by more than `DRIFT` and by more than two standard errors of that difference (at batch 1 a step's
+  tokens swing 1-5 with the text: 8 steps' rate swung 2x with nothing changed, and each false drift sent the budget
+  re-measuring every arm), the other arms at the bucket are flagged stale (re-measured within the budget, the
+  closest to the best first), and the next check waits `RECENT` steps; a batch bucket not seen yet starts
+  unmeasured.
 """
 from __future__ import annotations
 
@@ -33,6 +37,21 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specmoe.decoding.control.refinement import bucket
+
+
+def _rate(steps) -> float:
+    """Tokens/s over `steps` [(tokens, seconds)]: a ratio of sums."""
+    return sum(t for t, _ in steps) / sum(s for _, s in steps)
+
+
+def _se(steps) -> float:
+    """Standard error of a rate measured over `steps` [(tokens, seconds)]: the spread of the steps' rates over
+    √steps (inf below 2)."""
+    if len(steps) < 2:
+        return math.inf
+    xs = [t / s for t, s in steps]
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
 
 
 @dataclass
@@ -69,14 +88,14 @@ class MeasuredArms:
     STALE: int = 512         # steps after which a measurement close to the best is taken again
     CLOSE: float = 0.85      # "close to the best" for re-measuring a stale arm
     DRIFT: float = 0.25
-    RECENT: int = 8
+    RECENT: int = 16         # drift: the exploited arm's last steps against the as many before them
     SETTLE: int = 8          # steps of the last 2·SETTLE in a bucket before it is explored
     Z: float = 1.0           # standard errors a challenger's rate must clear to replace the exploited arm
     NEAR: float = 0.75       # an arm measured below this share of the best at a neighbouring bucket is not tried ...
     NEAR_AFTER: int = 256    # ... until the batch has stayed this many steps in the new bucket
     win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds)]
     last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
-    ref: dict = field(default_factory=dict)        # (arm, bucket) -> its rate when last compared with the others
+    calm: dict = field(default_factory=dict)       # (arm, bucket) -> its steps recorded since its last drift
     stale: set = field(default_factory=set)        # (arm, bucket) flagged by drift
     current: dict = field(default_factory=dict)    # bucket -> the exploited arm
     steps: int = 0                                 # steps chosen (`tick`)
@@ -105,22 +124,23 @@ class MeasuredArms:
         w.append((float(tokens), float(seconds)))
         self.last[key] = step
         self.stale.discard(key)
-        if len(w) == self.min_steps or key not in self.ref:
-            self.ref[key] = self.rate_of(key)
-        elif self.current.get(key[1]) == arm and len(w) >= self.RECENT:
-            recent = list(w)[-self.RECENT:]
-            r = sum(t for t, _ in recent) / sum(s for _, s in recent)
-            if abs(r / self.ref[key] - 1.0) > self.DRIFT:  # the workload moved: the others' rates are old news
+        self.calm[key] = self.calm.get(key, 0) + 1
+        R = self.RECENT
+        if self.current.get(key[1]) == arm and len(w) >= 2 * R and self.calm[key] >= R:
+            steps = list(w)
+            before, recent = steps[-2 * R:-R], steps[-R:]
+            a, r = _rate(before), _rate(recent)
+            if abs(r / a - 1.0) > self.DRIFT and abs(r - a) > 2.0 * math.hypot(_se(before), _se(recent)):
+                # the workload moved: the others' rates are old news
                 self.stale |= {k for k in self.win if k[1] == key[1] and k[0] != arm}
-                self.ref[key] = r
+                self.calm[key] = 0
 
     def interrupt(self) -> None:
         """A step of no arm (forced or scheduled): the next arm's first step is a switch."""
         self.prev = "-"
 
     def rate_of(self, key) -> float:
-        w = self.win[key]
-        return sum(t for t, _ in w) / sum(s for _, s in w)
+        return _rate(self.win[key])
 
     def rate(self, arm: str, B: int) -> float | None:
         """The arm's measured tokens/s at B's bucket (None until `min_steps` steps are measured there)."""
@@ -131,13 +151,8 @@ class MeasuredArms:
         return self.rate_of((arm, b)) if self.n(arm, b) >= max(1, self.min_steps) else None
 
     def se_of(self, key) -> float:
-        """Standard error of the arm's rate at a bucket: the spread of its steps' rates over √steps (inf below 2)."""
-        w = self.win.get(key, ())
-        if len(w) < 2:
-            return math.inf
-        xs = [t / s for t, s in w]
-        m = sum(xs) / len(xs)
-        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+        """Standard error of the arm's rate at a bucket (`_se` of its window)."""
+        return _se(self.win.get(key, ()))
 
     def n(self, arm: str, b: int) -> int:
         return len(self.win.get((arm, b), ()))
@@ -228,8 +243,8 @@ class MeasuredArms:
         old = [a.name for a in cands if (a.name, b) in self.stale
                or (self.steps - self.last.get((a.name, b), 0) > self.STALE
                    and (self.score(a.name, b) or 0.0) >= self.CLOSE * rb)]
-        if old:
-            return min(old, key=lambda n: self.last.get((n, b), 0)), "again"
+        if old:  # the one measured closest to the best first (the likeliest to take over), then the oldest
+            return max(old, key=lambda n: (self.score(n, b) or 0.0, -self.last.get((n, b), 0))), "again"
         # nearly tied or not clearly behind (upper confidence bound reaching the exploited rate): measured longer
         few = [a.name for a in cands if self.n(a.name, b) < 3 * self.min_steps
                and (self.score(a.name, b) or 0.0) + self.Z * self.se_of((a.name, b)) >= rb]
@@ -286,4 +301,3 @@ class MeasuredArms:
             k2 = max(1, self.min_steps)
             self.win[(arm, int(b))] = deque([(tokens / n, seconds / n)] * k2, maxlen=self.WINDOW)
             self.last[(arm, int(b))] = 0
-            self.ref[(arm, int(b))] = tokens / seconds
