@@ -304,3 +304,28 @@ def test_arms_flagged_by_drift_are_measured_again_closest_to_the_best_first():
     m.stale |= {("plain", 1), ("self", 1), ("ngram", 1)}
     arms = [Arm(n, 1.0, 1.0) for n in ("plain", "self", "ngram", "eagle")]
     assert m._target(arms, 1, "eagle") == ("self", "again")
+
+
+def test_the_long_ragged_tail_of_a_larger_batch_is_not_explored():
+    """A batch of 16 whose last row runs 12 steps alone (more than SETTLE) after each 10 steps at 16: the tail's
+    bucket exploits what was measured elsewhere and pays no trial, however often it recurs; a batch that stays at 1
+    is explored there."""
+    ctl, res, spec_res = two_drafters()
+    speeds = {"plain": 2e-3, "self": 1.5e-3, "eagle": 1e-3}
+    big = list(range(16))
+    drive(ctl, res, spec_res, speeds, 300, ids=big)
+    m = ctl.measured
+    reasons = []
+    orig = m.pick
+
+    def pick(arms, B):
+        p = orig(arms, B)
+        reasons.append((B, p.reason))
+        return p
+    m.pick = pick
+    for _ in range(30):
+        drive(ctl, res, spec_res, speeds, 10, ids=big)
+        drive(ctl, res, spec_res, speeds, m.SETTLE + 4, ids=[0])
+    assert (1, "explore") not in reasons and len({k[0] for k, w in m.win.items() if k[1] == 1 and w}) <= 1
+    drive(ctl, res, spec_res, speeds, 400, ids=[0])
+    assert (1, "explore") in reasons and m.rate("plain", 1) is not None

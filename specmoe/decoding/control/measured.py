@@ -18,9 +18,11 @@ Successive elimination with a bounded budget:
 - exploration, in bursts of `min_steps` + 1 consecutive steps of one arm: an unmeasured arm (plain, the baseline,
   first; then the most promising predicted), a measured one flagged by drift, one measured `STALE` steps ago while close to the best, or one measured on few steps that is nearly tied; free during the first `WARMUP` steps, afterwards
   only while exploration steps stay within `SHARE` of the steps after the warm-up;
-- a bucket is explored only while at least `SETTLE` of the last 2·`SETTLE` steps were in it (or while nothing is
-  measured anywhere): a passing batch size, such as a batch's ragged tail (4 sequences, then 3, 2, 1), exploits
-  the nearest measured bucket's best arm instead of paying trials it could never amortize; at a new bucket, an
+- a bucket is explored only while at least `SETTLE` of the last 2·`SETTLE` steps were in it and none of them in a
+  bucket more than twice as large (or while nothing is measured anywhere): a passing batch size, such as a batch's
+  ragged tail (64 sequences, then 40, 17, 5, 1: a speculative batch's rows finish steps apart, and its last row
+  can run 10+ steps alone), exploits the nearest measured bucket's best arm instead of paying trials it could
+  never amortize (and that spent the budget the batch's own bucket needed); at a new bucket, an
   arm measured below `NEAR` × the best at a neighbouring bucket (within a factor 4) is not tried until the batch
   has stayed `NEAR_AFTER` steps there;
 - drift: when the exploited arm's rate over its last `RECENT` steps differs from its rate over the `RECENT` steps
@@ -204,7 +206,8 @@ class MeasuredArms:
         return after <= 0 or self.explored + steps <= self.SHARE * after
 
     def _explore(self, arms: list[Arm], b: int, best: str) -> str | None:
-        if not self.min_steps or (self.recent.count(b) < self.SETTLE and any(self.win.values())):
+        tail = max(self.recent, default=b) > 2 * b  # the ragged tail of a batch more than twice as large
+        if not self.min_steps or ((self.recent.count(b) < self.SETTLE or tail) and any(self.win.values())):
             return None
         offered = {a.name for a in arms}
         if self.burst is not None:  # a burst runs to its end while its arm is offered at its bucket
