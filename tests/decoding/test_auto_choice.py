@@ -329,3 +329,21 @@ def test_the_long_ragged_tail_of_a_larger_batch_is_not_explored():
     assert (1, "explore") not in reasons and len({k[0] for k, w in m.win.items() if k[1] == 1 and w}) <= 1
     drive(ctl, res, spec_res, speeds, 400, ids=[0])
     assert (1, "explore") in reasons and m.rate("plain", 1) is not None
+
+
+def test_from_wide_buckets_on_an_arm_counts_as_measured_after_half_the_steps():
+    """At 64 rows a step's rate averages 64 rows: 2 steps measure an arm (4 below), and a trial is a burst of 3."""
+    m = MeasuredArms()
+    assert (m.need(32), m.need(64), m.need(256)) == (m.min_steps, 2, 2)
+    for b in (32, 64):
+        m.interrupt()
+        for _ in range(3):
+            m.record("plain", b, float(b), 0.1, 0)
+    assert m.rate("plain", 64) is not None and m.rate("plain", 32) is None
+    m.current[64] = "eagle"
+    m.interrupt()
+    for _ in range(3):
+        m.record("eagle", 64, 128.0, 0.1, 0)
+    m.steps, m.recent = 1000, type(m.recent)([64] * 16, maxlen=16)
+    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle", "eagle-g2")]
+    assert m._explore(arms, 64, "eagle") == "eagle-g2" and m.burst.left == 2  # 1 switch step + 2 measured

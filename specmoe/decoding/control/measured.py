@@ -6,8 +6,9 @@ predicts far behind the best (`PRUNE`; never plain, the baseline auto must not l
 nothing is measured at this batch bucket or a neighbouring one; it never overrides a measured comparison.
 
 Successive elimination with a bounded budget:
-- an arm counts as measured at a bucket after `min_steps` of its steps there (the first step after a switch to it
-  is not counted: it pays the switch's catch-up, which the arm's steady state does not);
+- an arm counts as measured at a bucket after `min_steps` of its steps there (half as many from `WIDE` rows on:
+  `need`); the first step after a switch to it is not counted: it pays the switch's catch-up, which the arm's
+  steady state does not;
 - exploitation: the current arm stays unless another measures `STAY`× faster *and* faster by more than `Z`
   standard errors of the two rates (a step's tokens follow the text it lands on, so a few steps of an arm are a
   noisy sample: the best of many noisy rates is mostly the luckiest); with no current arm, the measured arm of
@@ -15,7 +16,7 @@ Successive elimination with a bounded budget:
   at the nearest bucket; before that, the model's best. (Rates relative to the exploited arm's
   adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more than the
   machine's speed, and chained ratios compounded that noise);
-- exploration, in bursts of `min_steps` + 1 consecutive steps of one arm: an unmeasured arm (plain, the baseline,
+- exploration, in bursts of `need` + 1 consecutive steps of one arm: an unmeasured arm (plain, the baseline,
   first; then the most promising predicted), a measured one flagged by drift, one measured `STALE` steps ago while close to the best, or one measured on few steps that is nearly tied; free during the first `WARMUP` steps, afterwards
   only while exploration steps stay within `SHARE` of the steps after the warm-up;
 - a bucket is explored only while at least `SETTLE` of the last 2·`SETTLE` steps were in it and none of them in a
@@ -81,7 +82,8 @@ class _Burst:
 @dataclass
 class MeasuredArms:
     """Realized tokens/s per (arm, batch bucket) and the bandit over them (module docstring)."""
-    min_steps: int = 4       # steps an arm needs at a bucket before its rate counts (0: never explore)
+    min_steps: int = 4       # steps an arm needs at a bucket before its rate counts (0: never explore) ...
+    WIDE: int = 64           # ... half as many from this bucket on (`need`)
     WINDOW: int = 32         # the last steps an arm's rate is taken over (ratio of sums: tokens / seconds)
     WARMUP: int = 64         # steps in which exploration is free
     SHARE: float = 0.04      # exploration steps / steps after the warm-up, at most (the target is 5%)
@@ -145,12 +147,18 @@ class MeasuredArms:
         return _rate(self.win[key])
 
     def rate(self, arm: str, B: int) -> float | None:
-        """The arm's measured tokens/s at B's bucket (None until `min_steps` steps are measured there)."""
+        """The arm's measured tokens/s at B's bucket (None until `need` steps are measured there)."""
         return self.score(arm, bucket(B))
 
     def score(self, arm: str, b: int) -> float | None:
         """`rate` at bucket b."""
-        return self.rate_of((arm, b)) if self.n(arm, b) >= max(1, self.min_steps) else None
+        return self.rate_of((arm, b)) if self.n(arm, b) >= max(1, self.need(b)) else None
+
+    def need(self, b: int) -> int:
+        """Steps an arm needs at bucket b before its rate counts: `min_steps`, halved from `WIDE` rows on (a step's
+        rate averages its rows' acceptance, so a 64-row step is several times less noisy than a 1-row one, and a
+        batch that large takes few steps per request: 5-step bursts left one trial per bucket in 300 steps)."""
+        return self.min_steps if b < self.WIDE else (self.min_steps + 1) // 2
 
     def se_of(self, key) -> float:
         """Standard error of the arm's rate at a bucket (`_se` of its window)."""
@@ -222,7 +230,7 @@ class MeasuredArms:
         # + the switch's unmeasured step; an arm measured again starts a fresh window (its old steps are old news),
         # one measured more adds a burst to it
         again = mode == "again"
-        length = self.min_steps + 1 - (min(self.n(target, b), self.min_steps) if mode == "new" else 0)
+        length = self.need(b) + 1 - (min(self.n(target, b), self.need(b)) if mode == "new" else 0)
         if not self._budget(length):
             return None
         if again:
@@ -233,11 +241,11 @@ class MeasuredArms:
     def _target(self, arms: list[Arm], b: int, best: str) -> tuple[str | None, str]:
         """The arm to explore, and how: "new" (not measured yet), "again" (from scratch: drift, or an old
         measurement) or "more" (a burst added to a noisy measurement)."""
-        if self.n(best, b) < self.min_steps:  # the exploited arm is being measured first
+        if self.n(best, b) < self.need(b):  # the exploited arm is being measured first
             return None, ""
         top = max(a.predicted for a in arms)
         cands = [a for a in arms if a.name != best and (a.name == "plain" or a.optimistic >= self.PRUNE * top)]
-        unmeasured = [a for a in cands if self.n(a.name, b) < self.min_steps
+        unmeasured = [a for a in cands if self.n(a.name, b) < self.need(b)
                       and (a.name == "plain" or not self._behind_near(a.name, b))]
         if unmeasured:  # plain (the baseline) first, then in the model's order
             return max(unmeasured, key=lambda a: (a.name == "plain", a.optimistic)).name, "new"
@@ -249,7 +257,7 @@ class MeasuredArms:
         if old:  # the one measured closest to the best first (the likeliest to take over), then the oldest
             return max(old, key=lambda n: (self.score(n, b) or 0.0, -self.last.get((n, b), 0))), "again"
         # nearly tied or not clearly behind (upper confidence bound reaching the exploited rate): measured longer
-        few = [a.name for a in cands if self.n(a.name, b) < 3 * self.min_steps
+        few = [a.name for a in cands if self.n(a.name, b) < 3 * self.need(b)
                and (self.score(a.name, b) or 0.0) + self.Z * self.se_of((a.name, b)) >= rb]
         return (few[0], "more") if few else (None, "")
 
@@ -291,16 +299,16 @@ class MeasuredArms:
                 for (a, b), w in self.win.items() if w}
 
     def warm(self, state: dict) -> None:
-        """Start from remembered rates as `min_steps` measured steps at step 0 (stale after `STALE` steps; this
-        run's own steps push them out of the window)."""
+        """Start from remembered rates as `need` measured steps at step 0 (stale after `STALE` steps; this run's own
+        steps push them out of the window)."""
         for k, v in state.items():
             try:
                 arm, b = k.rsplit("@", 1)
-                tokens, seconds, n = float(v[0]), float(v[1]), int(v[2])
+                b, tokens, seconds, n = int(b), float(v[0]), float(v[1]), int(v[2])
             except (TypeError, ValueError, IndexError):
                 continue
-            if tokens <= 0 or seconds <= 0 or n < max(1, self.min_steps):
+            k2 = max(1, self.need(b))
+            if tokens <= 0 or seconds <= 0 or n < k2:
                 continue
-            k2 = max(1, self.min_steps)
-            self.win[(arm, int(b))] = deque([(tokens / n, seconds / n)] * k2, maxlen=self.WINDOW)
-            self.last[(arm, int(b))] = 0
+            self.win[(arm, b)] = deque([(tokens / n, seconds / n)] * k2, maxlen=self.WINDOW)
+            self.last[(arm, b)] = 0
