@@ -2,6 +2,7 @@
 
     python3 benchmarks/gpu/auto_plain.py OUT_DIR                         # CUDA, widened demo model, ~3 min
     python3 benchmarks/gpu/auto_plain.py OUT_DIR --device cpu --tiny     # CPU dry run (demo model, 4 tokens)
+    python3 benchmarks/gpu/auto_plain.py OUT_DIR --device cpu --demo     # the same question on CPU, demo model
 
 The GPU kit (`benchmarks/gpu/run.sh`) measured `auto` at batch 64 and 256 taking plain steps only (the same expert
 bytes per token as LRU) at about half the LRU engine's tokens/s. This runs, at one batch, interleaved rounds of:
@@ -72,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--demo", action="store_true", help="the demo model itself (not widened): a CPU-sized run")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = default_model_path()
-    if not a.tiny:
+    if not (a.tiny or a.demo):
         from specmoe.bench.widen import widened_copy
         path = widened_copy(path, cache_dir=a.cache_dir, hidden=4096, expert_mb=24.0, device=a.device,
                             check_prompts=None, progress=False)[0]
