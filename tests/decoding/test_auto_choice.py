@@ -347,3 +347,23 @@ def test_from_wide_buckets_on_an_arm_counts_as_measured_after_half_the_steps():
     m.steps, m.recent = 1000, type(m.recent)([64] * 16, maxlen=16)
     arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle", "eagle-g2")]
     assert m._explore(arms, 64, "eagle") == "eagle-g2" and m.burst.left == 2  # 1 switch step + 2 measured
+
+
+def test_arms_measured_on_different_text_compare_on_pooled_acceptance():
+    """eagle-g4's 8 steps landed on easy text (4 tokens where its drafts were worth 3 on the drafter's pooled
+    acceptance), eagle-g2's on hard text (1.5 where 2.2): by emitted tokens g4 measures faster (200 vs 120 tok/s), by
+    what their drafts are worth per second g2 is (176 vs 150), and so it measures, its luck shrunk toward the
+    drafter's calibration; a plain step is credited with what it emitted."""
+    m = MeasuredArms()
+    for _ in range(500):
+        m.record("eagle", 1, 2.0, 0.01, 0, expected=2.0)
+    for arm, tok, exp, sec in (("eagle-g4", 4.0, 3.0, 0.02), ("eagle-g2", 1.5, 2.2, 0.0125)):
+        m.interrupt()
+        for _ in range(9):
+            m.record(arm, 1, tok, sec, 0, expected=exp)
+    assert m.rate("eagle-g2", 1) > 1.05 * m.rate("eagle-g4", 1)
+    assert m.kappa("eagle-g4") > 1.0 > m.kappa("eagle-g2")  # their own luck shows, shrunk
+    m.interrupt()
+    for _ in range(5):
+        m.record("plain", 1, 1.0, 0.01, 0)
+    assert m.rate("plain", 1) == pytest.approx(100.0) and m.kappa("plain") == pytest.approx(1.0)

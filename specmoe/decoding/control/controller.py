@@ -172,11 +172,12 @@ class Controller(Coasting, StepFeedback):
         return self.outside[b if b in self.outside else min(self.outside, key=lambda k: abs(math.log2(k / b)))]
 
     def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float,
-               calibrated: bool = True) -> np.ndarray:
-        """[B, G] P_{b,j}: position estimate × the sequence's factor (× the plans' calibration k_j), non-increasing
-        in j, 0 past what the row may draft."""
+               calibrated: bool = True, per_seq: bool = True) -> np.ndarray:
+        """[B, G] P_{b,j}: position estimate × the sequence's factor (`per_seq`) (× the plans' calibration k_j),
+        non-increasing in j, 0 past what the row may draft."""
         acc = self.accs[name]
-        P = acc.position(optimism)[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
+        f = acc.seq_factor(seq_ids) if per_seq else np.ones(len(seq_ids))
+        P = acc.position(optimism)[None, :] * f[:, None]  # [B, G]
         if calibrated:
             P = P * acc.calibration()[None, :]
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)

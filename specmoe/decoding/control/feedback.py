@@ -22,7 +22,8 @@ class StepFeedback:
         every freshly planned step; of the steps reusing a call, one in `_learn_stride` while folding a step in
         costs more than `learn_share` of it)."""
         plan = splan.decision
-        self._learn_rate(plan, seqs, out, clock)
+        chain = plan is not None and plan.kind == "spec" and plan.width == 1 and depths is not None
+        self._learn_rate(plan, seqs, out, clock, self._pooled_tokens(splan, depths) if chain else None)
         if plan is None:  # a coasting plain step
             return
         if plan.width > 1:  # a tree step: the time model and the plans' calibration price chains
@@ -43,15 +44,18 @@ class StepFeedback:
         self.learn_s = dt if self.learn_s is None else 0.8 * self.learn_s + 0.2 * dt
         self.learn_skip = self._learn_stride(measured) - 1
 
-    def _learn_rate(self, plan: Plan | None, seqs, out: list[list[int]], clock) -> None:
+    def _learn_rate(self, plan: Plan | None, seqs, out: list[list[int]], clock, pooled: float | None = None
+                    ) -> None:
         """The step's realized tokens/s for its arm (what `auto` chooses by): tokens emitted over the step's seconds
-        with its plan and the drafters' setup. A forced or scheduled speculative step is no arm's configuration."""
+        with its plan and the drafters' setup, and (a chain step) `pooled`, the tokens its drafts were worth on the
+        drafter's pooled acceptance (`_pooled_tokens`). A forced or scheduled speculative step is no arm's
+        configuration."""
         if plan is not None and plan.kind == "spec" and plan.reason in ("forced", "schedule"):
             self.measured.interrupt()
         else:
             arm = "plain" if plan is None or plan.kind == "plain" else plan.arm
             seconds = clock.step_s() + clock.wall("plan") + clock.wall("setup")
-            self.measured.record(arm, len(seqs), sum(len(o) for o in out), seconds, self.steps)
+            self.measured.record(arm, len(seqs), sum(len(o) for o in out), seconds, self.steps, expected=pooled)
         self.folded += 1
         if self.memory is not None and self.folded % self.SAVE_EVERY == 0:
             self.memory.save(self.accs, cost=self.cost.state(), realized=self.realized.state(),
@@ -79,6 +83,15 @@ class StepFeedback:
         total = float(len(seqs))
         for n, rows in self._rows_by_drafter(splan).items():
             total += float(self._probs(n, [ids[b] for b in rows], [depths[b] for b in rows], 0.0).sum())
+        return total
+
+    def _pooled_tokens(self, splan, depths: list[int]) -> float:
+        """B + the drafts each row would get accepted at the depth it drafted, on its drafter's acceptance pooled
+        over every sequence it drafted for (no sequence factor): what the step's drafts were worth on average text,
+        whatever text this step landed on (`MeasuredArms` rates arms by it)."""
+        total = float(len(depths))
+        for n, rows in self._rows_by_drafter(splan).items():
+            total += float(self._probs(n, [0] * len(rows), [depths[b] for b in rows], 0.0, per_seq=False).sum())
         return total
 
     def _learn_acceptance(self, splan, plan: Plan, seqs, depths: list[int], out: list[list[int]]) -> None:

@@ -5,6 +5,13 @@ step kind). The cost model seeds the order in which unmeasured arms are tried (i
 predicts far behind the best (`PRUNE`; never plain, the baseline auto must not lose to), and picks the arm while
 nothing is measured at this batch bucket or a neighbouring one; it never overrides a measured comparison.
 
+An arm's rate is not the tokens its steps happened to emit: at batch 1 a step emits 1 to 5 tokens with the text it
+lands on, so arms measured on different text (a few steps each) compared the text, not the arms. A chain step is
+credited with what its drafts were worth on the drafter's acceptance pooled over every sequence (`expected`: the
+position estimates at the depths it drafted), times the arm's calibration (`kappa`: tokens emitted per pooled
+token over all its steps, shrunk toward its drafter's arms while it has few), over the step's seconds. Plain and
+tree steps are credited with what they emitted.
+
 Successive elimination with a bounded budget:
 - an arm counts as measured at a bucket after `min_steps` of its steps there (half as many from `WIDE` rows on:
   `need`); the first step after a switch to it is not counted: it pays the switch's catch-up, which the arm's
@@ -40,6 +47,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specmoe.decoding.control.refinement import bucket
+
+
+def family(arm: str) -> str:
+    """The arms an arm's calibration is shrunk toward: the chain arms of one drafter or drafter mix ("eagle-g2",
+    "eagle-g4" and "eagle" are "eagle"'s); a tree arm ("eagle/tree", rated on its realized tokens) is its own."""
+    return arm if "/" in arm else arm.split("-g")[0]
 
 
 def _rate(steps) -> float:
@@ -100,6 +113,9 @@ class MeasuredArms:
     win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds)]
     last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
     calm: dict = field(default_factory=dict)       # (arm, bucket) -> its steps recorded since its last drift
+    real: dict = field(default_factory=dict)       # arm -> [tokens emitted, tokens expected on pooled acceptance]
+    SHRINK: float = 256.0    # pseudo-tokens of the family's calibration in an arm's (`kappa`)
+    REAL_MAX: float = 8192.0  # expected tokens after which an arm's calibration sums are halved
     stale: set = field(default_factory=set)        # (arm, bucket) flagged by drift
     current: dict = field(default_factory=dict)    # bucket -> the exploited arm
     steps: int = 0                                 # steps chosen (`tick`)
@@ -115,17 +131,26 @@ class MeasuredArms:
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
 
     # ------------------------------------------------------------ measurements
-    def record(self, arm: str, B: int, tokens: float, seconds: float, step: int) -> None:
-        """One step of `arm` at batch B emitted `tokens` in `seconds` (its whole cycle as the decoder measured it)."""
+    def record(self, arm: str, B: int, tokens: float, seconds: float, step: int, expected: float | None = None
+               ) -> None:
+        """One step of `arm` at batch B emitted `tokens` in `seconds` (its whole cycle as the decoder measured it);
+        `expected`: what its drafts were worth on the drafter's pooled acceptance (a chain step; else `tokens`)."""
         b = bucket(B)
         self.recent.append(b)
         self.seen[b] = self.seen.get(b, 0) + 1
         switched, self.prev = self.prev is not None and self.prev != arm, arm
-        if switched or tokens <= 0 or seconds <= 0:
+        if tokens <= 0 or seconds <= 0:
+            return
+        e = float(tokens) if expected is None or expected <= 0 else float(expected)
+        real = self.real.setdefault(arm, [0.0, 0.0])
+        real[0], real[1] = real[0] + float(tokens), real[1] + e
+        if real[1] > self.REAL_MAX:  # old text fades: halve both sums
+            real[0], real[1] = real[0] / 2, real[1] / 2
+        if switched:
             return
         key = (arm, bucket(B))
         w = self.win.setdefault(key, deque(maxlen=self.WINDOW))
-        w.append((float(tokens), float(seconds)))
+        w.append((e, float(seconds)))
         self.last[key] = step
         self.stale.discard(key)
         self.calm[key] = self.calm.get(key, 0) + 1
@@ -144,7 +169,17 @@ class MeasuredArms:
         self.prev = "-"
 
     def rate_of(self, key) -> float:
-        return _rate(self.win[key])
+        """The arm's pooled-acceptance tokens over seconds in its window × its calibration (`kappa`)."""
+        return _rate(self.win[key]) * self.kappa(key[0])
+
+    def kappa(self, arm: str) -> float:
+        """Tokens the arm emitted per token its drafts were worth on pooled acceptance, over all its steps (its
+        stop rule or draft lengths may beat or trail the pooled estimate), shrunk toward its drafter family's
+        (`family`) by `SHRINK` pseudo-tokens: an arm seen on few steps takes the family's, not its own text's luck."""
+        fam = [v for a, v in self.real.items() if family(a) == family(arm)]
+        k_fam = sum(v[0] for v in fam) / sum(v[1] for v in fam) if fam and sum(v[1] for v in fam) > 0 else 1.0
+        t, e = self.real.get(arm, (0.0, 0.0))
+        return (t + self.SHRINK * k_fam) / (e + self.SHRINK)
 
     def rate(self, arm: str, B: int) -> float | None:
         """The arm's measured tokens/s at B's bucket (None until `need` steps are measured there)."""
@@ -161,8 +196,8 @@ class MeasuredArms:
         return self.min_steps if b < self.WIDE else (self.min_steps + 1) // 2
 
     def se_of(self, key) -> float:
-        """Standard error of the arm's rate at a bucket (`_se` of its window)."""
-        return _se(self.win.get(key, ()))
+        """Standard error of the arm's rate at a bucket (`_se` of its window, × `kappa`)."""
+        return _se(self.win.get(key, ())) * self.kappa(key[0])
 
     def n(self, arm: str, b: int) -> int:
         return len(self.win.get((arm, b), ()))
@@ -290,18 +325,25 @@ class MeasuredArms:
                 "auto_exploration_steps": self.explored_all,
                 "auto_measured_rates": {f"{a}@{b}": round(self.rate_of((a, b)), 2)
                                         for (a, b) in sorted(self.win) if self.win[(a, b)]},
-                "auto_measured_steps": {f"{a}@{b}": len(w) for (a, b), w in sorted(self.win.items())}}
+                "auto_measured_steps": {f"{a}@{b}": len(w) for (a, b), w in sorted(self.win.items())},
+                "auto_arm_calibration": {a: round(self.kappa(a), 4) for a in sorted(self.real)}}
 
     def state(self) -> dict:
         """What `warm` reads back: each arm's measured (tokens, seconds) per bucket, summed over its window, and its
         step count."""
-        return {f"{a}@{b}": [sum(t for t, _ in w), sum(s for _, s in w), len(w)]
-                for (a, b), w in self.win.items() if w}
+        out = {f"{a}@{b}": [sum(t for t, _ in w), sum(s for _, s in w), len(w)] for (a, b), w in self.win.items() if w}
+        return out | {f"{a}@real": list(v) for a, v in self.real.items()}
 
     def warm(self, state: dict) -> None:
         """Start from remembered rates as `need` measured steps at step 0 (stale after `STALE` steps; this run's own
         steps push them out of the window)."""
         for k, v in state.items():
+            if k.endswith("@real"):
+                try:
+                    self.real[k[:-5]] = [float(v[0]), float(v[1])]
+                except (TypeError, ValueError, IndexError):
+                    pass
+                continue
             try:
                 arm, b = k.rsplit("@", 1)
                 b, tokens, seconds, n = int(b), float(v[0]), float(v[1]), int(v[2])
