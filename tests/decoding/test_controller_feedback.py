@@ -171,7 +171,7 @@ def test_a_reused_calls_steps_learn_acceptance_always_and_step_time_one_in_a_str
 
     def step(reason):
         plan = SimpleNamespace(kind="spec", reason=reason, raw_rate=0.0, arm="self", width=1)
-        ctl.learn(SimpleNamespace(decision=plan), [], [], [], clock, 0)
+        ctl.learn(SimpleNamespace(decision=plan, drafter_of=[]), [], [], [], clock, 0)
     step("model")
     assert ctl._learn_stride(0.01) == ctl.coast_max == 16
     for _ in range(40):
