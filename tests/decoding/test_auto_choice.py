@@ -367,3 +367,18 @@ def test_arms_measured_on_different_text_compare_on_pooled_acceptance():
     for _ in range(5):
         m.record("plain", 1, 1.0, 0.01, 0)
     assert m.rate("plain", 1) == pytest.approx(100.0) and m.kappa("plain") == pytest.approx(1.0)
+
+
+def test_a_lookup_arm_measured_on_its_own_text_is_no_yardstick_at_a_new_bucket():
+    """At batch 1 ngram-g4 (offered only where the lookup has a proposal: repetitive text) measured 2x eagle-g2;
+    at batch 4 eagle-g2 is still tried (it is within NEAR of the best arm offered on every step there)."""
+    m = MeasuredArms()
+    for arm, rate in (("plain", 100.0), ("eagle-g2", 200.0), ("ngram-g4", 420.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 1.0, 1 / rate, 0)
+    assert not m._behind_near("eagle-g2", 4) and m._behind_near("plain", 4)
+    m.interrupt()
+    for _ in range(m.min_steps + 1):
+        m.record("eagle", 1, 1.0, 1 / 400.0, 0)  # an arm offered on every step that does measure 2x
+    assert m._behind_near("eagle-g2", 4)

@@ -46,6 +46,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from specmoe.decoding.control.candidates import LOOKUP
 from specmoe.decoding.control.refinement import bucket
 
 
@@ -53,6 +54,13 @@ def family(arm: str) -> str:
     """The arms an arm's calibration is shrunk toward: the chain arms of one drafter or drafter mix ("eagle-g2",
     "eagle-g4" and "eagle" are "eagle"'s); a tree arm ("eagle/tree", rated on its realized tokens) is its own."""
     return arm if "/" in arm else arm.split("-g")[0]
+
+
+def conditional(arm: str) -> bool:
+    """Whether an arm drafts with a lookup drafter (`candidates.LOOKUP`: "ngram-g4", "eagle+ngram"): it is offered
+    only on steps where the lookup has a proposal, repetitive text that lifts every arm, so its rate is no yardstick
+    for arms measured on every step."""
+    return any(d in LOOKUP for d in family(arm).split("/")[0].split("+"))
 
 
 def _rate(steps) -> float:
@@ -299,14 +307,17 @@ class MeasuredArms:
     def _behind_near(self, arm: str, b: int) -> bool:
         """Whether `arm` measured below `NEAR` × the best arm at the nearest bucket (within a factor 4 of b) where
         it was measured: not worth a trial here (plain is always tried: the baseline) unless the batch has stayed
-        `NEAR_AFTER` steps in this bucket (a workload that settles here can afford to check)."""
+        `NEAR_AFTER` steps in this bucket (a workload that settles here can afford to check). The best there is
+        taken over the arms offered on every step (not `conditional` ones: a lookup arm measured 2x eagle's rate at
+        batch 1 on the text it is offered on, and kept eagle's short drafts from being tried at batch 4)."""
         if self.seen.get(b, 0) >= self.NEAR_AFTER:
             return False
         near = sorted({k[1] for k in self.win if k[0] == arm and k[1] != b and max(k[1], b) <= 4 * min(k[1], b)},
                       key=lambda k: abs(math.log2(k / b)))
         for nb in near:
             mine = self.score(arm, nb)
-            best = max((r for (a, k) in self.win if k == nb and (r := self.score(a, nb)) is not None), default=None)
+            best = max((r for (a, k) in self.win if k == nb and not conditional(a)
+                        and (r := self.score(a, nb)) is not None), default=None)
             if mine is not None and best:
                 return mine < self.NEAR * best
         return False
