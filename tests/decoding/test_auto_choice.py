@@ -382,3 +382,20 @@ def test_a_lookup_arm_measured_on_its_own_text_is_no_yardstick_at_a_new_bucket()
     for _ in range(m.min_steps + 1):
         m.record("eagle", 1, 1.0, 1 / 400.0, 0)  # an arm offered on every step that does measure 2x
     assert m._behind_near("eagle-g2", 4)
+
+
+def test_a_trial_step_is_charged_the_planning_its_arm_would_pay_once_chosen():
+    """A trial (explore) plans afresh on every step; once chosen, a fixed configuration plans once per reused call
+    (coast_max steps) and a per-row plan once per coast_steps: a trial step is charged that share of its plan, an
+    exploited step its own."""
+    ctl, _, _ = two_drafters()
+    walls = {"plan": 0.0032, "setup": 0.0}
+    clock = SimpleNamespace(step_s=lambda: 0.01, wall=lambda phase: walls.get(phase, 0.0))
+    for arm, reason, share in (("eagle-g2", "explore", 1 / ctl.coast_max), ("eagle", "explore", 1 / ctl.coast_steps),
+                               ("self-g2", "measured", 1.0)):
+        plan = SimpleNamespace(kind="spec", reason=reason, arm=arm, width=1)
+        ctl.measured.interrupt()
+        for _ in range(2):  # (the first step after a switch is not measured)
+            ctl._learn_rate(plan, [None] * 8, [[0, 0]] * 8, clock)
+        tokens, seconds = ctl.measured.win[(arm, 8)][-1]
+        assert seconds == pytest.approx(0.01 + 0.0032 * share)
