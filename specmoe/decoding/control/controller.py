@@ -97,6 +97,7 @@ class Controller(Coasting, StepFeedback):
         # self draft's set
         self.catchup: dict[str, np.ndarray] = {}  # the last plan's catch-up entries per drafter and row
         self.controller_s = 0.0
+        self.pooled: dict[str, tuple] = {}  # drafter -> (step, [G+1] pooled accepted drafts by depth): `_pooled_cum`
         self.conf: dict[int, list[float]] = {}
         # (kind, B, predicted s, raw predicted s, measured s, predicted plain tok/s, best speculative tok/s)
         self.predictions: list[tuple] = []
@@ -172,12 +173,11 @@ class Controller(Coasting, StepFeedback):
         return self.outside[b if b in self.outside else min(self.outside, key=lambda k: abs(math.log2(k / b)))]
 
     def _probs(self, name: str, seq_ids: list[int], avail: np.ndarray, optimism: float,
-               calibrated: bool = True, per_seq: bool = True) -> np.ndarray:
-        """[B, G] P_{b,j}: position estimate × the sequence's factor (`per_seq`) (× the plans' calibration k_j),
-        non-increasing in j, 0 past what the row may draft."""
+               calibrated: bool = True) -> np.ndarray:
+        """[B, G] P_{b,j}: position estimate × the sequence's factor (× the plans' calibration k_j), non-increasing
+        in j, 0 past what the row may draft."""
         acc = self.accs[name]
-        f = acc.seq_factor(seq_ids) if per_seq else np.ones(len(seq_ids))
-        P = acc.position(optimism)[None, :] * f[:, None]  # [B, G]
+        P = acc.position(optimism)[None, :] * acc.seq_factor(seq_ids)[:, None]  # [B, G]
         if calibrated:
             P = P * acc.calibration()[None, :]
         P = np.minimum.accumulate(np.minimum(P, 1.0), axis=1)

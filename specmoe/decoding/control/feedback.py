@@ -92,14 +92,25 @@ class StepFeedback:
             total += float(self._probs(n, [ids[b] for b in rows], [depths[b] for b in rows], 0.0).sum())
         return total
 
+    POOL_EVERY = 16  # steps between refreshes of a drafter's pooled position estimate (`_pooled_cum`)
+
     def _pooled_tokens(self, splan, depths: list[int]) -> float:
-        """B + the drafts each row would get accepted at the depth it drafted, on its drafter's acceptance pooled
-        over every sequence it drafted for (no sequence factor): what the step's drafts were worth on average text,
-        whatever text this step landed on (`MeasuredArms` rates arms by it)."""
+        """B + the drafts each row would get accepted at the depth it drafted, on its drafter's position estimate
+        pooled over every sequence it drafted for (no sequence factor): what the step's drafts were worth on average
+        text, whatever text this step landed on (`MeasuredArms` rates arms by it)."""
         total = float(len(depths))
         for n, rows in self._rows_by_drafter(splan).items():
-            total += float(self._probs(n, [0] * len(rows), [depths[b] for b in rows], 0.0, per_seq=False).sum())
+            cum = self._pooled_cum(n)
+            total += float(sum(cum[depths[b]] for b in rows))
         return total
+
+    def _pooled_cum(self, name: str) -> np.ndarray:
+        """[G+1]: expected accepted drafts of a row drafting j deep, on `name`'s position estimate (refreshed every
+        `POOL_EVERY` steps: it moves little from one step to the next, and this runs on every step)."""
+        hit = self.pooled.get(name)
+        if hit is None or self.steps - hit[0] >= self.POOL_EVERY:
+            hit = self.pooled[name] = (self.steps, np.concatenate([[0.0], np.cumsum(self.accs[name].position(0.0))]))
+        return hit[1]
 
     def _learn_acceptance(self, splan, plan: Plan, seqs, depths: list[int], out: list[list[int]]) -> None:
         """The plans' calibration (what the plan expected of the rows it planned); the acceptance itself is recorded
