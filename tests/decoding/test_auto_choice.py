@@ -399,3 +399,31 @@ def test_a_trial_step_is_charged_the_planning_its_arm_would_pay_once_chosen():
             ctl._learn_rate(plan, [None] * 8, [[0, 0]] * 8, clock)
         tokens, seconds = ctl.measured.win[(arm, 8)][-1]
         assert seconds == pytest.approx(0.01 + 0.0032 * share)
+
+
+def test_a_drift_re_measures_the_arms_within_reach_not_those_far_behind():
+    m = MeasuredArms()
+    for arm, rate in (("plain", 70.0), ("self-g2", 120.0), ("eagle-g4", 180.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 1.0, 1 / rate, 0)
+    m.interrupt()
+    _exploit(m, "eagle-g2", [(2.0, 0.01)] * 17 + [(2.0, 0.015)] * 16)  # 200 tok/s, then 133 (the first: a switch)
+    assert m.stale == {("eagle-g4", 1), ("self-g2", 1)}  # within 0.6 x 133; plain (70) is not
+
+
+def test_a_trial_cut_short_by_its_arm_not_being_offered_is_not_retried_soon():
+    """ngram-g4 is offered on one step in three (a lookup with a match): its trial is cut, and the budget is not
+    spent on it again for STALE steps."""
+    m = MeasuredArms()
+    for arm, rate in (("plain", 50.0), ("eagle-g2", 100.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 1.0, 1 / rate, 0)
+    m.current[1], m.steps, m.recent = "eagle-g2", 1000, type(m.recent)([1] * 16, maxlen=16)
+    full = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "ngram-g4")]
+    assert m._explore(full, 1, "eagle-g2") == "ngram-g4"
+    assert m._explore(full[:2], 1, "eagle-g2") is None and ("ngram-g4", 1) in m.cut
+    assert m._target(full, 1, "eagle-g2")[0] != "ngram-g4"
+    m.steps += m.STALE
+    assert m._target(full, 1, "eagle-g2") == ("ngram-g4", "new")

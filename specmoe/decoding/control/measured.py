@@ -37,7 +37,10 @@ Successive elimination with a bounded budget:
   before them by more than `DRIFT` and by more than two standard errors of that difference (at batch 1 a step's
   tokens swing 1-5 with the text: 8 steps' rate swung 2x with nothing changed, and each false drift sent the budget
   re-measuring every arm), the other arms at the bucket are flagged stale (re-measured within the budget, the
-  closest to the best first), and the next check waits `RECENT` steps; a batch bucket not seen yet starts
+  closest to the best first; those measured below `FAR` × its lower rate stay as measured), and the next check waits
+  `RECENT` steps; a trial cut short because its arm was not offered (a lookup drafter without a match) is not
+  tried again there for `STALE` steps (a lookup arm offered on one step in three never completed a trial and
+  took the budget over and over); a batch bucket not seen yet starts
   unmeasured.
 """
 from __future__ import annotations
@@ -113,6 +116,7 @@ class MeasuredArms:
     STALE: int = 512         # steps after which a measurement close to the best is taken again
     CLOSE: float = 0.85      # "close to the best" for re-measuring a stale arm
     DRIFT: float = 0.25
+    FAR: float = 0.6         # on drift, arms measured below this share of the exploited arm's rate stay measured
     RECENT: int = 16         # drift: the exploited arm's last steps against the as many before them
     SETTLE: int = 8          # steps of the last 2·SETTLE in a bucket before it is explored
     Z: float = 1.0           # standard errors a challenger's rate must clear to replace the exploited arm
@@ -122,6 +126,7 @@ class MeasuredArms:
     last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
     calm: dict = field(default_factory=dict)       # (arm, bucket) -> its steps recorded since its last drift
     real: dict = field(default_factory=dict)       # arm -> [tokens emitted, tokens expected on pooled acceptance]
+    cut: dict = field(default_factory=dict)        # (arm, bucket) -> step its last trial was cut short
     SHRINK: float = 256.0    # pseudo-tokens of the family's calibration in an arm's (`kappa`)
     REAL_MAX: float = 8192.0  # expected tokens after which an arm's calibration sums are halved
     stale: set = field(default_factory=set)        # (arm, bucket) flagged by drift
@@ -168,8 +173,12 @@ class MeasuredArms:
             before, recent = steps[-2 * R:-R], steps[-R:]
             a, r = _rate(before), _rate(recent)
             if abs(r / a - 1.0) > self.DRIFT and abs(r - a) > 2.0 * math.hypot(_se(before), _se(recent)):
-                # the workload moved: the others' rates are old news
-                self.stale |= {k for k in self.win if k[1] == key[1] and k[0] != arm}
+                # the workload moved: the others' rates are old news, for those within FAR of it (rated on pooled
+                # acceptance, an arm far behind stays behind when the text moves: re-measuring self-g2 at 0.4x
+                # after every drift spent the budget for nothing)
+                floor = self.FAR * min(a, r) * self.kappa(arm)
+                self.stale |= {k for k, v in self.win.items()
+                               if k[1] == key[1] and k[0] != arm and v and self.rate_of(k) >= floor}
                 self.calm[key] = 0
 
     def interrupt(self) -> None:
@@ -266,6 +275,8 @@ class MeasuredArms:
             if bu.bucket == b and bu.arm in offered and bu.arm != best and bu.left > 0:
                 bu.left -= 1
                 return bu.arm
+            if bu.bucket == b and bu.arm not in offered and bu.left > 0:  # cut short: a lookup without a match
+                self.cut[(bu.arm, b)] = self.steps
             self.burst = None
         target, mode = self._target(arms, b, best)
         if target is None:
@@ -287,7 +298,8 @@ class MeasuredArms:
         if self.n(best, b) < self.need(b):  # the exploited arm is being measured first
             return None, ""
         top = max(a.predicted for a in arms)
-        cands = [a for a in arms if a.name != best and (a.name == "plain" or a.optimistic >= self.PRUNE * top)]
+        cands = [a for a in arms if a.name != best and (a.name == "plain" or a.optimistic >= self.PRUNE * top)
+                 and self.steps - self.cut.get((a.name, b), -self.STALE) >= self.STALE]
         unmeasured = [a for a in cands if self.n(a.name, b) < self.need(b)
                       and (a.name == "plain" or not self._behind_near(a.name, b))]
         if unmeasured:  # plain (the baseline) first, then in the model's order
