@@ -40,8 +40,7 @@ Successive elimination with a bounded budget:
   closest to the best first; those measured below `FAR` × its lower rate stay as measured), and the next check waits
   `RECENT` steps; a trial cut short because its arm was not offered (a lookup drafter without a match) is not
   tried again there for `STALE` steps (a lookup arm offered on one step in three never completed a trial and
-  took the budget over and over); a batch bucket not seen yet starts
-  unmeasured.
+  took the budget over and over); a batch bucket not seen yet starts unmeasured.
 """
 from __future__ import annotations
 
@@ -161,7 +160,7 @@ class MeasuredArms:
             real[0], real[1] = real[0] / 2, real[1] / 2
         if switched:
             return
-        key = (arm, bucket(B))
+        key = (arm, b)
         w = self.win.setdefault(key, deque(maxlen=self.WINDOW))
         w.append((e, float(seconds)))
         self.last[key] = step
