@@ -155,3 +155,71 @@ def test_a_measured_fixed_configuration_is_reused_longest_and_its_reused_steps_r
         assert ctl.stopper(splan, name, ids, seqs, list(q.gammas)) is None
         fresh = StepPlan(p.drafter_of, p.gammas, p)  # the freshly planned step still reads confidences
         assert ctl.stopper(fresh, name, ids, seqs, list(p.gammas)) is not None
+
+
+class _Seq:
+    def __init__(self, sid):
+        self.seq_id = sid
+
+
+def _view(ids, limits):  # a drafter "self" that always has `limit` tokens; nothing resident
+    return StepView([_Seq(i) for i in ids], limits, ("self",), lambda n: list(limits), lambda n: [0] * len(ids),
+                    lambda layer: [], lambda: {})
+
+
+def test_a_measured_fixed_configuration_is_reused_by_sequences_joining_in_its_batch_bucket():
+    """A measured fixed configuration ("self-g2") has nothing per row: the next request at batch 1 reuses its call
+    (no plan for its first step), rows at their last token take one plain step without planning and keep the call;
+    a batch that changes bucket plans afresh, and so does a per-row plan when a sequence joins."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0], [4], [2], [[0.9] * 4])
+    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    p = ctl.plan([0], [4], res, spec_res)
+    assert p.arm == "self-g2" and p.gammas == [2] and ctl.spec_coasting[2] == ctl.coast_max
+    fresh = []
+    ctl._plan_fresh = lambda view: fresh.append(view) or p
+    last = ctl.plan_step(_view([0], [0]))  # sequence 0 at its last token: nothing may be drafted
+    assert last.plain and last.decision is None and not fresh and ctl.spec_coasting is not None
+    q = ctl.plan_step(_view([5], [4]))  # the next request joins the reused call
+    assert not fresh and q.decision.reason == "coast" and q.drafter_of == ["self"] and q.gammas == [2]
+    assert ctl.spec_coasting[0] == (5,)
+    assert ctl.coast_spec(_view([5, 6, 7], [4, 4, 4])) is None and ctl.spec_coasting is None  # bucket 1 -> 4
+    ctl.measured.pick = lambda arms, B: Pick("self", "measured")  # per-row lengths: a joining row plans afresh
+    ctl.plan_s = 1.0
+    r = ctl.plan([0], [4], res, spec_res)
+    assert r.arm == "self" and ctl.spec_coasting is not None
+    assert ctl.coast_spec(_view([5], [4])) is None and ctl.spec_coasting is None
+
+
+def test_a_measured_plain_call_is_reused_by_sequences_joining_in_its_batch_bucket():
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0], [4], [2], [[0.9] * 4])
+    ctl.measured.pick = lambda arms, B: Pick("plain", "measured")
+    p = ctl.plan([0, 1], [4, 4], res, spec_res)
+    assert p.kind == "plain" and ctl.coasting[1] == ctl.coast_max and ctl.plain_rejoins
+    assert ctl.coast([1, 2])  # 2 joined, still 2 sequences: bucket 2
+    assert not ctl.coast([1, 2, 3])  # bucket 4: plan afresh
+    ctl.force = "plain"  # a forced plain call: its own sequences only
+    ctl.plan([0, 1], [4, 4], res, spec_res)
+    assert not ctl.plain_rejoins and ctl.coast([0, 1]) and not ctl.coast([1, 2])
+
+
+def test_a_measured_call_is_reused_longer_once_nothing_is_left_to_explore():
+    """`coast_max` steps while the bandit still has arms to try at this bucket (trials start at fresh plans),
+    `coast_settled` once its last pick found none."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0], [4], [2], [[0.9] * 4])
+    m = ctl.measured
+    for arm in ("plain", "self", "self-g2", "self-g4"):  # every arm measured at bucket 1, self-g2 clearly fastest
+        for i in range(3 * m.min_steps):
+            m.record(arm, 1, 3.0 if arm == "self-g2" else 1.5, 0.01, i)
+    m.current[1], m.steps = "self-g2", 1000
+    for _ in range(m.SETTLE):
+        m.recent.append(1)
+    p = ctl.plan([0], [4], res, spec_res)
+    assert p.arm == "self-g2" and p.reason == "measured" and m.settled(1)
+    assert ctl.spec_coasting[2] == ctl.coast_settled > ctl.coast_max
+    m.win.pop(("self-g4", 1))  # an arm not measured: a trial is due at the next fresh plan
+    ctl.spec_coasting = None
+    ctl.plan([0], [4], res, spec_res)
+    assert not m.settled(1)

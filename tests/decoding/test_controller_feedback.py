@@ -214,7 +214,7 @@ def test_auto_engines_share_the_acceptance_memory_unless_turned_off(tiny_ckpt, t
     first = auto_llm(path)
     ctl = controller_of(first)
     assert ctl.warmed == []
-    ctl.force, ctl.SAVE_EVERY = "spec", 1
+    ctl.force, ctl.SAVE_EVERY, ctl.SAVE_S = "spec", 1, 0.0
     first.generate(ps, sp)
     assert ctl.memory.path.is_file()
     second = controller_of(auto_llm(path))

@@ -95,6 +95,12 @@ def is_uniform(tag: str) -> bool:
     return "-g" in tag
 
 
+def uniform_parts(tag: str) -> tuple[str, int]:
+    """A fixed configuration's drafter and draft length ("eagle-g2" -> ("eagle", 2))."""
+    d, g = tag.rsplit("-g", 1)
+    return d, int(g)
+
+
 def uniform(names: list[str], P: dict[str, np.ndarray], Pu: dict[str, np.ndarray], avail: dict[str, list[int]],
             B: int, G: int, short: int) -> list[Candidate]:
     """The fixed configurations as plans: drafter d drafting every row g tokens ("eagle-g2"; g = `short` and G),

@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from specmoe.decoding.control.candidates import is_uniform, uniform_parts
 from specmoe.decoding.control.plan import Plan
+from specmoe.decoding.control.refinement import bucket
 
 
 class Coasting:
@@ -19,12 +21,13 @@ class Coasting:
         clear margin (or forced plain), or when planning costs more than `coast_share` of the step, the next
         `coast_steps` steps (more while planning is dear, `_coast_len`) of the same sequences do, those that
         finish leaving (the controller's own cost stays a small share of a plain step); a sequence that joins
-        plans afresh."""
+        plans afresh, unless plain was the measured best at this batch bucket (`_rejoin`)."""
         ids, left = self.coasting
-        if left <= 0 or self.schedule is not None or not set(seq_ids) <= ids:
+        joins = not set(seq_ids) <= ids
+        if left <= 0 or self.schedule is not None or (joins and not (self.plain_rejoins and self._rejoin(ids, seq_ids))):
             self.coasting = (frozenset(), 0)
             return False
-        self.coasting = (ids, left - 1)
+        self.coasting = (frozenset(seq_ids) if joins else ids, left - 1)
         self.steps += 1
         self.measured.note("plain")
         self.choices["plain"] += 1
@@ -38,10 +41,16 @@ class Coasting:
         steps (more while planning is dear, `_coast_len`) each row keeps its drafter and draft length (capped by
         what the drafter has now: a lookup's proposal, the sequence's limit; a row of a mix whose lookup has no
         proposal now drafts with the mix's model drafter), and the in-draft stopper still cuts drafts on their
-        confidence."""
+        confidence. A measured fixed configuration (`uniform`'s "eagle-g2") has nothing per row: a sequence that
+        joins in the same batch bucket takes its drafter and length (`_rejoin`: at batch 1 every request would
+        otherwise plan its first step afresh, ~1 ms of a 10 ms step)."""
         if self.spec_coasting is None:
             return None
         ids, plan, left = self.spec_coasting
+        joins = not set(view.seq_ids) <= set(ids)
+        if joins and left > 0 and plan.reason == "measured" and is_uniform(plan.arm) and self._rejoin(ids, view.seq_ids):
+            plan = self._uniform_plan(plan, len(view.seq_ids))
+            ids = tuple(view.seq_ids)
         row = {sid: b for b, sid in enumerate(ids)}
         keep = [row.get(s) for s in view.seq_ids]
         if left <= 0 or self.schedule is not None or self.force is not None or None in keep:
@@ -55,8 +64,11 @@ class Coasting:
         if model:
             drafter_of = [model if d and d != model and not avail[d][i] else d for i, d in enumerate(drafter_of)]
         gam = [min(plan.gammas[b], avail[d][i]) if d else 0 for i, (b, d) in enumerate(zip(keep, drafter_of))]
-        if not any(gam):
-            self.spec_coasting = None
+        if not any(gam):  # every row at its last token: a plain step (a measured fixed configuration's call
+            if plan.reason == "measured" and is_uniform(plan.arm):  # stays, and this step is not planned)
+                self.coasting, self.plain_rejoins = (frozenset(view.seq_ids), 1), False
+            else:
+                self.spec_coasting = None
             return None
         self.spec_coasting = (ids, plan, left - 1)
         self.catchup = {n: np.asarray(view.catchup(n)) for n in used}
@@ -68,6 +80,23 @@ class Coasting:
                        spec_gammas=[plan.spec_gammas[b] for b in keep],
                        spec_drafters=[plan.spec_drafters[b] for b in keep],
                        probs=None if plan.probs is None else plan.probs[keep], reason="coast")
+
+    def _measured_coast(self, B: int) -> int:
+        """Steps the measured best's call (plain or a fixed configuration) is reused for: `coast_max`, or
+        `coast_settled` once the bandit finds nothing left to explore at this bucket (a fresh plan, ~1.4 ms at batch
+        1, every 16 steps of ~10 ms cost ~1%; exploration and drift re-measures start at fresh plans)."""
+        return self.coast_settled if self.measured.settled(B) else self.coast_max
+
+    def _rejoin(self, ids, seq_ids: list[int]) -> bool:
+        """Whether sequences not in a reused call may join it (the call was the measured best at its batch bucket:
+        plain, `plain_rejoins`, or a fixed configuration, checked by the caller): the batch is in that bucket."""
+        return bool(seq_ids) and bucket(len(seq_ids)) == bucket(max(len(ids), 1))
+
+    def _uniform_plan(self, plan: Plan, B: int) -> Plan:
+        """A fixed configuration's plan for B rows: every row its drafter and length (capped per step)."""
+        d, g = uniform_parts(plan.arm)
+        return replace(plan, gammas=[g] * B, drafter_of=[d] * B, spec_gammas=[g] * B, spec_drafters=[d] * B,
+                       probs=None)
 
     def _dear(self, step_s: float) -> bool:
         """Whether planning costs more than `coast_share` of a step of step_s seconds."""

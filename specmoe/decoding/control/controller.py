@@ -23,9 +23,8 @@ tokens). The predicted rates also seed the order unmeasured arms are tried in, p
 and decide while nothing is measured; they never override a measured comparison.
 
 While drafting, each greedy sequence's running P is updated from the draft's own confidence (its softmax
-probability of the drafted token, mapped to an acceptance probability calibrated online by confidence
-bin (log-spaced), per drafter), and the sequence stops drafting once the running P falls below the plan's θ or
-the calibrated probability of the token just drafted below `p_min`.
+probability of the drafted token, mapped to an acceptance probability calibrated online by confidence bin
+(log-spaced), per drafter), and it stops once the running P falls below θ or the token's below `p_min`.
 """
 from __future__ import annotations
 
@@ -57,7 +56,8 @@ class Controller(Coasting, StepFeedback):
     choice, for tests and benchmarks; forced speculation drafts every sequence's full γ with the first drafter
     (what decoding="specmoe" does) but for the p_min floor (0 turns it off)."""
 
-    SAVE_EVERY = 32  # steps between writes of the memory
+    SAVE_EVERY = 32  # steps between writes of the memory, ...
+    SAVE_S = 1.0  # ... at least this many seconds apart (a write is ~1 ms: every 32 steps of 10 ms, 0.3%)
     SHORT = 2  # the fixed configurations offered as arms: each drafter drafting SHORT and γ_max tokens a row
     DECIDED = ("measured", "measured-near", "model")  # reasons of a choice a reused call may repeat (not a trial)
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
@@ -75,9 +75,11 @@ class Controller(Coasting, StepFeedback):
         self.schedule = None
         self.steps = self.stops = 0
         self.measured = MeasuredArms()  # realized tokens/s per arm and batch bucket: what decides
-        self.coasting = (frozenset(), 0)  # (sequence ids, steps left) of a plain call reused without planning
+        self.coasting, self.plain_rejoins = (frozenset(), 0), False  # (sequence ids, steps left) of a plain call
+        # reused without planning; whether other sequences may join it (`Coasting._rejoin`)
         self.coast_steps = 3
-        self.coast_max = 16  # the most steps a call is reused for while planning is dear
+        self.coast_max = 16  # the most steps a call is reused for while planning is dear ...
+        self.coast_settled = 64  # ... or a measured call where nothing is left to explore (`_measured_coast`)
         # (sequence ids, plan, steps left) of a clear speculative call reused without planning (`coast_spec`)
         self.spec_coasting: tuple | None = None
         self.coast_above = 1.25  # a call is reused when it wins by this much (measured where both arms are)
@@ -87,14 +89,13 @@ class Controller(Coasting, StepFeedback):
         self.plan_s: float | None = None  # EMA of a fresh plan's seconds
         self.outside: dict[int, float] = {}  # batch bucket -> EMA of a step's cycle seconds the model does not price
         self.learn_s: float | None = None  # EMA of `_learn_time`'s seconds
-        self.learn_share = 0.01  # the share of a step the time model's learning may cost on reused-call steps
+        self.learn_share = 0.003  # the share of a step the time model's learning may cost on reused-call steps
         self.learn_skip = 0  # reused-call steps left before the next one whose time is learned
         self.choices = {"plain": 0, "spec": 0}
         self.reasons: dict[str, int] = {}
         self.rows_by_drafter = dict.fromkeys(self.names, 0)
         self.realized = Realized()  # per arm and batch bucket: measured / predicted step seconds
-        self.resident = self.spec_resident = None  # [L, E] the last plan's resident experts without / with the
-        # self draft's set
+        self.resident = self.spec_resident = None  # [L, E] the last plan's resident experts without / with self's set
         self.catchup: dict[str, np.ndarray] = {}  # the last plan's catch-up entries per drafter and row
         self.controller_s = 0.0
         self.pooled: dict[str, tuple] = {}  # drafter -> (step, [G+1] pooled accepted drafts by depth): `_pooled_cum`
@@ -105,11 +106,10 @@ class Controller(Coasting, StepFeedback):
         self.memory = None  # a ControllerMemory (`remember`)
         self.warmed: list[str] = []  # drafters whose estimates started from the memory
         self.learned = 0  # speculative steps folded in
-        self.folded = 0  # steps folded in (the memory is written every SAVE_EVERY)
+        self.folded, self.saved_at = 0, 0.0  # steps folded in; when the memory was last written (`SAVE_EVERY`)
 
     @property
-    def acc(self) -> Acceptance:
-        """The first drafter's acceptance (a single-drafter controller's)."""
+    def acc(self) -> Acceptance:  # the first drafter's acceptance (a single-drafter controller's)
         return self.accs[self.names[0]]
 
     @acc.setter
@@ -142,7 +142,7 @@ class Controller(Coasting, StepFeedback):
 
     def remember(self, memory) -> None:
         """Start each drafter's acceptance and the step-time corrections from `memory` (a `ControllerMemory`)
-        and write them back every `SAVE_EVERY` speculative steps."""
+        and write them back every `SAVE_EVERY` steps, `SAVE_S` apart."""
         self.memory = memory
         self.warmed = memory.warm(self.accs)
         self.cost.warm(memory.section("cost"))
@@ -357,8 +357,9 @@ class Controller(Coasting, StepFeedback):
         spec_rate = best.rate if best is not None else 0.0
         # a clear or forced call, or dear planning: the next steps reuse it without planning (not when nothing could
         # be drafted this step: a sequence at its last token, a lookup without a match)
-        if reason == "measured" and best is not None:  # measured the best: a plain step has nothing to go stale
-            self.coasting = (frozenset(seq_ids), self.coast_max)
+        self.plain_rejoins = reason == "measured" and best is not None
+        if self.plain_rejoins:  # measured the best: a plain step has nothing to go stale (others may join it)
+            self.coasting = (frozenset(seq_ids), self._measured_coast(B))
         elif reason == "forced" or (reason in self.DECIDED and best is not None
                                     and (self._clear("plain", plain.rate, best.tag, spec_rate, B) or self._dear(B / plain.rate))):
             self.coasting = (frozenset(seq_ids), self._coast_len(B / plain.rate))
@@ -381,7 +382,7 @@ class Controller(Coasting, StepFeedback):
                     best.rate, reason, gam.tolist(), drafter_of, [self.planned[i] for i in c.who], c.tag, best.raw_rate, probs,
                     self.width if c.tag.endswith(self.TREE) or reason in ("forced", "schedule") else 1)
         if reason == "measured" and is_uniform(c.tag):  # a measured fixed configuration: nothing goes stale
-            self.spec_coasting = (tuple(seq_ids), plan, self.coast_max)
+            self.spec_coasting = (tuple(seq_ids), plan, self._measured_coast(B))
         elif reason in self.DECIDED and (self._clear(c.tag, best.rate, "plain", plain.rate, B) or self._dear(best.step_s)):
             self.spec_coasting = (tuple(seq_ids), plan, self._coast_len(best.step_s))  # the next steps reuse it
         return plan
@@ -401,13 +402,11 @@ class Controller(Coasting, StepFeedback):
 
     # ------------------------------------------------------------ inside a step
     @property
-    def layers(self) -> list[int]:
-        """The MoE layers the cost model prices (the decoder unpins a stale draft set there)."""
+    def layers(self) -> list[int]:  # the MoE layers the cost model prices (the decoder unpins a stale draft set there)
         return self.cost.routing.layers
 
     @property
-    def observer(self):
-        """The runner observer that feeds the cost model the target's routing (the decoder registers it)."""
+    def observer(self):  # the runner observer that feeds the cost model the target's routing (the decoder's)
         return self.cost.routing.observe
 
     def plan_step(self, view: StepView) -> StepPlan:
@@ -418,6 +417,8 @@ class Controller(Coasting, StepFeedback):
             if self.coast(view.seq_ids):
                 return StepPlan([None] * B, [0] * B, None)
             plan = self.coast_spec(view)
+            if plan is None and self.coast(view.seq_ids):  # its rows may draft nothing now: one plain step
+                return StepPlan([None] * B, [0] * B, None)
             if plan is None:
                 t1 = time.perf_counter()
                 plan = self._plan_fresh(view)

@@ -30,7 +30,8 @@ class StepFeedback:
         if plan.width > 1:  # a tree step: the time model and the plans' calibration price chains
             return
         measured = clock.step_s()
-        timed = plan.reason != "coast" or self.learn_skip <= 0
+        # a freshly planned step is timed, unless it took a measured fixed configuration (no prediction decided it)
+        timed = not (plan.reason == "coast" or plan.reason == "measured" and is_uniform(plan.arm)) or self.learn_skip <= 0
         # the tokens the step was expected to emit, on the estimates before it (the realized correction compares)
         expect = self._expected_tokens(splan, seqs, depths) if timed and plan.kind == "spec" else len(seqs)
         if plan.kind == "spec":
@@ -64,7 +65,9 @@ class StepFeedback:
             seconds = clock.step_s() + planned + clock.wall("setup")
             self.measured.record(arm, len(seqs), sum(len(o) for o in out), seconds, self.steps, expected=pooled)
         self.folded += 1
-        if self.memory is not None and self.folded % self.SAVE_EVERY == 0:
+        due = self.folded % self.SAVE_EVERY == 0 and time.monotonic() - self.saved_at >= self.SAVE_S
+        if self.memory is not None and due:
+            self.saved_at = time.monotonic()
             self.memory.save(self.accs, cost=self.cost.state(), realized=self.realized.state(),
                              measured=self.measured.state())
 

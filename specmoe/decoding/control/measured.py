@@ -138,6 +138,7 @@ class MeasuredArms:
     burst: _Burst | None = None
     recent: deque = field(default_factory=deque)  # buckets of the last 2·SETTLE steps
     seen: dict = field(default_factory=dict)       # bucket -> steps recorded there
+    idle: dict = field(default_factory=dict)       # bucket -> its last pick found no arm to explore (`settled`)
 
     def __post_init__(self):
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
@@ -234,6 +235,11 @@ class MeasuredArms:
         self.chosen[pick.arm] = self.chosen.get(pick.arm, 0) + 1
         return pick
 
+    def settled(self, B: int) -> bool:
+        """Whether the last pick at B's bucket found no arm worth exploring (every arm measured, none stale or
+        nearly tied): the exploited arm's call may be reused longer (`Coasting._measured_coast`)."""
+        return self.idle.get(bucket(B), False)
+
     def note(self, arm: str) -> None:
         """A step this object did not choose (a reused call, a forced or scheduled step): counted, not explored."""
         self.steps += 1
@@ -269,6 +275,7 @@ class MeasuredArms:
         if not self.min_steps or ((self.recent.count(b) < self.SETTLE or tail) and any(self.win.values())):
             return None
         offered = {a.name for a in arms}
+        self.idle[b] = False
         if self.burst is not None:  # a burst runs to its end while its arm is offered at its bucket
             bu = self.burst
             if bu.bucket == b and bu.arm in offered and bu.arm != best and bu.left > 0:
@@ -278,6 +285,7 @@ class MeasuredArms:
                 self.cut[(bu.arm, b)] = self.steps
             self.burst = None
         target, mode = self._target(arms, b, best)
+        self.idle[b] = target is None
         if target is None:
             return None
         # + the switch's unmeasured step; an arm measured again starts a fresh window (its old steps are old news),
