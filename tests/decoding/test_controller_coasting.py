@@ -223,3 +223,14 @@ def test_a_measured_call_is_reused_longer_once_nothing_is_left_to_explore():
     ctl.spec_coasting = None
     ctl.plan([0], [4], res, spec_res)
     assert not m.settled(1)
+
+
+def test_a_measured_lookup_configuration_without_a_proposal_plans_its_step_afresh():
+    """A fixed configuration of a lookup drafter whose rows have no proposal now (their limits > 0): the step is
+    planned afresh (another arm may draft it), not reused as a plain step."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0], [4], [2], [[0.9] * 4])
+    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    ctl.plan([0], [4], res, spec_res)
+    nothing = StepView([_Seq(0)], [4], ("self",), lambda n: [0], lambda n: [0], lambda layer: [], lambda: {})
+    assert ctl.coast_spec(nothing) is None and ctl.spec_coasting is None and not ctl.coast([0])

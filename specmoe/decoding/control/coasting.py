@@ -65,7 +65,7 @@ class Coasting:
             drafter_of = [model if d and d != model and not avail[d][i] else d for i, d in enumerate(drafter_of)]
         gam = [min(plan.gammas[b], avail[d][i]) if d else 0 for i, (b, d) in enumerate(zip(keep, drafter_of))]
         if not any(gam):  # every row at its last token: a plain step (a measured fixed configuration's call
-            if plan.reason == "measured" and is_uniform(plan.arm):  # stays, and this step is not planned)
+            if plan.reason == "measured" and is_uniform(plan.arm) and not any(view.limits):  # stays, unplanned)
                 self.coasting, self.plain_rejoins = (frozenset(view.seq_ids), 1), False
             else:
                 self.spec_coasting = None

@@ -462,15 +462,13 @@ class Controller(Coasting, StepFeedback):
         row's confidence and stops it once its running acceptance probability falls below the plan's θ or its
         calibrated acceptance probability below p_min."""
         plan = splan.decision
-        if plan is None:
-            return None
+        if plan is None or plan.reason == "coast" and not plan.theta and is_uniform(plan.arm):
+            return None  # nothing to stop: a reused call of a fixed configuration drafts as the fixed engine does
         acc = self.accs[name]
         run = np.ones(len(seqs))
         greedy = [s.params.greedy for s in seqs]
         theta = plan.theta if plan.reason not in ("forced", "schedule") else 0.0  # forced: the p_min floor only
         p_min = 0.0 if is_uniform(plan.arm) else self.p_min  # a fixed configuration's arm drafts its full length
-        if plan.reason == "coast" and not theta and not p_min:
-            return None  # nothing to stop: a reused call of a fixed configuration drafts as the fixed engine does
         conf = {b: self.conf.setdefault(b, []) for b in rows}
 
         def hook(j: int, local: list[int], logits: torch.Tensor) -> None:
