@@ -289,8 +289,15 @@ def test_a_rate_that_swings_with_the_text_is_no_drift_but_a_lasting_fall_is():
     noisy = [(1.0, 0.01), (5.0, 0.01)] * 8 + [(1.0, 0.01), (1.0, 0.01), (5.0, 0.01), (1.0, 0.01)] * 16
     _exploit(m, "eagle", noisy)
     assert m.n("eagle", 1) == m.WINDOW and not m.stale  # (16 steps at 300, then 16 at 200: within the noise)
-    _exploit(m, "eagle", [(1.0, 0.01)] * 32)
+    assert m.drifts == 0
+    for k in range(32):
+        _exploit(m, "eagle", [(1.0, 0.01)])
+        if m.drifts:
+            break
     assert ("plain", 1) in m.stale
+    # the move ends reused calls (`Coasting._moved`), and the arm's own steps before it are dropped: what is left
+    # is its new rate
+    assert m.drifts == 1 and m.n("eagle", 1) == m.RECENT and m.rate("eagle", 1) == pytest.approx(100.0)
 
 
 def test_arms_flagged_by_drift_are_measured_again_closest_to_the_best_first():

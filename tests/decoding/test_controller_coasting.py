@@ -234,3 +234,41 @@ def test_a_measured_lookup_configuration_without_a_proposal_plans_its_step_afres
     ctl.plan([0], [4], res, spec_res)
     nothing = StepView([_Seq(0)], [4], ("self",), lambda n: [0], lambda n: [0], lambda layer: [], lambda: {})
     assert ctl.coast_spec(nothing) is None and ctl.spec_coasting is None and not ctl.coast([0])
+
+
+def test_a_reused_fixed_configuration_drafts_its_length_not_the_one_capped_when_it_was_planned():
+    """A fixed configuration planned at a step where its rows could draft less (a request's last tokens, a lookup's
+    short proposal) drafts its full length on the next steps where it can: a reused "self-g2" planned with one
+    token left drafts 2, also for the next request under the same (reused) sequence id; a reused per-row call ends
+    when its id is admitted again (its lengths were another sequence's)."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0], [4], [2], [[0.9] * 4])
+    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    p = ctl.plan([0], [1], res, spec_res)  # one token left to draft
+    assert p.arm == "self-g2" and p.gammas == [1]
+    ctl.admit([_Seq(0)])  # the next request, under id 0
+    q = ctl.coast_spec(_view([0], [4]))
+    assert q.reason == "coast" and q.gammas == [2]
+    ctl.measured.pick = lambda arms, B: Pick("self", "measured")
+    ctl.plan_s, ctl.spec_coasting = 1.0, None
+    r = ctl.plan([0], [1], res, spec_res)
+    assert r.arm == "self" and ctl.spec_coasting is not None
+    ctl.admit([_Seq(0)])
+    assert ctl.spec_coasting is None
+
+
+def test_a_drift_ends_the_reused_calls():
+    """When the exploited arm's rate moves (`MeasuredArms.drifts`), the next step plans afresh (the arms flagged
+    stale are re-measured from a fresh plan), whichever call was being reused."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0], [4], [2], [[0.9] * 4])
+    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    ctl.plan([0], [4], res, spec_res)
+    assert ctl.coast_spec(_view([0], [4])) is not None
+    ctl.measured.drifts += 1
+    assert ctl.coast_spec(_view([0], [4])) is None and ctl.spec_coasting is None
+    ctl.measured.pick = lambda arms, B: Pick("plain", "measured")
+    ctl.plan([0], [4], res, spec_res)
+    assert ctl.coast([0])
+    ctl.measured.drifts += 1
+    assert not ctl.coast([0])

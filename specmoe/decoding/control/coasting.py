@@ -16,12 +16,25 @@ from specmoe.decoding.control.refinement import bucket
 class Coasting:
     """`coast` (a plain call) and `coast_spec` (a speculative one), and how many steps a call is reused for."""
 
+    coast_epoch = 0  # the measured arms' drift count the reused calls were made under (`_moved`)
+
+    def _moved(self) -> bool:
+        """Whether a drift was detected since the reused calls were made (the workload moved: stale arms are due
+        a re-measure, which starts at a fresh plan): both calls end."""
+        if self.measured.drifts == self.coast_epoch:
+            return False
+        self.coast_epoch = self.measured.drifts
+        self.coasting, self.spec_coasting = (frozenset(), 0), None
+        return True
+
     def coast(self, seq_ids: list[int]) -> bool:
         """True when this step repeats the last plain call without planning: after a plan that chose plain by a
         clear margin (or forced plain), or when planning costs more than `coast_share` of the step, the next
         `coast_steps` steps (more while planning is dear, `_coast_len`) of the same sequences do, those that
         finish leaving (the controller's own cost stays a small share of a plain step); a sequence that joins
         plans afresh, unless plain was the measured best at this batch bucket (`_rejoin`)."""
+        if self._moved():
+            return False
         ids, left = self.coasting
         joins = not set(seq_ids) <= ids
         if left <= 0 or self.schedule is not None or (joins and not (self.plain_rejoins and self._rejoin(ids, seq_ids))):
@@ -44,7 +57,7 @@ class Coasting:
         confidence. A measured fixed configuration (`uniform`'s "eagle-g2") has nothing per row: a sequence that
         joins in the same batch bucket takes its drafter and length (`_rejoin`: at batch 1 every request would
         otherwise plan its first step afresh, ~1 ms of a 10 ms step)."""
-        if self.spec_coasting is None:
+        if self._moved() or self.spec_coasting is None:
             return None
         ids, plan, left = self.spec_coasting
         joins = not set(view.seq_ids) <= set(ids)
@@ -63,7 +76,10 @@ class Coasting:
         avail = {n: view.available(n) for n in used}
         if model:
             drafter_of = [model if d and d != model and not avail[d][i] else d for i, d in enumerate(drafter_of)]
-        gam = [min(plan.gammas[b], avail[d][i]) if d else 0 for i, (b, d) in enumerate(zip(keep, drafter_of))]
+        # a fixed configuration drafts its length wherever the drafter has it (the plan's were capped by the limits
+        # and proposals of the step it was made on: a lookup's 1-token proposal then, a request's last tokens)
+        want = [uniform_parts(plan.arm)[1]] * len(keep) if is_uniform(plan.arm) else [plan.gammas[b] for b in keep]
+        gam = [min(w, avail[d][i]) if d else 0 for i, (w, d) in enumerate(zip(want, drafter_of))]
         if not any(gam):  # every row at its last token: a plain step (a measured fixed configuration's call
             if plan.reason == "measured" and is_uniform(plan.arm) and not any(view.limits):  # stays, unplanned)
                 self.coasting, self.plain_rejoins = (frozenset(view.seq_ids), 1), False
@@ -80,6 +96,14 @@ class Coasting:
                        spec_gammas=[plan.spec_gammas[b] for b in keep],
                        spec_drafters=[plan.spec_drafters[b] for b in keep],
                        probs=None if plan.probs is None else plan.probs[keep], reason="coast")
+
+    def _forget_calls(self, ids: list[int]) -> None:
+        """Sequences new to the decoder under ids a reused per-row call planned for (ids are reused once a
+        sequence finishes): that call's lengths were another sequence's, so it ends (a fixed configuration's
+        goes on: nothing in it is per row)."""
+        if self.spec_coasting is not None and not is_uniform(self.spec_coasting[1].arm) \
+                and set(ids) & set(self.spec_coasting[0]):
+            self.spec_coasting = None
 
     def _measured_coast(self, B: int) -> int:
         """Steps the measured best's call (plain or a fixed configuration) is reused for: `coast_max`, or

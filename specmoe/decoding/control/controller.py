@@ -151,11 +151,12 @@ class Controller(Coasting, StepFeedback):
 
     def admit(self, seqs) -> None:
         """Sequences new to the decoder (ids are reused once a sequence finishes): nothing measured on an earlier
-        holder of the id is theirs. A call being reused goes on for them (the workload's drafter and length, a
-        better start than none: at batch 1 every request would otherwise plan its first steps afresh)."""
+        holder of the id is theirs. A reused fixed configuration or plain call goes on for them (the workload's
+        drafter and length: at batch 1 every request would otherwise plan its first steps afresh), a per-row one ends."""
         ids = [s.seq_id for s in seqs]
         for acc in self.accs.values():
             acc.forget(ids)
+        self._forget_calls(ids)
 
     # ------------------------------------------------------------ the choice, over arrays
     def note_outside(self, B: int, seconds: float) -> None:

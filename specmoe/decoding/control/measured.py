@@ -40,8 +40,9 @@ Successive elimination with a bounded budget:
   before them by more than `DRIFT` and by more than two standard errors of that difference (at batch 1 a step's
   tokens swing 1-5 with the text: 8 steps' rate swung 2x with nothing changed, and each false drift sent the budget
   re-measuring every arm), the other arms at the bucket are flagged stale (re-measured within the budget, the
-  closest to the best first; those measured below `FAR` × its lower rate stay as measured), and the next check waits
-  `RECENT` steps; a trial cut short because its arm was not offered (a lookup drafter without a match) is not
+  closest to the best first; those measured below `FAR` × its lower rate stay as measured), the exploited arm keeps
+  only its last `RECENT` steps, a reused call ends (the next step plans: at batch 1 eagle-g4 led eagle-g2 by 12% on
+  one text and trailed it by 5% on the next), and the next check waits `RECENT` steps; a trial cut short because its arm was not offered (a lookup drafter without a match) is not
   tried again there for `STALE` steps (a lookup arm offered on one step in three never completed a trial and
   took the budget over and over); a batch bucket not seen yet starts unmeasured.
 """
@@ -143,6 +144,7 @@ class MeasuredArms:
     recent: deque = field(default_factory=deque)  # buckets of the last 2·SETTLE steps
     seen: dict = field(default_factory=dict)       # bucket -> steps recorded there
     idle: dict = field(default_factory=dict)       # bucket -> its last pick found no arm to explore (`settled`)
+    drifts: int = 0                                # drifts detected
 
     def __post_init__(self):
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
@@ -184,6 +186,9 @@ class MeasuredArms:
                 self.stale |= {k for k, v in self.win.items()
                                if k[1] == key[1] and k[0] != arm and v and self.rate_of(k) >= floor}
                 self.calm[key] = 0
+                for _ in range(len(w) - R):  # its own steps before the move are old news too
+                    w.popleft()
+                self.drifts += 1  # (a reused call ends: the next step plans, and may re-measure, `Coasting`)
 
     def interrupt(self) -> None:
         """A step of no arm (forced or scheduled): the next arm's first step is a switch."""
