@@ -434,6 +434,13 @@ def test_a_trial_cut_short_by_its_arm_not_being_offered_is_not_retried_soon():
     assert m._target(full, 1, "eagle-g2")[0] != "ngram-g4"
     m.steps += m.STALE
     assert m._target(full, 1, "eagle-g2") == ("ngram-g4", "new")
+    # a trial cut by a request's end (nothing but plain offered: every row at its last token) is no lookup miss:
+    # eagle-g4's trial goes on at the next request
+    arms = full[:2] + [Arm("eagle-g4", 1.0, 1.0)]
+    m.burst, m.cut = None, {}
+    assert m._explore(arms, 1, "eagle-g2") == "eagle-g4"
+    assert m._explore(full[:1], 1, "eagle-g2") is None and not m.cut
+    assert m._target(arms, 1, "eagle-g2") == ("eagle-g4", "new")
 
 
 def test_a_lookup_arm_takes_over_only_when_it_measures_clearly_faster_than_its_text_explains():

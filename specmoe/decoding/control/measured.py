@@ -296,8 +296,8 @@ class MeasuredArms:
             if bu.bucket == b and bu.arm in offered and bu.arm != best and bu.left > 0:
                 bu.left -= 1
                 return bu.arm
-            if bu.bucket == b and bu.arm not in offered and bu.left > 0:  # cut short: a lookup without a match
-                self.cut[(bu.arm, b)] = self.steps
+            if bu.bucket == b and bu.arm not in offered and bu.left > 0 and conditional(bu.arm) and len(arms) > 1:
+                self.cut[(bu.arm, b)] = self.steps  # cut short: a lookup without a match (not a request's end)
             self.burst = None
         target, mode = self._target(arms, b, best)
         self.idle[b] = target is None
