@@ -22,6 +22,7 @@ def two_drafters():
     both faster than plain: self's rows are estimated to accept every draft, eagle's 3 of 4."""
     base, res, spec_res = synthetic(read_s=5e-4)
     ctl = Controller(base.cost, base.g, ("self", "eagle"))
+    ctl.PER_ROW = True
     ids = list(range(8))
     for _ in range(20):
         ctl.accs["self"].record(ids, [4] * 8, [4] * 8, [[0.9] * 4] * 8)
@@ -227,7 +228,7 @@ def test_with_trees_each_drafter_has_a_tree_arm_that_wins_when_it_measures_faste
     assert all(w == (3 if arm.endswith("/tree") else 1) for arm, w in widths) and {w for _, w in widths} == {1, 3}
 
 
-@pytest.mark.parametrize("arm, branched", [("self/tree", True), ("self", False)])
+@pytest.mark.parametrize("arm, branched", [("self/tree", True), ("self-g4", False)])
 def test_a_tree_arm_drafts_trees_and_a_chain_arm_chains_both_exact(tiny_ckpt, monkeypatch, arm, branched):
     """Real runs with every step on one arm: the tree arm's steps verify branching trees, the chain arm's steps
     verify chains (under the same tree-width decoder), and both give plain greedy's tokens."""
@@ -457,3 +458,39 @@ def test_a_lookup_arm_takes_over_only_when_it_measures_clearly_faster_than_its_t
         assert m._exploit(arms, 4).arm == winner
         m.current.pop(4)  # nothing exploited yet: the same
         assert m._exploit(arms, 4).arm == winner
+
+
+def test_by_default_the_arms_are_the_fixed_configurations_plain_and_the_mixes():
+    """`auto` chooses among plain, each drafter × draft length (chains; trees with draft_tree), and the mixes with
+    a lookup drafter; a drafter's per-row lengths ("self", priced by the cost model) are offered only with
+    `PER_ROW` (pinned at batch 1 and 64 they ran at 0.89x and 0.91x the fixed eagle-g2, drafting deeper for the
+    same tokens, while measured on pooled acceptance they took batch 64)."""
+    from specmoe.decoding.control.measured import Pick
+    ctl, res, spec_res = two_drafters()
+    offered = []
+
+    def pick(arms, B):
+        offered.append({a.name for a in arms})
+        return Pick("plain", "measured")
+    ctl.measured.pick = pick
+    del ctl.PER_ROW  # the class default
+    ctl.choose(list(range(8)), {"self": [4] * 8, "eagle": [4] * 8}, res, spec_res)
+    ctl.PER_ROW = True
+    ctl.choose(list(range(8)), {"self": [4] * 8, "eagle": [4] * 8}, res, spec_res)
+    assert offered[0] == {"plain", "self-g2", "self-g4", "eagle-g2", "eagle-g4"}
+    assert offered[1] == offered[0] | {"self", "eagle"}
+
+
+def test_after_plain_the_exploited_arms_drafter_is_tried_first_and_a_bucket_settles_only_once_measured():
+    """At a bucket where eagle-g4 is exploited and plain measured, eagle-g2 (the same drafter, another length) is
+    tried before self-g4 though the model predicts self-g4 faster; the bucket is not `settled` (a reused call
+    not lengthened) while the exploited arm itself is still being measured."""
+    m = MeasuredArms()
+    m.current[64], m.steps, m.recent = "eagle-g4", 1000, type(m.recent)([64] * 16, maxlen=16)
+    arms = [Arm("plain", 1.0, 1.0), Arm("eagle-g4", 3.0, 3.0), Arm("self-g4", 2.9, 2.9), Arm("eagle-g2", 2.0, 2.0)]
+    assert m._explore(arms, 64, "eagle-g4") is None and not m.settled(64)  # eagle-g4 measured first
+    for arm in ("eagle-g4", "plain"):
+        m.interrupt()
+        for _ in range(m.need(64) + 1):
+            m.record(arm, 64, 64.0, 0.05, m.steps)
+    assert m._target(arms, 64, "eagle-g4") == ("eagle-g2", "new")

@@ -106,7 +106,9 @@ def synthetic(read_s: float, *, ne=2e-3, exp=1e-4, E=16, L=4, K=2, N=4, gamma=4)
                      read_s=read_s, read_latency_s=read_s / 4, expert_bytes=1 << 20, moe_layers=L, top_k=K,
                      num_experts=E)
     cm = CostModel(c, RoutingStats(list(range(L)), E, K), draft_experts=N)
-    return Controller(cm, gamma), np.zeros((L, E), bool), cm.routing.hottest(N)
+    ctl = Controller(cm, gamma)
+    ctl.PER_ROW = True  # the per-row arms too (the planning these tests check; `auto` offers them on request)
+    return ctl, np.zeros((L, E), bool), cm.routing.hottest(N)
 
 
 def test_controller_speculates_exactly_when_fetches_dominate():

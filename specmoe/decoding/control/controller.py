@@ -61,6 +61,7 @@ class Controller(Coasting, StepFeedback):
     SHORT = 2  # the fixed configurations offered as arms: each drafter drafting SHORT and γ_max tokens a row
     DECIDED = ("measured", "measured-near", "model")  # reasons of a choice a reused call may repeat (not a trial)
     OPTIMISM = 1.0  # upper-confidence acceptance estimates while a drafter is seen on few rows
+    PER_ROW = False  # a drafter's per-row lengths offered as an arm ("eagle"; its mixes and trees always are)
 
     def __init__(self, cost: CostModel, gamma_max: int, drafters: tuple[str, ...] = ("self",), *,
                  p_min: float = 0.05):
@@ -258,8 +259,8 @@ class Controller(Coasting, StepFeedback):
         self.arm_rates = {"plain": plain.rate, **{tag: a.rate for tag, a in arms.items()}}
         best = max(arms.values(), key=lambda a: a.rate) if arms else None
         if want is None:
-            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate)]
-                                      + [Arm(t, a.rate, a.optimistic) for t, a in arms.items()], B)
+            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate)] + [Arm(t, a.rate, a.optimistic)
+                                      for t, a in arms.items() if self.PER_ROW or t not in names], B)
             want, reason = ("plain" if pick.arm == "plain" else "spec"), pick.reason
             best = arms.get(pick.arm, best)
         else:
