@@ -1,53 +1,56 @@
-"""`auto`'s choice by measurement: which configuration (an *arm*: a plain step, or a speculative plan of one drafter
-or drafter mix, its per-row draft lengths priced by the cost model) a step takes is decided by the tokens per second
-each arm has realized in this process at this batch bucket, not by the predicted rates (which stay 15-44% off per
-step kind). The cost model seeds the order in which unmeasured arms are tried (its best first), prunes the arms it
+"""`auto`'s choice by measurement: which configuration (an *arm*: a plain step, a drafter's fixed configuration, a
+drafter mixed with a lookup drafter, or with `Controller.PER_ROW` a drafter's per-row lengths priced by the cost
+model) a step takes is decided by the tokens per second each arm has realized in this process at this batch bucket,
+not by the predicted rates (which stay 15-44% off per step kind). The cost model orders the trials of unmeasured
+arms (after plain and the exploited arm's drafter: its best first), prunes the arms it
 predicts far behind the best (`PRUNE`; never plain, the baseline auto must not lose to), and picks the arm while
 nothing is measured at this batch bucket or a neighbouring one; it never overrides a measured comparison.
 
 An arm's rate is not the tokens its steps happened to emit: at batch 1 a step emits 1 to 5 tokens with the text it
 lands on, so arms measured on different text (a few steps each) compared the text, not the arms. A chain step is
 credited with what its drafts were worth on the drafter's acceptance pooled over every sequence (`expected`: the
-position estimates at the depths it drafted), times the arm's calibration (`kappa`: tokens emitted per pooled
-token over all its steps, shrunk toward its drafter's arms while it has few), over the step's seconds. Plain and
-tree steps are credited with what they emitted.
+position estimates at the depths it drafted), times the arm's calibration (`kappa`: tokens emitted per pooled token
+over all its steps, shrunk toward its drafter's arms while it has few), over the step's seconds. Plain and tree
+steps are credited with what they emitted.
 
 Successive elimination with a bounded budget:
 - an arm counts as measured at a bucket after `min_steps` of its steps there (half as many from `WIDE` rows on:
-  `need`); the first step after a switch to it is not counted: it pays the switch's catch-up, which the arm's
-  steady state does not;
-- exploitation: the current arm stays unless another measures `STAY`× faster *and* faster by more than `Z`
-  standard errors of the two rates (a step's tokens follow the text it lands on, so a few steps of an arm are a
-  noisy sample: the best of many noisy rates is mostly the luckiest); with no current arm, the measured arm of
-  the highest lower confidence bound (rate − Z·se); before any arm is measured at this bucket, the best measured
-  at the nearest bucket; before that, the model's best. A lookup arm (ngram, or a mix with it) is offered and
-  measured only where its lookup matched, repetitive text on which every arm runs faster (eagle-g2 emits up to
-  1.3x its average there): its rate counts `EDGE`x less against the others (ngram-g4 at 385 tok/s on its matched
-  steps took batch 4 from eagle-g2 at 382 on all steps, while the fixed ngram-g4 engine ran well behind it). (Rates relative to the exploited arm's
-  adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more than the
-  machine's speed, and chained ratios compounded that noise);
-- exploration, in bursts of `need` + 1 consecutive steps of one arm: an unmeasured arm (plain, the baseline,
-  first; then another length or shape of the exploited arm's drafter, whose acceptance is measured where the
-  others' is only predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its
-  trial, though it measures 8% faster than the exploited eagle-g4; then the most promising predicted), a measured
-  one flagged by drift, one measured `STALE` steps ago while close to the best, or one measured on few steps that is nearly tied; free during the first `WARMUP` steps, afterwards
-  only while exploration steps stay within `SHARE` of the steps after the warm-up;
+  `need`); the first step after a switch to it is not counted: it pays the switch's catch-up, which the arm's steady
+  state does not;
+- exploitation: the current arm stays unless another measures `STAY`× faster *and* faster by more than `Z` standard
+  errors of the two rates (a step's tokens follow the text it lands on, so a few steps of an arm are a noisy sample:
+  the best of many noisy rates is mostly the luckiest); with no current arm, the measured arm of the highest lower
+  confidence bound (rate − Z·se); before any arm is measured at this bucket, the best measured at the nearest
+  bucket; before that, the model's best. A lookup arm (ngram, or a mix with it) is offered and measured only where
+  its lookup matched, repetitive text on which every arm runs faster (eagle-g2 emits up to 1.3x its average there):
+  its rate counts `EDGE`x less against the others (ngram-g4 at 385 tok/s on its matched steps took batch 4 from
+  eagle-g2 at 382 on all steps, while the fixed ngram-g4 engine ran well behind it). (Rates relative to the
+  exploited arm's adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more
+  than the machine's speed, and chained ratios compounded that noise);
+- exploration, in bursts of `need` + 1 consecutive steps of one arm: an unmeasured arm (plain, the baseline, first;
+  then another length or shape of the exploited arm's drafter, whose acceptance is measured where the others' is
+  only predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its trial, though it
+  measures 8% faster than the exploited eagle-g4; then the most promising predicted), a measured one flagged by
+  drift, one measured `STALE` steps ago while close to the best, or one measured on few steps that is nearly tied;
+  free during the first `WARMUP` steps, afterwards only while exploration steps stay within `SHARE` of the steps
+  after the warm-up;
 - a bucket is explored only while at least `SETTLE` of the last 2·`SETTLE` steps were in it and none of them in a
   bucket more than twice as large (or while nothing is measured anywhere): a passing batch size, such as a batch's
-  ragged tail (64 sequences, then 40, 17, 5, 1: a speculative batch's rows finish steps apart, and its last row
-  can run 10+ steps alone), exploits the nearest measured bucket's best arm instead of paying trials it could
-  never amortize (and that spent the budget the batch's own bucket needed); at a new bucket, an
-  arm measured below `NEAR` × the best at a neighbouring bucket (within a factor 4) is not tried until the batch
-  has stayed `NEAR_AFTER` steps there;
+  ragged tail (64 sequences, then 40, 17, 5, 1: a speculative batch's rows finish steps apart, and its last row can
+  run 10+ steps alone), exploits the nearest measured bucket's best arm instead of paying trials it could never
+  amortize (and that spent the budget the batch's own bucket needed); at a new bucket, an arm measured below `NEAR`
+  × the best at a neighbouring bucket (within a factor 4) is not tried until the batch has stayed `NEAR_AFTER` steps
+  there;
 - drift: when the exploited arm's rate over its last `RECENT` steps differs from its rate over the `RECENT` steps
   before them by more than `DRIFT` and by more than two standard errors of that difference (at batch 1 a step's
   tokens swing 1-5 with the text: 8 steps' rate swung 2x with nothing changed, and each false drift sent the budget
   re-measuring every arm), the other arms at the bucket are flagged stale (re-measured within the budget, the
   closest to the best first; those measured below `FAR` × its lower rate stay as measured), the exploited arm keeps
   only its last `RECENT` steps, a reused call ends (the next step plans: at batch 1 eagle-g4 led eagle-g2 by 12% on
-  one text and trailed it by 5% on the next), and the next check waits `RECENT` steps; a trial cut short because its arm was not offered (a lookup drafter without a match) is not
-  tried again there for `STALE` steps (a lookup arm offered on one step in three never completed a trial and
-  took the budget over and over); a batch bucket not seen yet starts unmeasured.
+  one text and trailed it by 5% on the next), and the next check waits `RECENT` steps; a trial cut short because its
+  arm was not offered (a lookup drafter without a match) is not tried again there for `STALE` steps (a lookup arm
+  offered on one step in three never completed a trial and took the budget over and over); a batch bucket not seen
+  yet starts unmeasured.
 """
 from __future__ import annotations
 
