@@ -494,3 +494,26 @@ def test_after_plain_the_exploited_arms_drafter_is_tried_first_and_a_bucket_sett
         for _ in range(m.need(64) + 1):
             m.record(arm, 64, 64.0, 0.05, m.steps)
     assert m._target(arms, 64, "eagle-g4") == ("eagle-g2", "new")
+
+
+def test_a_batch_whose_ragged_tail_runs_longer_than_its_full_steps_is_explored_at_its_own_size():
+    """Rounds of a batch of 8 (6 steps), each followed by its last row running 12 steps alone: the batch never
+    spends SETTLE of 2·SETTLE steps at 8, yet 8 is the largest bucket of its steps (no size passed on the way
+    down), so it is explored there; the tail at 1 is not."""
+    ctl, res, spec_res = two_drafters()
+    speeds = {"plain": 2e-3, "self": 1.5e-3, "eagle": 1e-3}
+    drive(ctl, res, spec_res, speeds, 300, ids=[0])  # bucket 1 measured; 8 new
+    m = ctl.measured
+    reasons = []
+    orig = m.pick
+
+    def pick(arms, B):
+        p = orig(arms, B)
+        reasons.append((B, p.reason))
+        return p
+    m.pick = pick
+    for _ in range(30):
+        drive(ctl, res, spec_res, speeds, 6)
+        drive(ctl, res, spec_res, speeds, 12, ids=[0])
+    assert (8, "explore") in reasons and m.rate("plain", 8) is not None
+    assert (1, "explore") not in reasons

@@ -34,8 +34,9 @@ Successive elimination with a bounded budget:
   drift, one measured `STALE` steps ago while close to the best, or one measured on few steps that is nearly tied;
   free during the first `WARMUP` steps, afterwards only while exploration steps stay within `SHARE` of the steps
   after the warm-up;
-- a bucket is explored only while at least `SETTLE` of the last 2·`SETTLE` steps were in it and none of them in a
-  bucket more than twice as large (or while nothing is measured anywhere): a passing batch size, such as a batch's
+- a bucket is explored only while it is the largest of the last 2·`SETTLE` steps' or at least `SETTLE` of them were
+  in it, and none of them in a bucket more than twice as large (or while nothing is measured anywhere; a batch of 64
+  whose ragged tail ran 17 of its 27 steps never spent 8 of 16 steps at 64, and eagle-g2 was never tried there): a passing batch size, such as a batch's
   ragged tail (64 sequences, then 40, 17, 5, 1: a speculative batch's rows finish steps apart, and its last row can
   run 10+ steps alone), exploits the nearest measured bucket's best arm instead of paying trials it could never
   amortize (and that spent the budget the batch's own bucket needed); at a new bucket, an arm measured below `NEAR`
@@ -298,7 +299,8 @@ class MeasuredArms:
 
     def _explore(self, arms: list[Arm], b: int, best: str) -> str | None:
         tail = max(self.recent, default=b) > 2 * b  # the ragged tail of a batch more than twice as large
-        if not self.min_steps or ((self.recent.count(b) < self.SETTLE or tail) and any(self.win.values())):
+        peak = b >= max(self.recent, default=b)  # the largest bucket of the last steps: no size passed on the way down
+        if not self.min_steps or ((self.recent.count(b) < self.SETTLE and not peak or tail) and any(self.win.values())):
             return None
         offered = {a.name for a in arms}
         self.idle[b] = False
