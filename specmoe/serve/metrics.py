@@ -125,6 +125,9 @@ class _StatsCollector:
             for arm, n in s["auto_chosen_steps"].items():
                 chosen.add_metric([arm], float(n))
             yield chosen
+            yield CounterMetricFamily("specmoe_auto_second_trials", "configurations auto tried a second time after "
+                                      "one trial put them behind the best (the better trial stands)",
+                                      value=float(s["auto_second_trials"]))
             rates = GaugeMetricFamily("specmoe_auto_measured_tokens_per_second", "tokens/s auto measured for a "
                                       "configuration at a batch bucket in this process", labels=["arm", "bucket"])
             for key, v in s["auto_measured_rates"].items():

@@ -129,13 +129,14 @@ def test_the_cost_model_prunes_arms_predicted_far_behind_and_orders_the_trials()
             Arm("c", 50.0, 60.0)]
     measures = {"plain": 100.0, "a": 300.0, "b": 250.0, "c": 50.0, "d": 200.0}  # tokens/s each arm realizes
     picks = []
-    for step in range(40):
+    for step in range(60):
         picks.append(m.pick(arms, 8).arm)
         m.record(picks[-1], 8, measures[picks[-1]] * 0.01, 0.01, step)
     assert picks[:4] == ["a"] * 4  # nothing measured: the model's best, measured first
     assert "c" not in picks and "plain" in picks  # predicted far behind: never tried (but plain always is)
     assert picks.index("plain") < picks.index("b") < picks.index("d")  # plain (the baseline) first, then the model's order
     assert picks[-5:] == ["a"] * 5 and m.rate("b", 8) == 250.0
+    assert m.second_trials == 2  # b and d, behind a within SECOND: each tried again once (plain, 0.33x, is not)
 
 
 def test_what_was_measured_is_remembered_by_the_next_controller():
@@ -445,3 +446,31 @@ def test_after_plain_the_exploited_arms_drafter_is_tried_first_and_a_bucket_sett
         for _ in range(m.need(64) + 1):
             m.record(arm, 64, 64.0, 0.05, m.steps)
     assert m._target(arms, 64, "eagle-g4") == ("eagle-g2", "new")
+
+
+@pytest.mark.parametrize("again, rate, winner", [((1, 1, 1, 1), 260.0, "eagle-g2"),
+                                                  ((2, 2, 2, 1), 2080 / 12, "eagle-g4")])
+def test_an_arm_one_unlucky_trial_put_behind_is_tried_again_and_its_better_trial_stands(again, rate, winner):
+    """eagle-g2 runs at 260 tok/s, but 2 of its 4 trial steps met a stall (twice as long): rated 173, behind the
+    exploited eagle-g4 (240). RECENT steps later it gets a second trial; run clean, it takes over; stalled worse,
+    the first trial's rate stands."""
+    m = MeasuredArms()
+    t = 2.0 / 260
+    m.interrupt()
+    for s in (t, t, 2 * t, t, 2 * t):  # (the first: the switch's, not measured)
+        m.record("eagle-g2", 1, 2.0, s, 0)
+    assert m.rate("eagle-g2", 1) == pytest.approx(2080 / 12) and m.trials[("eagle-g2", 1)] == 1
+    m.interrupt()
+    _exploit(m, "eagle-g4", [(3.0, 3.0 / 240)] * 20)
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    arms = [Arm(n, 1.0, 1.0) for n in ("eagle-g2", "eagle-g4")]
+    assert m._exploit(arms, 1).arm == "eagle-g4"
+    assert m._explore(arms, 1, "eagle-g4") == "eagle-g2" and m.n("eagle-g2", 1) == 0 and m.second_trials == 0
+    m.interrupt()
+    for k in (1,) + again:
+        m.record("eagle-g2", 1, 2.0, k * t, m.steps)
+    assert m.second_trials == 1 and not m.prior and m.trials[("eagle-g2", 1)] == 2
+    assert m.rate("eagle-g2", 1) == pytest.approx(rate)
+    assert m._exploit(arms, 1).arm == winner
+    m.steps += 100
+    assert m._target(arms, 1, "eagle-g4")[1] != "second"  # one second opinion

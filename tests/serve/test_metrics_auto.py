@@ -25,3 +25,5 @@ def test_metrics_show_autos_choice_and_measured_rates():
              for s in fams["specmoe_auto_measured_tokens_per_second"].samples}
     assert rates and rates == {tuple(k.rsplit("@", 1)): pytest.approx(v) for k, v in st["auto_measured_rates"].items()}
     assert all(v > 0 for v in rates.values())
+    second = fams["specmoe_auto_second_trials"].samples[0].value
+    assert second == st["auto_second_trials"]

@@ -31,7 +31,9 @@ Successive elimination with a bounded budget:
   then another length or shape of the exploited arm's drafter, whose acceptance is measured where the others' is
   only predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its trial, though it
   measures 8% faster than the exploited eagle-g4; then the most promising predicted), a measured one flagged by
-  drift, one measured `STALE` steps ago while close to the best, or one measured on few steps that is nearly tied;
+  drift, one measured `STALE` steps ago while close to the best, one whose single trial put it behind the best but
+  within `SECOND` of it (a second opinion, `RECENT` steps later: the better of its two trials stands), or one
+  measured on few steps that is nearly tied;
   free during the first `WARMUP` steps, afterwards only while exploration steps stay within `SHARE` of the steps
   after the warm-up;
 - a bucket is explored only while it is the largest of the last 2·`SETTLE` steps' or at least `SETTLE` of them were
@@ -138,11 +140,14 @@ class MeasuredArms:
     NEAR: float = 0.75       # an arm measured below this share of the best at a neighbouring bucket is not tried ...
     NEAR_AFTER: int = 256    # ... until the batch has stayed this many steps in the new bucket
     EDGE: float = 1.25       # a lookup arm exploited only when it measures this much faster (`_edge`)
+    SECOND: float = 0.6      # an arm whose one trial measured it behind the best, within this share, is tried again
     win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds)]
     last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
     calm: dict = field(default_factory=dict)       # (arm, bucket) -> its steps recorded since its last drift
     real: dict = field(default_factory=dict)       # arm -> [tokens emitted, tokens expected on pooled acceptance]
     cut: dict = field(default_factory=dict)        # (arm, bucket) -> step its last trial was cut short
+    trials: dict = field(default_factory=dict)     # (arm, bucket) -> trials completed (1, or 2 after a second opinion)
+    prior: dict = field(default_factory=dict)      # (arm, bucket) -> its first trial's steps, while the second runs
     SHRINK: float = 256.0    # pseudo-tokens of the family's calibration in an arm's (`kappa`)
     REAL_MAX: float = 8192.0  # expected tokens after which an arm's calibration sums are halved
     stale: set = field(default_factory=set)        # (arm, bucket) flagged by drift
@@ -157,6 +162,7 @@ class MeasuredArms:
     seen: dict = field(default_factory=dict)       # bucket -> steps recorded there
     idle: dict = field(default_factory=dict)       # bucket -> its last pick found no arm to explore (`settled`)
     drifts: int = 0                                # drifts detected
+    second_trials: int = 0                         # second opinions completed (`_trial_done`)
 
     def __post_init__(self):
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
@@ -185,6 +191,8 @@ class MeasuredArms:
         self.last[key] = step
         self.stale.discard(key)
         self.calm[key] = self.calm.get(key, 0) + 1
+        if len(w) == self.need(b):
+            self._trial_done(key, w)
         R = self.RECENT
         if self.current.get(key[1]) == arm and len(w) >= 2 * R and self.calm[key] >= R:
             steps = list(w)
@@ -201,6 +209,18 @@ class MeasuredArms:
                 for _ in range(len(w) - R):  # its own steps before the move are old news too
                     w.popleft()
                 self.drifts += 1  # (a reused call ends: the next step plans, and may re-measure, `Coasting`)
+
+    def _trial_done(self, key, w) -> None:
+        """The arm's window just reached `need` steps: a trial completed. After a second opinion (`_target`), the
+        better of its two trials stands (a trial is a few steps: one that met two stalls rated eagle-g2 at 154 tok/s,
+        0.7x its fixed engine, and ruled it out; a rate read too high is corrected by the steps the arm then runs
+        exploited, one read too low never is)."""
+        first = self.prior.pop(key, None)
+        self.trials[key] = self.trials.get(key, 0) + 1
+        self.second_trials += first is not None
+        if first is not None and _rate(first) > _rate(w):
+            w.clear()
+            w.extend(first)
 
     def interrupt(self) -> None:
         """A step of no arm (forced or scheduled): the next arm's first step is a switch."""
@@ -318,18 +338,20 @@ class MeasuredArms:
             return None
         # + the switch's unmeasured step; an arm measured again starts a fresh window (its old steps are old news),
         # one measured more adds a burst to it
-        again = mode == "again"
         length = self.need(b) + 1 - (min(self.n(target, b), self.need(b)) if mode == "new" else 0)
         if not self._budget(length):
             return None
-        if again:
+        if mode == "second":
+            self.prior[(target, b)] = deque(self.win[(target, b)])
+        if mode in ("again", "second"):
             self.win[(target, b)].clear()
         self.burst = _Burst(target, b, length - 1)
         return target
 
     def _target(self, arms: list[Arm], b: int, best: str) -> tuple[str | None, str]:
         """The arm to explore, and how: "new" (not measured yet), "again" (from scratch: drift, or an old
-        measurement) or "more" (a burst added to a noisy measurement)."""
+        measurement), "second" (from scratch, the better of its two trials standing: `_trial_done`) or "more" (a
+        burst added to a noisy measurement)."""
         if self.n(best, b) < self.need(b):  # the exploited arm is being measured first
             return None, ""
         top = max(a.predicted for a in arms)
@@ -347,6 +369,13 @@ class MeasuredArms:
                    and (self.score(a.name, b) or 0.0) >= self.CLOSE * rb)]
         if old:  # the one measured closest to the best first (the likeliest to take over), then the oldest
             return max(old, key=lambda n: (self.score(n, b) or 0.0, -self.last.get((n, b), 0))), "again"
+        # measured once, behind but within SECOND of the best, at least RECENT steps ago (another moment's stalls):
+        # a second opinion, the closest first
+        once = [a.name for a in cands if self.trials.get((a.name, b)) == 1 and (a.name, b) not in self.prior
+                and self.steps - self.last.get((a.name, b), 0) >= self.RECENT
+                and self.SECOND * rb <= (self.score(a.name, b) or 0.0) < rb]
+        if once:
+            return max(once, key=lambda n: self.score(n, b) or 0.0), "second"
         # nearly tied or not clearly behind (upper confidence bound reaching the exploited rate): measured longer
         few = [a.name for a in cands if self.n(a.name, b) < 3 * self.need(b)
                and (self.score(a.name, b) or 0.0) + self.Z * self.se_of((a.name, b)) >= rb]
@@ -382,6 +411,7 @@ class MeasuredArms:
                 "auto_current_by_bucket": {str(b): a for b, a in sorted(self.current.items())},
                 "auto_exploration_share": round(self.exploration_share(), 4),
                 "auto_exploration_steps": self.explored_all,
+                "auto_second_trials": self.second_trials,
                 "auto_measured_rates": {f"{a}@{b}": round(self.rate_of((a, b)), 2)
                                         for (a, b) in sorted(self.win) if self.win[(a, b)]},
                 "auto_measured_steps": {f"{a}@{b}": len(w) for (a, b), w in sorted(self.win.items())},
