@@ -1,7 +1,12 @@
 """decoding="auto" at changing batch sizes (`control/measured.py`): which batch buckets are explored. A size a
 batch only passes through (its ragged tail on the way down) pays no trials; the batch's own bucket is explored, even
-when its tail runs longer than its full steps."""
+when its tail runs longer than its full steps. Within a bucket, arms compare on steps of as many rows, and a batch
+takes the shorter of two drafts that measure as fast (its tail is shorter)."""
 from __future__ import annotations
+
+import pytest
+
+from specmoe.decoding.control.measured import Arm, MeasuredArms
 
 from tests.decoding.test_auto_choice import drive, two_drafters
 
@@ -69,3 +74,39 @@ def test_a_batch_whose_ragged_tail_runs_longer_than_its_full_steps_is_explored_a
         drive(ctl, res, spec_res, speeds, 12, ids=[0])
     assert (8, "explore") in reasons and m.rate("plain", 8) is not None
     assert (1, "explore") not in reasons
+
+
+def _steps(m, arm, steps) -> None:
+    """Record `steps` [(rows, tokens/s)] of `arm`, 0.1 s each, after a switch step (not measured)."""
+    m.interrupt()
+    for rows, rate in steps[:1] + steps:
+        m.record(arm, rows, rate * 0.1, 0.1, m.steps)
+
+
+def test_arms_at_a_bucket_compare_on_steps_of_as_many_rows():
+    """eagle-g2 exploited at 64 over whole batches: 1600 tok/s at 64 rows, 1400 once rows end (48): 1500 over its
+    window. eagle-g4's trial, at a batch's start, ran 64 rows at 1620: ahead of 1500, not of g2's 1600 at 64 rows."""
+    m = MeasuredArms()
+    m.current[64] = "eagle-g2"
+    _steps(m, "eagle-g2", [(64, 1600.0)] * 8 + [(48, 1400.0)] * 8)
+    _steps(m, "eagle-g4", [(64, 1620.0)] * 2)
+    assert m.rate("eagle-g2", 64) == pytest.approx(1500.0)  # (its whole window)
+    arms = [Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)]
+    assert m._rows(["eagle-g2", "eagle-g4"], 64) == 64
+    assert m._exploit(arms, 64).arm == "eagle-g2"
+    _steps(m, "eagle-g4", [(64, 1800.0)] * 2)  # clearly ahead at 64 rows too: it takes over
+    assert m._exploit(arms, 64).arm == "eagle-g4"
+
+
+@pytest.mark.parametrize("B, g4, winner", [(64, 1650.0, "eagle-g2"), (1, 1650.0, "eagle-g4"),
+                                           (64, 1800.0, "eagle-g4")])
+def test_a_batch_takes_the_shorter_of_two_drafts_measured_as_fast(B, g4, winner):
+    """At batch 64 eagle-g4's full steps measured 2% faster than eagle-g2's, but it finishes rows further apart and
+    the batch's tail took 1.65x as long: within STAY the shorter draft is exploited; a single row has no tail; an
+    arm clearly faster keeps the batch."""
+    m = MeasuredArms()
+    _steps(m, "eagle-g2", [(B, 1620.0)] * 8)
+    m.current[B] = "eagle-g4"
+    _steps(m, "eagle-g4", [(B, g4)] * 8)
+    arms = [Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)]
+    assert m._exploit(arms, B).arm == winner

@@ -24,7 +24,10 @@ Successive elimination with a bounded budget:
   bucket; before that, the model's best. A lookup arm (ngram, or a mix with it) is offered and measured only where
   its lookup matched, repetitive text on which every arm runs faster (eagle-g2 emits up to 1.3x its average there):
   its rate counts `EDGE`x less against the others (ngram-g4 at 385 tok/s on its matched steps took batch 4 from
-  eagle-g2 at 382 on all steps, while the fixed ngram-g4 engine ran well behind it). (Rates relative to the
+  eagle-g2 at 382 on all steps, while the fixed ngram-g4 engine ran well behind it). Arms compare on their steps of
+  as many rows (`_rows`: a trial runs at a batch's start, the exploited arm over its whole life), and at a batch the
+  shortest draft length of the chosen arm's drafter measured within `STAY` of it is taken (`_even`: deeper drafts
+  leave a longer ragged tail, which per-step rates do not see). (Rates relative to the
   exploited arm's adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more
   than the machine's speed, and chained ratios compounded that noise);
 - exploration, in bursts of `need` + 1 consecutive steps of one arm: an unmeasured arm (plain, the baseline, first;
@@ -84,16 +87,16 @@ def conditional(arm: str) -> bool:
 
 
 def _rate(steps) -> float:
-    """Tokens/s over `steps` [(tokens, seconds)]: a ratio of sums."""
-    return sum(t for t, _ in steps) / sum(s for _, s in steps)
+    """Tokens/s over `steps` [(tokens, seconds, rows)]: a ratio of sums."""
+    return sum(x[0] for x in steps) / sum(x[1] for x in steps)
 
 
 def _se(steps) -> float:
-    """Standard error of a rate measured over `steps` [(tokens, seconds)]: the spread of the steps' rates over
+    """Standard error of a rate measured over `steps` [(tokens, seconds, rows)]: the spread of the steps' rates over
     √steps (inf below 2)."""
     if len(steps) < 2:
         return math.inf
-    xs = [t / s for t, s in steps]
+    xs = [x[0] / x[1] for x in steps]
     m = sum(xs) / len(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
 
@@ -141,7 +144,7 @@ class MeasuredArms:
     NEAR_AFTER: int = 256    # ... until the batch has stayed this many steps in the new bucket
     EDGE: float = 1.25       # a lookup arm exploited only when it measures this much faster (`_edge`)
     SECOND: float = 0.6      # an arm whose one trial measured it behind the best, within this share, is tried again
-    win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds)]
+    win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds, rows)]
     last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
     calm: dict = field(default_factory=dict)       # (arm, bucket) -> its steps recorded since its last drift
     real: dict = field(default_factory=dict)       # arm -> [tokens emitted, tokens expected on pooled acceptance]
@@ -187,7 +190,7 @@ class MeasuredArms:
             return
         key = (arm, b)
         w = self.win.setdefault(key, deque(maxlen=self.WINDOW))
-        w.append((e, float(seconds)))
+        w.append((e, float(seconds), int(B)))
         self.last[key] = step
         self.stale.discard(key)
         self.calm[key] = self.calm.get(key, 0) + 1
@@ -202,9 +205,9 @@ class MeasuredArms:
                 # the workload moved: the others' rates are old news, for those within FAR of it (rated on pooled
                 # acceptance, an arm far behind stays behind when the text moves: re-measuring self-g2 at 0.4x
                 # after every drift spent the budget for nothing)
-                floor = self.FAR * min(a, r) * self.kappa(arm)
+                keep = self.FAR * min(a, r) * self.kappa(arm)
                 self.stale |= {k for k, v in self.win.items()
-                               if k[1] == key[1] and k[0] != arm and v and self.rate_of(k) >= floor}
+                               if k[1] == key[1] and k[0] != arm and v and self.rate_of(k) >= keep}
                 self.calm[key] = 0
                 for _ in range(len(w) - R):  # its own steps before the move are old news too
                     w.popleft()
@@ -226,9 +229,28 @@ class MeasuredArms:
         """A step of no arm (forced or scheduled): the next arm's first step is a switch."""
         self.prev = "-"
 
-    def rate_of(self, key) -> float:
-        """The arm's pooled-acceptance tokens over seconds in its window × its calibration (`kappa`)."""
-        return _rate(self.win[key]) * self.kappa(key[0])
+    def rate_of(self, key, rows: int = 0) -> float:
+        """The arm's pooled-acceptance tokens over seconds in its window (`_steps`) × its calibration (`kappa`)."""
+        return _rate(self._steps(key, rows)) * self.kappa(key[0])
+
+    def _steps(self, key, rows: int = 0):
+        """The arm's window at a bucket; given `rows`, only its steps of at least that many rows while `need` of
+        them are left (`_rows`)."""
+        w = self.win.get(key, ())
+        if rows > 1:
+            some = [x for x in w if x[2] >= rows]
+            if len(some) >= max(1, self.need(key[1])):
+                return some
+        return w
+
+    def _rows(self, names, b: int) -> int:
+        """The rows arms are compared at, at bucket b: the most any measured arm's window has at its fewest. A
+        bucket spans a batch's full steps and its first rows' ends (64 rows, then 60, 47...): a trial bursts from a
+        fresh plan, at a batch's start, while the exploited arm's window spans its whole life, and a step of 64 rows
+        emits more tokens a second than one of 48 (eagle-g4's trial steps rated it 13% above eagle-g2 at batch 64,
+        while over whole batches it ran 9% slower)."""
+        k = max(1, self.need(b))
+        return max((min(x[2] for x in w) for n in names if len(w := self.win.get((n, b), ())) >= k), default=0)
 
     def kappa(self, arm: str) -> float:
         """Tokens the arm emitted per token its drafts were worth on pooled acceptance, over all its steps (its
@@ -243,9 +265,9 @@ class MeasuredArms:
         """The arm's measured tokens/s at B's bucket (None until `need` steps are measured there)."""
         return self.score(arm, bucket(B))
 
-    def score(self, arm: str, b: int) -> float | None:
-        """`rate` at bucket b."""
-        return self.rate_of((arm, b)) if self.n(arm, b) >= max(1, self.need(b)) else None
+    def score(self, arm: str, b: int, rows: int = 0) -> float | None:
+        """`rate` at bucket b (over its steps of at least `rows` rows: `_steps`)."""
+        return self.rate_of((arm, b), rows) if self.n(arm, b) >= max(1, self.need(b)) else None
 
     def need(self, b: int) -> int:
         """Steps an arm needs at bucket b before its rate counts: `min_steps`, halved from `WIDE` rows on (a step's
@@ -253,9 +275,9 @@ class MeasuredArms:
         batch that large takes few steps per request: 5-step bursts left one trial per bucket in 300 steps)."""
         return self.min_steps if b < self.WIDE else (self.min_steps + 1) // 2
 
-    def se_of(self, key) -> float:
-        """Standard error of the arm's rate at a bucket (`_se` of its window, × `kappa`)."""
-        return _se(self.win.get(key, ())) * self.kappa(key[0])
+    def se_of(self, key, rows: int = 0) -> float:
+        """Standard error of the arm's rate at a bucket (`_se` of its window, × `kappa`; `_steps`)."""
+        return _se(self._steps(key, rows)) * self.kappa(key[0])
 
     def n(self, arm: str, b: int) -> int:
         return len(self.win.get((arm, b), ()))
@@ -295,22 +317,37 @@ class MeasuredArms:
 
     def _exploit(self, arms: list[Arm], b: int) -> Pick:
         names = [a.name for a in arms]
-        measured = {n: r / self._edge(n) for n in names if (r := self.score(n, b)) is not None}
+        f = self._rows(names, b)
+        measured = {n: r / self._edge(n) for n in names if (r := self.score(n, b, f)) is not None}
         if measured:
             cur = self.current.get(b)
-            se = {n: self.se_of((n, b)) / self._edge(n) for n in measured}
+            se = {n: self.se_of((n, b), f) / self._edge(n) for n in measured}
             if cur not in measured:
-                return Pick(max(measured, key=lambda n: measured[n] - self.Z * se[n]), "measured")
+                return Pick(self._even(max(measured, key=lambda n: measured[n] - self.Z * se[n]), measured, b),
+                            "measured")
             best = max(measured, key=measured.get)
             gap = measured[best] - measured[cur]
             clear = gap > self.Z * math.hypot(se[best], se[cur])
-            return Pick(best if measured[best] > self.STAY * measured[cur] and clear else cur, "measured")
+            return Pick(self._even(best if measured[best] > self.STAY * measured[cur] and clear else cur, measured, b),
+                        "measured")
         near = sorted({k[1] for k in self.win if k[1] != b}, key=lambda k: abs(math.log2(k / b)))
         for nb in near:
             there = {n: r for n in names if (r := self.score(n, nb)) is not None}
             if there:
                 return Pick(max(there, key=there.get), "measured-near")
         return Pick(max(arms, key=lambda a: a.predicted).name, "model")
+
+    def _even(self, arm: str, measured: dict, b: int) -> str:
+        """At a batch (b > 1), the shortest fixed length of `arm`'s drafter measured as fast as it (within `STAY`):
+        deeper drafts finish a batch's rows further apart, and its ragged tail runs fewer rows a step at a worse
+        rate than its full steps, which per-step rates do not see (at batch 64 eagle-g4's full steps measured 2%
+        faster than eagle-g2's, its tail took 1.65x as long and the batch 8% longer)."""
+        if b < 2 or "-g" not in arm or "/" in arm:
+            return arm
+        d, g = arm.rsplit("-g", 1)
+        tied = [n for n in measured if "/" not in n and n.rsplit("-g", 1)[0] == d and "-g" in n
+                and int(n.rsplit("-g", 1)[1]) < int(g) and self.STAY * measured[n] >= measured[arm]]
+        return min(tied, key=lambda n: int(n.rsplit("-g", 1)[1])) if tied else arm
 
     def _budget(self, steps: int) -> bool:
         """Whether `steps` more exploration steps keep the share after the warm-up within SHARE."""
@@ -362,23 +399,24 @@ class MeasuredArms:
         if unmeasured:  # plain (the baseline) first, then the exploited arm's drafter, then in the model's order
             return max(unmeasured, key=lambda a: (a.name == "plain", drafter(a.name) == drafter(best),
                                                   a.optimistic)).name, "new"
-        rb = self.score(best, b) or 0.0
+        f = self._rows([a.name for a in arms], b)
+        rb = self.score(best, b, f) or 0.0
         # flagged by drift: every arm (its rate is old news); merely old: those close to the best
         old = [a.name for a in cands if (a.name, b) in self.stale
                or (self.steps - self.last.get((a.name, b), 0) > self.STALE
-                   and (self.score(a.name, b) or 0.0) >= self.CLOSE * rb)]
+                   and (self.score(a.name, b, f) or 0.0) >= self.CLOSE * rb)]
         if old:  # the one measured closest to the best first (the likeliest to take over), then the oldest
-            return max(old, key=lambda n: (self.score(n, b) or 0.0, -self.last.get((n, b), 0))), "again"
+            return max(old, key=lambda n: (self.score(n, b, f) or 0.0, -self.last.get((n, b), 0))), "again"
         # measured once, behind but within SECOND of the best, at least RECENT steps ago (another moment's stalls):
         # a second opinion, the closest first
         once = [a.name for a in cands if self.trials.get((a.name, b)) == 1 and (a.name, b) not in self.prior
                 and self.steps - self.last.get((a.name, b), 0) >= self.RECENT
-                and self.SECOND * rb <= (self.score(a.name, b) or 0.0) < rb]
+                and self.SECOND * rb <= (self.score(a.name, b, f) or 0.0) < rb]
         if once:
-            return max(once, key=lambda n: self.score(n, b) or 0.0), "second"
+            return max(once, key=lambda n: self.score(n, b, f) or 0.0), "second"
         # nearly tied or not clearly behind (upper confidence bound reaching the exploited rate): measured longer
         few = [a.name for a in cands if self.n(a.name, b) < 3 * self.need(b)
-               and (self.score(a.name, b) or 0.0) + self.Z * self.se_of((a.name, b)) >= rb]
+               and (self.score(a.name, b, f) or 0.0) + self.Z * self.se_of((a.name, b), f) >= rb]
         return (few[0], "more") if few else (None, "")
 
     def _behind_near(self, arm: str, b: int) -> bool:
@@ -420,7 +458,7 @@ class MeasuredArms:
     def state(self) -> dict:
         """What `warm` reads back: each arm's measured (tokens, seconds) per bucket, summed over its window, and its
         step count."""
-        out = {f"{a}@{b}": [sum(t for t, _ in w), sum(s for _, s in w), len(w)] for (a, b), w in self.win.items() if w}
+        out = {f"{a}@{b}": [sum(x[0] for x in w), sum(x[1] for x in w), len(w)] for (a, b), w in self.win.items() if w}
         return out | {f"{a}@real": list(v) for a, v in self.real.items()}
 
     def warm(self, state: dict) -> None:
@@ -441,5 +479,5 @@ class MeasuredArms:
             k2 = max(1, self.need(b))
             if tokens <= 0 or seconds <= 0 or n < k2:
                 continue
-            self.win[(arm, b)] = deque([(tokens / n, seconds / n)] * k2, maxlen=self.WINDOW)
+            self.win[(arm, b)] = deque([(tokens / n, seconds / n, b)] * k2, maxlen=self.WINDOW)
             self.last[(arm, b)] = 0
