@@ -64,7 +64,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from specmoe.decoding.control.candidates import LOOKUP
+from specmoe.decoding.control.candidates import LOOKUP, is_uniform, uniform_parts
 from specmoe.decoding.control.refinement import bucket
 
 
@@ -342,12 +342,12 @@ class MeasuredArms:
         deeper drafts finish a batch's rows further apart, and its ragged tail runs fewer rows a step at a worse
         rate than its full steps, which per-step rates do not see (at batch 64 eagle-g4's full steps measured 2%
         faster than eagle-g2's, its tail took 1.65x as long and the batch 8% longer)."""
-        if b < 2 or "-g" not in arm or "/" in arm:
+        if b < 2 or not is_uniform(arm):
             return arm
-        d, g = arm.rsplit("-g", 1)
-        tied = [n for n in measured if "/" not in n and n.rsplit("-g", 1)[0] == d and "-g" in n
-                and int(n.rsplit("-g", 1)[1]) < int(g) and self.STAY * measured[n] >= measured[arm]]
-        return min(tied, key=lambda n: int(n.rsplit("-g", 1)[1])) if tied else arm
+        d, g = uniform_parts(arm)
+        tied = {n: uniform_parts(n)[1] for n in measured if is_uniform(n) and uniform_parts(n)[0] == d
+                and uniform_parts(n)[1] < g and self.STAY * measured[n] >= measured[arm]}
+        return min(tied, key=tied.get) if tied else arm
 
     def _budget(self, steps: int) -> bool:
         """Whether `steps` more exploration steps keep the share after the warm-up within SHARE."""
