@@ -474,3 +474,49 @@ def test_an_arm_one_unlucky_trial_put_behind_is_tried_again_and_its_better_trial
     assert m._exploit(arms, 1).arm == winner
     m.steps += 100
     assert m._target(arms, 1, "eagle-g4")[1] != "second"  # one second opinion
+
+
+def test_a_second_opinion_comes_before_another_drafters_first_trial():
+    """eagle-g2's one trial met a slow moment (0.72x the exploited eagle-g4); self+ngram, another drafter's mix the
+    model ranks below, is not measured yet. The budget's next burst re-measures eagle-g2 first (at batch 4 it went
+    to self+ngram while the fixed eagle-g2 engine ran 10% faster than eagle-g4); self+ngram's first trial follows."""
+    m = MeasuredArms()
+    t = 2.0 / 260
+    m.interrupt()
+    for s in (t, 1.4 * t, 1.4 * t, 1.4 * t, 1.4 * t):  # (the first: the switch's, not measured)
+        m.record("eagle-g2", 1, 2.0, s, 0)
+    assert m.trials[("eagle-g2", 1)] == 1
+    m.interrupt()
+    _exploit(m, "eagle-g4", [(3.0, 3.0 / 260)] * 20)
+    m.interrupt()
+    for _ in range(m.need(1) + 1):
+        m.record("plain", 1, 1.0, 1.0 / 150, m.steps)
+        m.steps += 1
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    arms = [Arm("plain", 1.0, 1.0), Arm("eagle-g4", 3.0, 3.0), Arm("eagle-g2", 2.5, 2.5), Arm("self+ngram", 2.8, 2.8)]
+    assert m._exploit(arms, 1).arm == "eagle-g4"
+    assert m._target(arms, 1, "eagle-g4") == ("eagle-g2", "second")
+    assert m._explore(arms, 1, "eagle-g4") == "eagle-g2"
+    m.interrupt()
+    for _ in range(m.need(1) + 1):
+        m.record("eagle-g2", 1, 2.0, t, m.steps)
+        m.steps += 1
+    assert m.second_trials == 1
+    assert m._target(arms, 1, m._exploit(arms, 1).arm) == ("self+ngram", "new")
+
+
+def test_an_arms_calibration_is_its_own_not_its_drafters_other_lengths():
+    """eagle-g2 emits 1.1x what its drafts are worth on pooled acceptance (2000 steps), eagle-g4 0.9x (a trial of
+    4): by what they emit, g2 runs 275 tok/s and g4 235. Shrunk toward g2's calibration, g4's trial would read 285
+    and take over; its own calibration starts at 1 and g2 keeps the batch."""
+    m = MeasuredArms()
+    for _ in range(2000):
+        m.record("eagle-g2", 4, 2.2, 0.008, 0, expected=2.0)
+    m.interrupt()
+    for _ in range(m.need(4) + 1):
+        m.record("eagle-g4", 4, 2.7, 0.0115, 0, expected=3.0)
+    assert m.kappa("eagle-g2") == pytest.approx(1.1, abs=0.01)
+    assert m.kappa("eagle-g4") == pytest.approx(1.0, abs=0.01)
+    assert m.rate("eagle-g2", 4) > 1.03 * m.rate("eagle-g4", 4)
+    m.current[4] = "eagle-g2"
+    assert m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 4).arm == "eagle-g2"

@@ -10,7 +10,7 @@ An arm's rate is not the tokens its steps happened to emit: at batch 1 a step em
 lands on, so arms measured on different text (a few steps each) compared the text, not the arms. A chain step is
 credited with what its drafts were worth on the drafter's acceptance pooled over every sequence (`expected`: the
 position estimates at the depths it drafted), times the arm's calibration (`kappa`: tokens emitted per pooled token
-over all its steps, shrunk toward its drafter's arms while it has few), over the step's seconds. Plain and tree
+over all its own steps, shrunk toward 1 while it has few), over the step's seconds. Plain and tree
 steps are credited with what they emitted.
 
 Successive elimination with a bounded budget:
@@ -30,13 +30,14 @@ Successive elimination with a bounded budget:
   leave a longer ragged tail, which per-step rates do not see). (Rates relative to the
   exploited arm's adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more
   than the machine's speed, and chained ratios compounded that noise);
-- exploration, in bursts of `need` + 1 consecutive steps of one arm: an unmeasured arm (plain, the baseline, first;
-  then another length or shape of the exploited arm's drafter, whose acceptance is measured where the others' is
-  only predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its trial, though it
-  measures 8% faster than the exploited eagle-g4; then the most promising predicted), a measured one flagged by
-  drift, one measured `STALE` steps ago while close to the best, one whose single trial put it behind the best but
-  within `SECOND` of it (a second opinion, `RECENT` steps later: the better of its two trials stands), or one
-  measured on few steps that is nearly tied;
+- exploration, in bursts of `need` + 1 consecutive steps of one arm, in this order: an unmeasured plain (the
+  baseline) or another length or shape of the exploited arm's drafter (whose acceptance is measured where the
+  others' is only predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its
+  trial, though it measures 8% faster than the exploited eagle-g4); a measured arm flagged by drift, or measured
+  `STALE` steps ago while close to the best; one whose single trial put it behind the best but within `SECOND` of it
+  (a second opinion, `RECENT` steps later: the better of its two trials stands; before the first trials of other
+  drafters, which the model ranked lower: a trial of 4 steps can meet a slow moment); another drafter's unmeasured
+  arm, the most promising predicted first; or one measured on few steps that is nearly tied;
   free during the first `WARMUP` steps, afterwards only while exploration steps stay within `SHARE` of the steps
   after the warm-up;
 - a bucket is explored only while it is the largest of the last 2·`SETTLE` steps' or at least `SETTLE` of them were
@@ -68,12 +69,6 @@ from specmoe.decoding.control.candidates import LOOKUP, is_uniform, uniform_part
 from specmoe.decoding.control.refinement import bucket
 
 
-def family(arm: str) -> str:
-    """The arms an arm's calibration is shrunk toward: the chain arms of one drafter or drafter mix ("eagle-g2",
-    "eagle-g4" and "eagle" are "eagle"'s); a tree arm ("eagle/tree", rated on its realized tokens) is its own."""
-    return arm if "/" in arm else arm.split("-g")[0]
-
-
 def drafter(arm: str) -> str:
     """The drafter (mix) an arm drafts with: "eagle" of "eagle-g2", "eagle/tree" and "eagle"; "eagle+ngram"."""
     return arm.split("/")[0].split("-g")[0]
@@ -83,7 +78,7 @@ def conditional(arm: str) -> bool:
     """Whether an arm drafts with a lookup drafter (`candidates.LOOKUP`: "ngram-g4", "eagle+ngram"): it is offered
     only on steps where the lookup has a proposal, repetitive text that lifts every arm, so its rate is no yardstick
     for arms measured on every step."""
-    return any(d in LOOKUP for d in family(arm).split("/")[0].split("+"))
+    return any(d in LOOKUP for d in drafter(arm).split("+"))
 
 
 def _rate(steps) -> float:
@@ -151,7 +146,7 @@ class MeasuredArms:
     cut: dict = field(default_factory=dict)        # (arm, bucket) -> step its last trial was cut short
     trials: dict = field(default_factory=dict)     # (arm, bucket) -> trials completed (1, or 2 after a second opinion)
     prior: dict = field(default_factory=dict)      # (arm, bucket) -> its first trial's steps, while the second runs
-    SHRINK: float = 256.0    # pseudo-tokens of the family's calibration in an arm's (`kappa`)
+    SHRINK: float = 256.0    # pseudo-tokens at calibration 1 in an arm's (`kappa`)
     REAL_MAX: float = 8192.0  # expected tokens after which an arm's calibration sums are halved
     stale: set = field(default_factory=set)        # (arm, bucket) flagged by drift
     current: dict = field(default_factory=dict)    # bucket -> the exploited arm
@@ -253,13 +248,14 @@ class MeasuredArms:
         return max((min(x[2] for x in w) for n in names if len(w := self.win.get((n, b), ())) >= k), default=0)
 
     def kappa(self, arm: str) -> float:
-        """Tokens the arm emitted per token its drafts were worth on pooled acceptance, over all its steps (its
-        stop rule or draft lengths may beat or trail the pooled estimate), shrunk toward its drafter family's
-        (`family`) by `SHRINK` pseudo-tokens: an arm seen on few steps takes the family's, not its own text's luck."""
-        fam = [v for a, v in self.real.items() if family(a) == family(arm)]
-        k_fam = sum(v[0] for v in fam) / sum(v[1] for v in fam) if fam and sum(v[1] for v in fam) > 0 else 1.0
+        """Tokens the arm emitted per token its drafts were worth on pooled acceptance, over all its own steps (its
+        stop rule or draft length beats or trails the pooled estimate), shrunk toward 1 (the pooled estimate as it
+        is) by `SHRINK` pseudo-tokens: an arm seen on few steps does not take its own text's luck. Not toward the
+        drafter's other lengths: the bias is the length's (at batch 4 eagle-g2 emitted 1.06-1.11x its pooled tokens,
+        eagle-g4 0.91-0.94x; pooled together, eagle-g4 read ~8% faster and eagle-g2 ~6% slower than they ran, and
+        eagle-g4 held the batch while the fixed eagle-g2 ran 10-14% faster)."""
         t, e = self.real.get(arm, (0.0, 0.0))
-        return (t + self.SHRINK * k_fam) / (e + self.SHRINK)
+        return (t + self.SHRINK) / (e + self.SHRINK)
 
     def rate(self, arm: str, B: int) -> float | None:
         """The arm's measured tokens/s at B's bucket (None until `need` steps are measured there)."""
@@ -396,9 +392,11 @@ class MeasuredArms:
                  and self.steps - self.cut.get((a.name, b), -self.STALE) >= self.STALE]
         unmeasured = [a for a in cands if self.n(a.name, b) < self.need(b)
                       and (a.name == "plain" or not self._behind_near(a.name, b))]
-        if unmeasured:  # plain (the baseline) first, then the exploited arm's drafter, then in the model's order
-            return max(unmeasured, key=lambda a: (a.name == "plain", drafter(a.name) == drafter(best),
-                                                  a.optimistic)).name, "new"
+        # plain (the baseline) first, then the exploited arm's drafter, then in the model's order
+        first = max(unmeasured, key=lambda a: (a.name == "plain", drafter(a.name) == drafter(best), a.optimistic),
+                    default=None)
+        if first is not None and (first.name == "plain" or drafter(first.name) == drafter(best)):
+            return first.name, "new"
         f = self._rows([a.name for a in arms], b)
         rb = self.score(best, b, f) or 0.0
         # flagged by drift: every arm (its rate is old news); merely old: those close to the best
@@ -408,12 +406,16 @@ class MeasuredArms:
         if old:  # the one measured closest to the best first (the likeliest to take over), then the oldest
             return max(old, key=lambda n: (self.score(n, b, f) or 0.0, -self.last.get((n, b), 0))), "again"
         # measured once, behind but within SECOND of the best, at least RECENT steps ago (another moment's stalls):
-        # a second opinion, the closest first
+        # a second opinion, the closest first, before another drafter's first trial (the model ranked those below:
+        # at batch 4 eagle-g2's one trial met a slow moment, 0.7x of eagle-g4, and the budget after the warm-up went
+        # to self+ngram's first trial while the fixed eagle-g2 ran 10% faster than the exploited eagle-g4)
         once = [a.name for a in cands if self.trials.get((a.name, b)) == 1 and (a.name, b) not in self.prior
                 and self.steps - self.last.get((a.name, b), 0) >= self.RECENT
                 and self.SECOND * rb <= (self.score(a.name, b, f) or 0.0) < rb]
         if once:
             return max(once, key=lambda n: self.score(n, b, f) or 0.0), "second"
+        if first is not None:
+            return first.name, "new"
         # nearly tied or not clearly behind (upper confidence bound reaching the exploited rate): measured longer
         few = [a.name for a in cands if self.n(a.name, b) < 3 * self.need(b)
                and (self.score(a.name, b, f) or 0.0) + self.Z * self.se_of((a.name, b), f) >= rb]
