@@ -134,6 +134,13 @@ class _StatsCollector:
                 arm, bucket = key.rsplit("@", 1)
                 rates.add_metric([arm, bucket], float(v))
             yield rates
+            laps = GaugeMetricFamily("specmoe_auto_lap_factor", "whole batches' tokens/s over their full steps' for "
+                                     "a configuration at a batch bucket (what the ragged tail leaves)",
+                                     labels=["arm", "bucket"])
+            for key, v in s.get("auto_lap_factors", {}).items():
+                arm, bucket = key.rsplit("@", 1)
+                laps.add_metric([arm, bucket], float(v))
+            yield laps
         drafters = s.get("drafters") or {}
         if drafters:
             rows = CounterMetricFamily("specmoe_drafter_rows", "sequence-steps drafted, by drafter", labels=["drafter"])

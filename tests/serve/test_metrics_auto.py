@@ -27,3 +27,18 @@ def test_metrics_show_autos_choice_and_measured_rates():
     assert all(v > 0 for v in rates.values())
     second = fams["specmoe_auto_second_trials"].samples[0].value
     assert second == st["auto_second_trials"]
+
+
+def test_metrics_show_what_a_batchs_ragged_tail_leaves_each_configuration():
+    from specmoe.engine.auto import controller_of
+    llm = LLM(decoding="auto", dtype="float32", threads=1)
+    laps = controller_of(llm).measured.laps
+    for _ in range(2):  # two closed batches of 4 rows (the next batch that grows closes each)
+        for B, tok in ((4, 10.0), (4, 10.0), (1, 2.0)):
+            laps.step("eagle-g2", B, tok, 0.02)
+    llm.generate(["def fibonacci(n):", "And God said,"], SamplingParams(max_tokens=8, ignore_eos=True))
+    st = llm.stats
+    assert st["auto_lap_factors"] == {"eagle-g2@4": pytest.approx(22.0 / 0.06 / 500.0, abs=1e-4)}
+    fams = {f.name: f for f in text_string_to_metric_families(ServerMetrics(llm).render().decode())}
+    got = {(s.labels["arm"], s.labels["bucket"]): s.value for s in fams["specmoe_auto_lap_factor"].samples}
+    assert got == {("eagle-g2", "4"): pytest.approx(st["auto_lap_factors"]["eagle-g2@4"])}

@@ -27,7 +27,8 @@ Successive elimination with a bounded budget:
   eagle-g2 at 382 on all steps, while the fixed ngram-g4 engine ran well behind it). Arms compare on their steps of
   as many rows (`_rows`: a trial runs at a batch's start, the exploited arm over its whole life), and at a batch the
   shortest draft length of the chosen arm's drafter measured within `STAY` of it is taken (`_even`: deeper drafts
-  leave a longer ragged tail, which per-step rates do not see). (Rates relative to the
+  leave a longer ragged tail, which per-step rates do not see); once an arm has run whole batches at a bucket, its
+  rate there is priced by them (`laps`: whole batches' tokens/s over their full steps'). (Rates relative to the
   exploited arm's adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more
   than the machine's speed, and chained ratios compounded that noise);
 - exploration, in bursts of `need` + 1 consecutive steps of one arm, in this order: an unmeasured plain (the
@@ -66,6 +67,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specmoe.decoding.control.candidates import LOOKUP, is_uniform, uniform_parts
+from specmoe.decoding.control.laps import Laps
 from specmoe.decoding.control.refinement import bucket
 
 
@@ -161,6 +163,7 @@ class MeasuredArms:
     idle: dict = field(default_factory=dict)       # bucket -> its last pick found no arm to explore (`settled`)
     drifts: int = 0                                # drifts detected
     second_trials: int = 0                         # second opinions completed (`_trial_done`)
+    laps: Laps = field(default_factory=Laps)       # what a batch's ragged tail costs each arm (`laps`)
 
     def __post_init__(self):
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
@@ -176,6 +179,7 @@ class MeasuredArms:
         switched, self.prev = self.prev is not None and self.prev != arm, arm
         if tokens <= 0 or seconds <= 0:
             return
+        self.laps.step(arm, B, float(tokens), float(seconds))
         e = float(tokens) if expected is None or expected <= 0 else float(expected)
         real = self.real.setdefault(arm, [0.0, 0.0])
         real[0], real[1] = real[0] + float(tokens), real[1] + e
@@ -221,8 +225,9 @@ class MeasuredArms:
             w.extend(first)
 
     def interrupt(self) -> None:
-        """A step of no arm (forced or scheduled): the next arm's first step is a switch."""
+        """A step of no arm (forced or scheduled): the next arm's first step is a switch, and its lap is no arm's."""
         self.prev = "-"
+        self.laps.interrupt()
 
     def rate_of(self, key, rows: int = 0) -> float:
         """The arm's pooled-acceptance tokens over seconds in its window (`_steps`) × its calibration (`kappa`)."""
@@ -262,8 +267,11 @@ class MeasuredArms:
         return self.score(arm, bucket(B))
 
     def score(self, arm: str, b: int, rows: int = 0) -> float | None:
-        """`rate` at bucket b (over its steps of at least `rows` rows: `_steps`)."""
-        return self.rate_of((arm, b), rows) if self.n(arm, b) >= max(1, self.need(b)) else None
+        """`rate` at bucket b (over its steps of at least `rows` rows: `_steps`), × what a batch's ragged tail leaves
+        of it (`Laps.of`: whole batches' rate over their full steps')."""
+        if self.n(arm, b) < max(1, self.need(b)):
+            return None
+        return self.rate_of((arm, b), rows) * self.laps.of(arm, b)
 
     def need(self, b: int) -> int:
         """Steps an arm needs at bucket b before its rate counts: `min_steps`, halved from `WIDE` rows on (a step's
@@ -272,8 +280,9 @@ class MeasuredArms:
         return self.min_steps if b < self.WIDE else (self.min_steps + 1) // 2
 
     def se_of(self, key, rows: int = 0) -> float:
-        """Standard error of the arm's rate at a bucket (`_se` of its window, × `kappa`; `_steps`)."""
-        return _se(self._steps(key, rows)) * self.kappa(key[0])
+        """Standard error of the arm's rate at a bucket (`_se` of its window, × `kappa` and the tail's `Laps.of`;
+        `_steps`)."""
+        return _se(self._steps(key, rows)) * self.kappa(key[0]) * self.laps.of(*key)
 
     def n(self, arm: str, b: int) -> int:
         return len(self.win.get((arm, b), ()))
@@ -452,6 +461,7 @@ class MeasuredArms:
                 "auto_exploration_share": round(self.exploration_share(), 4),
                 "auto_exploration_steps": self.explored_all,
                 "auto_second_trials": self.second_trials,
+                "auto_lap_factors": self.laps.stats(),
                 "auto_measured_rates": {f"{a}@{b}": round(self.rate_of((a, b)), 2)
                                         for (a, b) in sorted(self.win) if self.win[(a, b)]},
                 "auto_measured_steps": {f"{a}@{b}": len(w) for (a, b), w in sorted(self.win.items())},

@@ -1,0 +1,92 @@
+"""Laps: what a batch's ragged tail costs each arm, measured over whole batches.
+
+A closed batch (rows that start together and stop at their token budgets) ends in a ragged tail: its rows finish
+steps apart, and the last steps run few rows at a worse rate than its full ones. Deeper drafts finish the rows
+further apart, so per-step rates at the batch's own bucket do not see what the tail costs each arm: at batch 4
+eagle-g4's full steps measured as fast as eagle-g2's (423 vs 420 tok/s), while over whole batches the fixed g4
+ran 335 tok/s and the fixed g2 375.
+
+A *lap* runs from a step whose batch grew (rows admitted) to the step before the next one that grows it. Its *peak*
+steps are those with as many rows as its first (the full batch); the lap is filed under that step's bucket. A lap
+whose peak steps were (mostly, `PURE`) one arm's is that arm's: its *factor* is the lap's tokens per second over
+its peak steps' tokens per second (realized tokens: the ratio is the
+tail's, whatever the crediting), a ratio of sums over its last `KEEP` laps. A batch that never shrinks (one row at a
+time, or a server whose batch keeps being refilled) closes no lap with a tail, and its factor stays near 1.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from specmoe.decoding.control.refinement import bucket
+
+
+@dataclass
+class _Lap:
+    rows: int                                 # the first step's rows (a peak step has as many)
+    tokens: float = 0.0
+    seconds: float = 0.0
+    peak_tokens: float = 0.0
+    peak_seconds: float = 0.0
+    arms: dict = field(default_factory=dict)  # arm -> its steps at the peak
+    clean: bool = True                        # no step of no arm (forced, scheduled) in it
+
+
+@dataclass
+class Laps:
+    """Per (arm, peak bucket): its last `KEEP` laps as (tokens, seconds, peak tokens, peak seconds)."""
+    KEEP: int = 8
+    PURE: float = 0.75   # share of a lap's peak steps its arm must have run for the lap to be its
+    done: dict = field(default_factory=dict)
+    cur: _Lap | None = None
+    last_B: int = 0
+
+    def step(self, arm: str, B: int, tokens: float, seconds: float) -> None:
+        """One step of `arm` at batch B: emitted `tokens` (realized) in `seconds`."""
+        if self.cur is None or B > self.last_B:
+            self._close()
+            self.cur = _Lap(B)
+        self.last_B = B
+        lap = self.cur
+        lap.tokens += tokens
+        lap.seconds += seconds
+        if B >= lap.rows:
+            lap.peak_tokens += tokens
+            lap.peak_seconds += seconds
+            lap.arms[arm] = lap.arms.get(arm, 0) + 1
+
+    def interrupt(self) -> None:
+        """A step of no arm: the lap it falls in is no arm's."""
+        if self.cur is not None:
+            self.cur.clean = False
+
+    def _close(self) -> None:
+        lap, self.cur = self.cur, None
+        if lap is None or not lap.clean or lap.peak_seconds <= 0 or lap.peak_tokens <= 0:
+            return
+        arm, n = max(lap.arms.items(), key=lambda kv: kv[1])
+        if n < self.PURE * sum(lap.arms.values()):
+            return
+        d = self.done.setdefault((arm, bucket(lap.rows)), deque(maxlen=self.KEEP))
+        d.append((lap.tokens, lap.seconds, lap.peak_tokens, lap.peak_seconds))
+
+    def factor(self, arm: str, b: int) -> float | None:
+        """Whole laps' tokens/s over their peak steps' tokens/s, for `arm`'s laps peaking at bucket b (None: none
+        closed yet)."""
+        d = self.done.get((arm, b))
+        if not d:
+            return None
+        t, s, pt, ps = (sum(x[i] for x in d) for i in range(4))
+        return (t / s) / (pt / ps)
+
+    def of(self, arm: str, b: int) -> float:
+        """`factor`; for an arm with no lap of its own at b, the mean of the arms' that have one (as neutral a
+        comparison as before, until it runs a batch of its own), or 1."""
+        own = self.factor(arm, b)
+        if own is not None:
+            return own
+        fs = [f for (a, k) in self.done if k == b and (f := self.factor(a, k)) is not None]
+        return sum(fs) / len(fs) if fs else 1.0
+
+    def stats(self) -> dict:
+        return {f"{a}@{b}": round(f, 4) for (a, b) in sorted(self.done) if (f := self.factor(a, b)) is not None}

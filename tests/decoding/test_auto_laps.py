@@ -1,0 +1,67 @@
+"""`auto` prices a closed batch's ragged tail per arm (`control/laps.py`): whole batches against their full steps."""
+from __future__ import annotations
+
+import pytest
+
+from specmoe.decoding.control.laps import Laps
+from specmoe.decoding.control.measured import Arm, MeasuredArms
+
+
+def _lap(record, arm: str, full: int, tail: list[int], rows: int = 4, tok: float = 10.0, sec: float = 0.025,
+         tail_tok: float = 2.5, tail_sec: float = 0.012) -> None:
+    """One closed batch: `full` steps of `rows` rows, then a tail of steps at the given row counts."""
+    for _ in range(full):
+        record(arm, rows, tok, sec)
+    for r in tail:
+        record(arm, r, tail_tok * r, tail_sec)
+
+
+def test_a_lap_runs_from_a_batch_that_grew_to_the_next_and_its_factor_is_the_tails():
+    laps = Laps()
+    _lap(laps.step, "eagle-g2", 10, [2, 1])
+    assert laps.factor("eagle-g2", 4) is None  # not closed until the next batch grows
+    _lap(laps.step, "eagle-g2", 10, [2, 1])  # (its first step closes the first lap)
+    whole = (100.0 + 5.0 + 2.5) / (0.25 + 0.024)
+    assert laps.factor("eagle-g2", 4) == pytest.approx(whole / (10.0 / 0.025))
+    assert laps.of("plain", 4) == pytest.approx(laps.factor("eagle-g2", 4))  # no lap of its own: the mean
+    assert laps.of("eagle-g2", 1) == 1.0  # no lap peaked there
+
+
+def test_a_lap_of_mixed_arms_or_with_a_step_of_no_arm_is_nobodys():
+    laps = Laps()
+    for arm in ("eagle-g2",) * 6 + ("eagle-g4",) * 4:  # a trial burst inside the full steps
+        laps.step(arm, 4, 10.0, 0.025)
+    laps.step("eagle-g2", 1, 2.0, 0.01)
+    laps.step("eagle-g2", 4, 10.0, 0.025)
+    laps.interrupt()
+    laps.step("eagle-g2", 1, 2.0, 0.01)
+    laps.step("eagle-g2", 4, 10.0, 0.025)
+    assert laps.done == {}
+
+
+def test_one_row_at_a_time_closes_no_lap():
+    laps = Laps()
+    for _ in range(50):
+        laps.step("eagle-g2", 1, 3.0, 0.01)
+    assert laps.done == {} and laps.of("eagle-g2", 1) == 1.0
+
+
+def test_an_arm_whose_tail_costs_more_than_its_full_steps_gain_loses_the_batch():
+    """eagle-g4's full steps run 6% faster than eagle-g2's at batch 4, but its rows finish further apart: a tail of
+    5 slower steps against g2's 2 (whole batches: 372 tok/s against 394). Per step, g4 takes the batch; priced by its
+    laps, g2 keeps it."""
+    def run(m: MeasuredArms, closed: bool):
+        rec = (lambda a, B, t, s: m.record(a, B, t, s, m.steps))
+        for arm, sec, tail, tail_sec in (("eagle-g2", 0.025, [2, 1], 0.012),
+                                         ("eagle-g4", 0.025 / 1.06, [3, 2, 2, 1, 1], 0.02)):
+            _lap(rec, arm, 12, tail, sec=sec, tail_sec=tail_sec)
+        if closed:
+            m.record("plain", 4, 4.0, 0.04, m.steps)  # the next batch: closes g4's lap
+        m.current[4] = "eagle-g2"
+        return m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 4).arm
+
+    assert run(MeasuredArms(), closed=False) == "eagle-g4"  # g4's batch not over: compared as g2's tail
+    m = MeasuredArms()
+    assert run(m, closed=True) == "eagle-g2"
+    assert m.laps.factor("eagle-g4", 4) < m.laps.factor("eagle-g2", 4) < 1.0
+    assert set(m.stats()["auto_lap_factors"]) == {"eagle-g2@4", "eagle-g4@4"}
