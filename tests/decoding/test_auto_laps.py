@@ -65,3 +65,18 @@ def test_an_arm_whose_tail_costs_more_than_its_full_steps_gain_loses_the_batch()
     assert run(m, closed=True) == "eagle-g2"
     assert m.laps.factor("eagle-g4", 4) < m.laps.factor("eagle-g2", 4) < 1.0
     assert set(m.stats()["auto_lap_factors"]) == {"eagle-g2@4", "eagle-g4@4"}
+
+
+def test_what_the_laps_measured_is_remembered_by_the_next_controller():
+    import json
+    m = MeasuredArms()
+    rec = (lambda a, B, t, s: m.record(a, B, t, s, m.steps))
+    for _ in range(3):
+        _lap(rec, "eagle-g4", 12, [3, 2, 2, 1, 1], tail_sec=0.02)
+    m.record("plain", 4, 4.0, 0.04, m.steps)
+    fresh = MeasuredArms()
+    fresh.warm(json.loads(json.dumps(m.state())))
+    assert m.laps.factor("eagle-g4", 4) < 0.95
+    assert fresh.laps.factor("eagle-g4", 4) == pytest.approx(m.laps.factor("eagle-g4", 4))
+    fresh.warm({"laps": {"eagle-g2@x": [1, 1, 1, 1], "eagle-g2@4": [1, -1, 1, 1]}, "laps@2": "junk"})  # ignored
+    assert set(fresh.laps.done) == {("eagle-g4", 4)}

@@ -88,5 +88,21 @@ class Laps:
         fs = [f for (a, k) in self.done if k == b and (f := self.factor(a, k)) is not None]
         return sum(fs) / len(fs) if fs else 1.0
 
+    def state(self) -> dict:
+        """What `warm` reads back: per arm@bucket, its laps' (tokens, seconds, peak tokens, peak seconds) summed."""
+        return {f"{a}@{b}": [sum(x[i] for x in d) for i in range(4)] for (a, b), d in self.done.items() if d}
+
+    def warm(self, state: dict) -> None:
+        """Start from remembered laps, as one lap each (this run's own push it out after `KEEP`)."""
+        for k, v in state.items():
+            try:
+                arm, b = k.rsplit("@", 1)
+                x = tuple(float(y) for y in v[:4])
+                b = int(b)
+            except (TypeError, ValueError, IndexError, AttributeError):
+                continue
+            if len(x) == 4 and min(x) > 0:
+                self.done[(arm, b)] = deque([x], maxlen=self.KEEP)
+
     def stats(self) -> dict:
         return {f"{a}@{b}": round(f, 4) for (a, b) in sorted(self.done) if (f := self.factor(a, b)) is not None}

@@ -469,14 +469,18 @@ class MeasuredArms:
 
     def state(self) -> dict:
         """What `warm` reads back: each arm's measured (tokens, seconds) per bucket, summed over its window, and its
-        step count."""
+        step count; its calibration sums; its laps (`Laps.state`)."""
         out = {f"{a}@{b}": [sum(x[0] for x in w), sum(x[1] for x in w), len(w)] for (a, b), w in self.win.items() if w}
-        return out | {f"{a}@real": list(v) for a, v in self.real.items()}
+        return out | {f"{a}@real": list(v) for a, v in self.real.items()} | {"laps": self.laps.state()}
 
     def warm(self, state: dict) -> None:
         """Start from remembered rates as `need` measured steps at step 0 (stale after `STALE` steps; this run's own
         steps push them out of the window)."""
         for k, v in state.items():
+            if k == "laps":
+                if isinstance(v, dict):
+                    self.laps.warm(v)
+                continue
             if k.endswith("@real"):
                 try:
                     self.real[k[:-5]] = [float(v[0]), float(v[1])]
