@@ -256,9 +256,9 @@ class MeasuredArms:
         """Tokens the arm emitted per token its drafts were worth on pooled acceptance, over all its own steps (its
         stop rule or draft length beats or trails the pooled estimate), shrunk toward 1 (the pooled estimate as it
         is) by `SHRINK` pseudo-tokens: an arm seen on few steps does not take its own text's luck. Not toward the
-        drafter's other lengths: the bias is the length's (at batch 4 eagle-g2 emitted 1.06-1.11x its pooled tokens,
-        eagle-g4 0.91-0.94x; pooled together, eagle-g4 read ~8% faster and eagle-g2 ~6% slower than they ran, and
-        eagle-g4 held the batch while the fixed eagle-g2 ran 10-14% faster)."""
+        drafter's other lengths: the bias can be the length's (in three traces at batch 4 eagle-g2 emitted 0.97-1.11x
+        its pooled tokens, eagle-g4 0.91-0.94x; pooled together, eagle-g4 read faster than it ran and held the batch
+        while the fixed eagle-g2 ran 10-14% faster)."""
         t, e = self.real.get(arm, (0.0, 0.0))
         return (t + self.SHRINK) / (e + self.SHRINK)
 
