@@ -9,9 +9,9 @@ ran 335 tok/s and the fixed g2 375.
 A *lap* runs from a step whose batch grew (rows admitted) to the step before the next one that grows it. Its *peak*
 steps are those with as many rows as its first (the full batch); the lap is filed under that step's bucket. A lap
 whose peak steps were (mostly, `PURE`) one arm's is that arm's: its *factor* is the lap's tokens per second over
-its peak steps' tokens per second (realized tokens: the ratio is the
-tail's, whatever the crediting), a ratio of sums over its last `KEEP` laps. A batch that never shrinks (one row at a
-time, or a server whose batch keeps being refilled) closes no lap with a tail, and its factor stays near 1.
+its peak steps' tokens per second (realized tokens: the ratio is the tail's, whatever the crediting), a ratio of
+sums over its last `KEEP` laps. A batch that never shrinks (one row at a time, or a server whose batch keeps being
+refilled) closes no lap with a tail, and its factor stays near 1.
 """
 from __future__ import annotations
 

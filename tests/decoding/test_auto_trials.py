@@ -1,0 +1,244 @@
+"""`auto`'s measured arms at unit level (`control/measured.py`, `MeasuredArms` alone, no controller): trials and
+their order, second opinions, drift, lookup arms and each arm's calibration."""
+from __future__ import annotations
+
+import pytest
+
+from specmoe.decoding.control.measured import Arm, MeasuredArms
+
+
+def _exploit(m: MeasuredArms, arm: str, steps) -> None:
+    """Record `steps` [(tokens, seconds)] of `arm` at batch 1 as the exploited arm."""
+    m.current[1] = arm
+    for t, s in steps:
+        m.record(arm, 1, t, s, m.steps)
+        m.steps += 1
+
+
+def test_a_rate_that_swings_with_the_text_is_no_drift_but_a_lasting_fall_is():
+    """At batch 1 a step's tokens follow the text: an arm emitting 1 or 5 tokens per step in turn (rate 300 over
+    its window, its steps 100 or 500) is not drifting, so nothing is flagged for re-measurement; when its steps
+    fall to 1 token for good, the others are flagged."""
+    m = MeasuredArms()
+    m.record("plain", 1, 1.0, 1 / 150, 0)
+    for _ in range(6):
+        m.record("plain", 1, 1.0, 1 / 150, 0)
+    m.interrupt()
+    noisy = [(1.0, 0.01), (5.0, 0.01)] * 8 + [(1.0, 0.01), (1.0, 0.01), (5.0, 0.01), (1.0, 0.01)] * 16
+    _exploit(m, "eagle", noisy)
+    assert m.n("eagle", 1) == m.WINDOW and not m.stale  # (16 steps at 300, then 16 at 200: within the noise)
+    assert m.drifts == 0
+    for k in range(32):
+        _exploit(m, "eagle", [(1.0, 0.01)])
+        if m.drifts:
+            break
+    assert ("plain", 1) in m.stale
+    # the move ends reused calls (`Coasting._moved`), and the arm's own steps before it are dropped: what is left
+    # is its new rate
+    assert m.drifts == 1 and m.n("eagle", 1) == m.RECENT and m.rate("eagle", 1) == pytest.approx(100.0)
+
+
+def test_arms_flagged_by_drift_are_measured_again_closest_to_the_best_first():
+    m = MeasuredArms()
+    for arm, rate in (("plain", 100.0), ("self", 180.0), ("ngram", 120.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 1.0, 1 / rate, 0)
+    m.interrupt()
+    _exploit(m, "eagle", [(2.0, 0.01)] * 16)
+    m.stale |= {("plain", 1), ("self", 1), ("ngram", 1)}
+    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "self", "ngram", "eagle")]
+    assert m._target(arms, 1, "eagle") == ("self", "again")
+
+
+def test_from_wide_buckets_on_an_arm_counts_as_measured_after_half_the_steps():
+    """At 64 rows a step's rate averages 64 rows: 2 steps measure an arm (4 below), and a trial is a burst of 3."""
+    m = MeasuredArms()
+    assert (m.need(32), m.need(64), m.need(256)) == (m.min_steps, 2, 2)
+    for b in (32, 64):
+        m.interrupt()
+        for _ in range(3):
+            m.record("plain", b, float(b), 0.1, 0)
+    assert m.rate("plain", 64) is not None and m.rate("plain", 32) is None
+    m.current[64] = "eagle"
+    m.interrupt()
+    for _ in range(3):
+        m.record("eagle", 64, 128.0, 0.1, 0)
+    m.steps, m.recent = 1000, type(m.recent)([64] * 16, maxlen=16)
+    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle", "eagle-g2")]
+    assert m._explore(arms, 64, "eagle") == "eagle-g2" and m.burst.left == 2  # 1 switch step + 2 measured
+
+
+def test_arms_measured_on_different_text_compare_on_pooled_acceptance():
+    """eagle-g4's 8 steps landed on easy text (4 tokens where its drafts were worth 3 on the drafter's pooled
+    acceptance), eagle-g2's on hard text (1.5 where 2.2): by emitted tokens g4 measures faster (200 vs 120 tok/s), by
+    what their drafts are worth per second g2 is (176 vs 150), and so it measures, its luck shrunk toward the
+    drafter's calibration; a plain step is credited with what it emitted."""
+    m = MeasuredArms()
+    for _ in range(500):
+        m.record("eagle", 1, 2.0, 0.01, 0, expected=2.0)
+    for arm, tok, exp, sec in (("eagle-g4", 4.0, 3.0, 0.02), ("eagle-g2", 1.5, 2.2, 0.0125)):
+        m.interrupt()
+        for _ in range(9):
+            m.record(arm, 1, tok, sec, 0, expected=exp)
+    assert m.rate("eagle-g2", 1) > 1.05 * m.rate("eagle-g4", 1)
+    assert m.kappa("eagle-g4") > 1.0 > m.kappa("eagle-g2")  # their own luck shows, shrunk
+    m.interrupt()
+    for _ in range(5):
+        m.record("plain", 1, 1.0, 0.01, 0)
+    assert m.rate("plain", 1) == pytest.approx(100.0) and m.kappa("plain") == pytest.approx(1.0)
+
+
+def test_a_lookup_arm_measured_on_its_own_text_is_no_yardstick_at_a_new_bucket():
+    """At batch 1 ngram-g4 (offered only where the lookup has a proposal: repetitive text) measured 2x eagle-g2;
+    at batch 4 eagle-g2 is still tried (it is within NEAR of the best arm offered on every step there)."""
+    m = MeasuredArms()
+    for arm, rate in (("plain", 100.0), ("eagle-g2", 200.0), ("ngram-g4", 420.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 1.0, 1 / rate, 0)
+    assert not m._behind_near("eagle-g2", 4) and m._behind_near("plain", 4)
+    m.interrupt()
+    for _ in range(m.min_steps + 1):
+        m.record("eagle", 1, 1.0, 1 / 400.0, 0)  # an arm offered on every step that does measure 2x
+    assert m._behind_near("eagle-g2", 4)
+
+
+def test_a_drift_re_measures_the_arms_within_reach_not_those_far_behind():
+    m = MeasuredArms()
+    for arm, rate in (("plain", 70.0), ("self-g2", 120.0), ("eagle-g4", 180.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 1.0, 1 / rate, 0)
+    m.interrupt()
+    _exploit(m, "eagle-g2", [(2.0, 0.01)] * 17 + [(2.0, 0.015)] * 16)  # 200 tok/s, then 133 (the first: a switch)
+    assert m.stale == {("eagle-g4", 1), ("self-g2", 1)}  # within 0.6 x 133; plain (70) is not
+
+
+def test_a_trial_cut_short_by_its_arm_not_being_offered_is_not_retried_soon():
+    """ngram-g4 is offered on one step in three (a lookup with a match): its trial is cut, and the budget is not
+    spent on it again for STALE steps."""
+    m = MeasuredArms()
+    for arm, rate in (("plain", 50.0), ("eagle-g2", 100.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 1.0, 1 / rate, 0)
+    m.current[1], m.steps, m.recent = "eagle-g2", 1000, type(m.recent)([1] * 16, maxlen=16)
+    full = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "ngram-g4")]
+    assert m._explore(full, 1, "eagle-g2") == "ngram-g4"
+    assert m._explore(full[:2], 1, "eagle-g2") is None and ("ngram-g4", 1) in m.cut
+    assert m._target(full, 1, "eagle-g2")[0] != "ngram-g4"
+    m.steps += m.STALE
+    assert m._target(full, 1, "eagle-g2") == ("ngram-g4", "new")
+    # a trial cut by a request's end (nothing but plain offered: every row at its last token) is no lookup miss:
+    # eagle-g4's trial goes on at the next request
+    arms = full[:2] + [Arm("eagle-g4", 1.0, 1.0)]
+    m.burst, m.cut = None, {}
+    assert m._explore(arms, 1, "eagle-g2") == "eagle-g4"
+    assert m._explore(full[:1], 1, "eagle-g2") is None and not m.cut
+    assert m._target(arms, 1, "eagle-g2") == ("eagle-g4", "new")
+
+
+def test_a_lookup_arm_takes_over_only_when_it_measures_clearly_faster_than_its_text_explains():
+    """ngram-g4 is measured only on steps where its lookup matched (repetitive text, on which eagle-g2 runs faster
+    too): 2% faster there does not take the bucket from eagle-g2; 2x faster does."""
+    for ngram_rate, winner in ((390.0, "eagle-g2"), (800.0, "ngram-g4")):
+        m = MeasuredArms()
+        for arm, rate in (("eagle-g2", 382.0), ("ngram-g4", ngram_rate)):
+            m.interrupt()
+            for _ in range(3 * m.min_steps):
+                m.record(arm, 4, 1.0, 1 / rate, 0)
+        m.current[4] = "eagle-g2"
+        arms = [Arm("eagle-g2", 1.0, 1.0), Arm("ngram-g4", 1.0, 1.0)]
+        assert m._exploit(arms, 4).arm == winner
+        m.current.pop(4)  # nothing exploited yet: the same
+        assert m._exploit(arms, 4).arm == winner
+
+
+def test_after_plain_the_exploited_arms_drafter_is_tried_first_and_a_bucket_settles_only_once_measured():
+    """At a bucket where eagle-g4 is exploited and plain measured, eagle-g2 (the same drafter, another length) is
+    tried before self-g4 though the model predicts self-g4 faster; the bucket is not `settled` (a reused call
+    not lengthened) while the exploited arm itself is still being measured."""
+    m = MeasuredArms()
+    m.current[64], m.steps, m.recent = "eagle-g4", 1000, type(m.recent)([64] * 16, maxlen=16)
+    arms = [Arm("plain", 1.0, 1.0), Arm("eagle-g4", 3.0, 3.0), Arm("self-g4", 2.9, 2.9), Arm("eagle-g2", 2.0, 2.0)]
+    assert m._explore(arms, 64, "eagle-g4") is None and not m.settled(64)  # eagle-g4 measured first
+    for arm in ("eagle-g4", "plain"):
+        m.interrupt()
+        for _ in range(m.need(64) + 1):
+            m.record(arm, 64, 64.0, 0.05, m.steps)
+    assert m._target(arms, 64, "eagle-g4") == ("eagle-g2", "new")
+
+
+@pytest.mark.parametrize("again, rate, winner", [((1, 1, 1, 1), 260.0, "eagle-g2"),
+                                                  ((2, 2, 2, 1), 2080 / 12, "eagle-g4")])
+def test_an_arm_one_unlucky_trial_put_behind_is_tried_again_and_its_better_trial_stands(again, rate, winner):
+    """eagle-g2 runs at 260 tok/s, but 2 of its 4 trial steps met a stall (twice as long): rated 173, behind the
+    exploited eagle-g4 (240). RECENT steps later it gets a second trial; run clean, it takes over; stalled worse,
+    the first trial's rate stands."""
+    m = MeasuredArms()
+    t = 2.0 / 260
+    m.interrupt()
+    for s in (t, t, 2 * t, t, 2 * t):  # (the first: the switch's, not measured)
+        m.record("eagle-g2", 1, 2.0, s, 0)
+    assert m.rate("eagle-g2", 1) == pytest.approx(2080 / 12) and m.trials[("eagle-g2", 1)] == 1
+    m.interrupt()
+    _exploit(m, "eagle-g4", [(3.0, 3.0 / 240)] * 20)
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    arms = [Arm(n, 1.0, 1.0) for n in ("eagle-g2", "eagle-g4")]
+    assert m._exploit(arms, 1).arm == "eagle-g4"
+    assert m._explore(arms, 1, "eagle-g4") == "eagle-g2" and m.n("eagle-g2", 1) == 0 and m.second_trials == 0
+    m.interrupt()
+    for k in (1,) + again:
+        m.record("eagle-g2", 1, 2.0, k * t, m.steps)
+    assert m.second_trials == 1 and not m.prior and m.trials[("eagle-g2", 1)] == 2
+    assert m.rate("eagle-g2", 1) == pytest.approx(rate)
+    assert m._exploit(arms, 1).arm == winner
+    m.steps += 100
+    assert m._target(arms, 1, "eagle-g4")[1] != "second"  # one second opinion
+
+
+def test_a_second_opinion_comes_before_another_drafters_first_trial():
+    """eagle-g2's one trial met a slow moment (0.72x the exploited eagle-g4); self+ngram, another drafter's mix the
+    model ranks below, is not measured yet. The budget's next burst re-measures eagle-g2 first (at batch 4 it went
+    to self+ngram while the fixed eagle-g2 engine ran 10% faster than eagle-g4); self+ngram's first trial follows."""
+    m = MeasuredArms()
+    t = 2.0 / 260
+    m.interrupt()
+    for s in (t, 1.4 * t, 1.4 * t, 1.4 * t, 1.4 * t):  # (the first: the switch's, not measured)
+        m.record("eagle-g2", 1, 2.0, s, 0)
+    assert m.trials[("eagle-g2", 1)] == 1
+    m.interrupt()
+    _exploit(m, "eagle-g4", [(3.0, 3.0 / 260)] * 20)
+    m.interrupt()
+    for _ in range(m.need(1) + 1):
+        m.record("plain", 1, 1.0, 1.0 / 150, m.steps)
+        m.steps += 1
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    arms = [Arm("plain", 1.0, 1.0), Arm("eagle-g4", 3.0, 3.0), Arm("eagle-g2", 2.5, 2.5), Arm("self+ngram", 2.8, 2.8)]
+    assert m._exploit(arms, 1).arm == "eagle-g4"
+    assert m._target(arms, 1, "eagle-g4") == ("eagle-g2", "second")
+    assert m._explore(arms, 1, "eagle-g4") == "eagle-g2"
+    m.interrupt()
+    for _ in range(m.need(1) + 1):
+        m.record("eagle-g2", 1, 2.0, t, m.steps)
+        m.steps += 1
+    assert m.second_trials == 1
+    assert m._target(arms, 1, m._exploit(arms, 1).arm) == ("self+ngram", "new")
+
+
+def test_an_arms_calibration_is_its_own_not_its_drafters_other_lengths():
+    """eagle-g2 emits 1.1x what its drafts are worth on pooled acceptance (2000 steps), eagle-g4 0.9x (a trial of
+    4): by what they emit, g2 runs 275 tok/s and g4 235. Shrunk toward g2's calibration, g4's trial would read 285
+    and take over; its own calibration starts at 1 and g2 keeps the batch."""
+    m = MeasuredArms()
+    for _ in range(2000):
+        m.record("eagle-g2", 4, 2.2, 0.008, 0, expected=2.0)
+    m.interrupt()
+    for _ in range(m.need(4) + 1):
+        m.record("eagle-g4", 4, 2.7, 0.0115, 0, expected=3.0)
+    assert m.kappa("eagle-g2") == pytest.approx(1.1, abs=0.01)
+    assert m.kappa("eagle-g4") == pytest.approx(1.0, abs=0.01)
+    assert m.rate("eagle-g2", 4) > 1.03 * m.rate("eagle-g4", 4)
+    m.current[4] = "eagle-g2"
+    assert m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 4).arm == "eagle-g2"
