@@ -23,7 +23,8 @@ def test_a_lap_runs_from_a_batch_that_grew_to_the_next_and_its_factor_is_the_tai
     _lap(laps.step, "eagle-g2", 10, [2, 1])  # (its first step closes the first lap)
     whole = (100.0 + 5.0 + 2.5) / (0.25 + 0.024)
     assert laps.factor("eagle-g2", 4) == pytest.approx(whole / (10.0 / 0.025))
-    assert laps.of("plain", 4) == pytest.approx(laps.factor("eagle-g2", 4))  # no lap of its own: the mean
+    assert laps.of("plain", 4) == pytest.approx(laps.factor("eagle-g2", 4))  # no lap of its own: the bucket's
+    assert laps.of("eagle-g2", 4) == pytest.approx(laps.factor("eagle-g2", 4))  # shrunk toward itself
     assert laps.of("eagle-g2", 1) == 1.0  # no lap peaked there
 
 
@@ -46,25 +47,38 @@ def test_one_row_at_a_time_closes_no_lap():
     assert laps.done == {} and laps.of("eagle-g2", 1) == 1.0
 
 
-def test_an_arm_whose_tail_costs_more_than_its_full_steps_gain_loses_the_batch():
-    """eagle-g4's full steps run 6% faster than eagle-g2's at batch 4, but its rows finish further apart: a tail of
-    5 slower steps against g2's 2 (whole batches: 372 tok/s against 394). Per step, g4 takes the batch; priced by its
-    laps, g2 keeps it."""
-    def run(m: MeasuredArms, closed: bool):
-        rec = (lambda a, B, t, s: m.record(a, B, t, s, m.steps))
+def _two_arms(m: MeasuredArms, laps: int) -> str:
+    """`laps` closed batches of each arm at batch 4: eagle-g4's full steps 6% faster than eagle-g2's, but its rows
+    finish further apart (a tail of 5 slower steps against g2's 2: whole batches 372 tok/s against 394). The arm
+    batch 4 exploits after."""
+    rec = (lambda a, B, t, s: m.record(a, B, t, s, m.steps))
+    for _ in range(laps):
         for arm, sec, tail, tail_sec in (("eagle-g2", 0.025, [2, 1], 0.012),
                                          ("eagle-g4", 0.025 / 1.06, [3, 2, 2, 1, 1], 0.02)):
             _lap(rec, arm, 12, tail, sec=sec, tail_sec=tail_sec)
-        if closed:
-            m.record("plain", 4, 4.0, 0.04, m.steps)  # the next batch: closes g4's lap
-        m.current[4] = "eagle-g2"
-        return m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 4).arm
+    m.record("plain", 4, 4.0, 0.04, m.steps)  # the next batch: closes g4's last lap
+    m.current[4] = "eagle-g2"
+    return m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 4).arm
 
-    assert run(MeasuredArms(), closed=False) == "eagle-g4"  # g4's batch not over: compared as g2's tail
+
+def test_an_arm_whose_tail_costs_more_than_its_full_steps_gain_loses_the_batch():
+    """Per step, g4 takes the batch; priced by its laps (8 of each arm), g2 keeps it."""
     m = MeasuredArms()
-    assert run(m, closed=True) == "eagle-g2"
+    assert _two_arms(m, 8) == "eagle-g2"
+    laps, m.laps = m.laps, Laps()  # per step alone: g4
+    assert m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 4).arm == "eagle-g4"
+    m.laps = laps
     assert m.laps.factor("eagle-g4", 4) < m.laps.factor("eagle-g2", 4) < 1.0
+    assert m.laps.of("eagle-g4", 4) > m.laps.factor("eagle-g4", 4)  # shrunk toward the bucket's
     assert set(m.stats()["auto_lap_factors"]) == {"eagle-g2@4", "eagle-g4@4"}
+
+
+def test_one_lap_does_not_overturn_a_lead_per_step():
+    """A lap's tail is mostly its text's: one batch of each arm prices them near the bucket's factor alike, and the
+    arm faster per step keeps the batch."""
+    m = MeasuredArms()
+    assert _two_arms(m, 1) == "eagle-g4"
+    assert m.laps.factor("eagle-g4", 4) < m.laps.factor("eagle-g2", 4)  # its one lap did read worse
 
 
 def test_what_the_laps_measured_is_remembered_by_the_next_controller():
@@ -78,5 +92,6 @@ def test_what_the_laps_measured_is_remembered_by_the_next_controller():
     fresh.warm(json.loads(json.dumps(m.state())))
     assert m.laps.factor("eagle-g4", 4) < 0.95
     assert fresh.laps.factor("eagle-g4", 4) == pytest.approx(m.laps.factor("eagle-g4", 4))
+    assert len(fresh.laps.done[("eagle-g4", 4)]) == 3  # as many laps: shrunk as much
     fresh.warm({"laps": {"eagle-g2@x": [1, 1, 1, 1], "eagle-g2@4": [1, -1, 1, 1]}, "laps@2": "junk"})  # ignored
     assert set(fresh.laps.done) == {("eagle-g4", 4)}
