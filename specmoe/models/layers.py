@@ -45,6 +45,14 @@ def min_rows(dtype: torch.dtype, inner_outer: int, rows: int = 1) -> int:
     return ONEDNN_MIN // inner_outer + 1
 
 
+def native_rows_alike(x: torch.Tensor, rows: int) -> bool:
+    """Whether a native product must give every row the bits it gets alone at any row count (never BLAS above
+    `kernels.BLAS_ROWS` rows, whose rounding differs): a deterministic model (`rows` > 1), and every half-precision
+    model, whose forwards are batch-invariant by default (bf16 verification of 64 sequences × 3 positions put more
+    than 16 rows on an expert and flipped a greedy token against plain decoding, which put fewer)."""
+    return rows > 1 or x.dtype in (torch.bfloat16, torch.float16)
+
+
 def native_invariant(x: torch.Tensor, rows: int) -> bool:
     """A deterministic model (`rows` > 1) computing fp32 on a CPU with the native kernels: they give every row the bits
     it gets alone at any row count (no padding; padding `F.linear` to a measured row class did not cover every shape,
@@ -57,7 +65,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows
     kernel that many rows get, so its result does not depend on how many rows came with it. A model that is not
     deterministic (`rows` 1) computes 2 rows or more weight-major where this CPU is faster so (`orientation`)."""
     if w.dtype != x.dtype or native_invariant(x, rows):  # a stored-dtype weight (`keep_stored`), or fp32 deterministic
-        return native.linear(x, w, b, invariant=rows > 1)
+        return native.linear(x, w, b, invariant=native_rows_alike(x, rows))
     n = x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1]
     if rows == 1 and n >= 2 and use_weight_major(x, w.numel()):
         y = weight_major(x.reshape(n, x.shape[-1]), w, b)
@@ -72,7 +80,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, rows
 def addmm(acc: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, rows: int = 1) -> torch.Tensor:
     """acc + x @ w_t (one addmm), padded like `linear` (or weight-major like it): acc [N, O], x [N, I], w_t [I, O]."""
     if w_t.dtype != x.dtype or native_invariant(x, rows):  # stored dtype, or fp32 deterministic: native
-        return acc + native.linear(x, w_t.t(), None, invariant=rows > 1)
+        return acc + native.linear(x, w_t.t(), None, invariant=native_rows_alike(x, rows))
     n = x.shape[0]
     if rows == 1 and n >= 2 and use_weight_major(x, w_t.numel()):
         return torch.addmm(acc.t(), w_t.t(), x.t()).t().contiguous()

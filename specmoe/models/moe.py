@@ -23,7 +23,7 @@ from torch import nn
 
 from specmoe import kernels as native
 from specmoe.config import ModelConfig
-from specmoe.models.layers import DenseMLP, linear, min_rows, sigmoid, silu
+from specmoe.models.layers import DenseMLP, linear, min_rows, native_rows_alike, sigmoid, silu
 from specmoe.models.orientation import use_weight_major
 from specmoe.models.routers import route
 
@@ -278,7 +278,7 @@ def routed_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     slot's rows are padded (see `padded_groups`, `layers.min_rows`), so a token's result does not depend on how many
     others share its expert."""
     if x.device.type == "cpu" and native.available():
-        return native_experts(x, routing, groups, math, invariant=rows > 1)
+        return native_experts(x, routing, groups, math, invariant=native_rows_alike(x, rows))
     N, K = routing.ids.shape
     flat = routing.ids.view(-1)  # [N·K]
     y = None  # [N·K, D] per assignment, in routing order
@@ -324,7 +324,7 @@ def native_experts(x: torch.Tensor, routing: Routing, groups: Iterable[SlotGroup
     assignments from the slots in their stored dtype (bf16 / fp16 / fp32, read once per call for all the rows that
     use an expert), with fp32 activations; then the K results of a token summed in routing order, each times its
     weight. A row's result does not depend on the other rows, the group split or which slot holds an expert (an expert
-    of more than `native.BLAS_ROWS` rows, in a prefill, takes BLAS unless `invariant`: a deterministic model), so no
+    of more than `native.BLAS_ROWS` rows takes BLAS unless `invariant`: a deterministic or half-precision model), so no
     padding is needed and offloaded == resident bit for bit."""
     N, K = routing.ids.shape
     flat = routing.ids.view(-1)
