@@ -272,3 +272,28 @@ def test_a_drift_ends_the_reused_calls():
     assert ctl.coast([0])
     ctl.measured.drifts += 1
     assert not ctl.coast([0])
+
+
+def test_a_reused_step_that_repeats_the_last_one_returns_its_plan_and_prices_drafts_only_when_learned():
+    """The steps of a reused call whose rows, lengths and drafters repeat the last reused step's get that step's Plan
+    object (no copy); a step that differs (a row capped at its last tokens, a row that finished) gets its own. The
+    drafters' catch-up (what `_learn_time` prices drafts with) is read only on a step whose time will be learned."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0, 1], [4, 4], [2, 2], [[0.9] * 4] * 2)
+    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    ctl.plan([0, 1], [4, 4], res, spec_res)
+    reads = []
+    view = lambda limits, ids=(0, 1): StepView(  # noqa: E731
+        [_Seq(i) for i in ids], limits, ("self",), lambda n: list(limits), lambda n: reads.append(n) or [1] * len(ids),
+        lambda layer: [], lambda: {})
+    ctl.learn_skip = 3  # the next reused steps' times are not learned
+    a = ctl.coast_spec(view([4, 4]))
+    b = ctl.coast_spec(view([4, 4]))
+    assert a.reason == b.reason == "coast" and a.gammas == [2, 2] and b is a and not reads
+    c = ctl.coast_spec(view([4, 1]))  # row 1 one token from its end: drafts 1
+    assert c is not a and c.gammas == [2, 1] and a.gammas == [2, 2]
+    d = ctl.coast_spec(view([4], ids=(0,)))  # row 1 finished
+    assert d is not c and d.gammas == [2] and d.drafter_of == ["self"]
+    ctl.learn_skip = 0  # this step's time is learned: its drafts are priced on the drafters' catch-up now
+    e = ctl.coast_spec(view([4], ids=(0,)))
+    assert e is d and reads == ["self"] and ctl.catchup["self"].tolist() == [1]

@@ -6,6 +6,8 @@ mixed with each lookup drafter (a row takes whichever expects more accepted toke
 (`Controller._costs`) and picks one."""
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,8 +97,10 @@ def is_uniform(tag: str) -> bool:
     return "-g" in tag
 
 
+@functools.lru_cache(maxsize=256)
 def uniform_parts(tag: str) -> tuple[str, int]:
-    """A fixed configuration's drafter and draft length ("eagle-g2" -> ("eagle", 2))."""
+    """A fixed configuration's drafter and draft length ("eagle-g2" -> ("eagle", 2)); cached (a reused call reads
+    it every step)."""
     d, g = tag.rsplit("-g", 1)
     return d, int(g)
 

@@ -17,6 +17,7 @@ class Coasting:
     """`coast` (a plain call) and `coast_spec` (a speculative one), and how many steps a call is reused for."""
 
     coast_epoch = 0  # the measured arms' drift count the reused calls were made under (`_moved`)
+    coasted: tuple | None = None  # (the call, what a reused step of it was made of, its Plan): `coast_spec`
 
     def _moved(self) -> bool:
         """Whether a drift was detected since the reused calls were made (the workload moved: stale arms are due
@@ -87,15 +88,22 @@ class Coasting:
                 self.spec_coasting = None
             return None
         self.spec_coasting = (ids, plan, left - 1)
-        self.catchup = {n: np.asarray(view.catchup(n)) for n in used}
+        if self.learn_skip <= 0:  # only a step whose time is learned prices its drafts (`StepFeedback.learn`)
+            self.catchup = {n: np.asarray(view.catchup(n)) for n in used}
         self.steps += 1
         self.measured.note(plan.arm)
         self.choices["spec"] += 1
         self.reasons["coast"] = self.reasons.get("coast", 0) + 1
-        return replace(plan, gammas=gam, drafter_of=[d if g else None for d, g in zip(drafter_of, gam)],
-                       spec_gammas=[plan.spec_gammas[b] for b in keep],
-                       spec_drafters=[plan.spec_drafters[b] for b in keep],
-                       probs=None if plan.probs is None else plan.probs[keep], reason="coast")
+        drafter_of = [d if g else None for d, g in zip(drafter_of, gam)]
+        key = (tuple(keep), tuple(gam), tuple(drafter_of))
+        c = self.coasted
+        if c is not None and c[0] is plan and c[1] == key:  # the same call, rows, lengths and drafters as the
+            return c[2]  # last reused step: its Plan again (plans are not mutated; `replace` is ~30 µs)
+        out = replace(plan, gammas=gam, drafter_of=drafter_of, spec_gammas=[plan.spec_gammas[b] for b in keep],
+                      spec_drafters=[plan.spec_drafters[b] for b in keep],
+                      probs=None if plan.probs is None else plan.probs[keep], reason="coast")
+        self.coasted = (plan, key, out)
+        return out
 
     def _forget_calls(self, ids: list[int]) -> None:
         """Sequences new to the decoder under ids a reused per-row call planned for (ids are reused once a

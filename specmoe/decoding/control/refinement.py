@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 
 def bucket(B: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(B, 1))))
+    """The power of two at or above B (1 for B ≤ 1): the batch bucket estimates are kept per."""
+    return 1 << (max(int(B), 1) - 1).bit_length()
 
 
 @dataclass
