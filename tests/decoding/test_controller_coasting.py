@@ -297,3 +297,46 @@ def test_a_reused_step_that_repeats_the_last_one_returns_its_plan_and_prices_dra
     ctl.learn_skip = 0  # this step's time is learned: its drafts are priced on the drafters' catch-up now
     e = ctl.coast_spec(view([4], ids=(0,)))
     assert e is d and reads == ["self"] and ctl.catchup["self"].tolist() == [1]
+
+
+def test_a_trial_of_a_fixed_configuration_reuses_its_first_steps_call_and_counts_as_exploration():
+    """An exploration burst of a fixed configuration plans its first step and reuses that call for the rest of the
+    burst (a fresh plan on each trial step cost it ~15% at batch 1): those steps run the trial's arm, count as
+    exploration steps, and the burst ends where the bandit's would; then the next step plans afresh."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0], [4], [2], [[0.9] * 4])
+    m = ctl.measured
+    for arm in ("plain", "self", "self-g2"):  # self-g4 (the exploited drafter's other length) not measured yet
+        for i in range(3 * m.min_steps):
+            m.record(arm, 1, 3.0 if arm == "self-g2" else 1.5, 0.01, i)
+    m.current[1], m.steps = "self-g2", 10
+    p = ctl.plan([0], [4], res, spec_res)
+    assert p.reason == "explore" and p.arm == "self-g4" and p.gammas == [4]
+    left = m.burst.left
+    assert left == m.need(1) and ctl.spec_coasting[2] == left
+    fresh = []
+    real = ctl._plan_fresh
+    ctl._plan_fresh = lambda view: fresh.append(1) or real(view)
+    explored = m.explored_all
+    for k in range(left):
+        q = ctl.plan_step(_view([0], [4]))
+        assert q.decision.arm == "self-g4" and q.decision.reason == "coast" and q.gammas == [4]
+    assert not fresh and m.explored_all == explored + left and m.burst.left == 0
+    assert ctl.reasons["explore"] == 1 + left and m.chosen["self-g4"] == 1 + left
+    ctl.plan_step(_view([0], [4]))  # the burst is over: planned afresh
+    assert fresh == [1]
+
+
+def test_a_trial_of_plain_reuses_its_first_steps_call():
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0], [4], [2], [[0.9] * 4])
+    m = ctl.measured
+    for arm in ("self", "self-g2", "self-g4"):  # plain (the baseline) not measured: tried first
+        for i in range(3 * m.min_steps):
+            m.record(arm, 1, 3.0 if arm == "self-g2" else 1.5, 0.01, i)
+    m.current[1], m.steps = "self-g2", 10
+    p = ctl.plan([0], [4], res, spec_res)
+    assert p.kind == "plain" and p.reason == "explore" and ctl.coasting[1] == m.burst.left == m.need(1)
+    explored = m.explored_all
+    assert all(ctl.coast([0]) for _ in range(m.need(1))) and not ctl.coast([0])
+    assert m.explored_all == explored + m.need(1) and m.chosen["plain"] == 1 + m.need(1)

@@ -43,9 +43,8 @@ class Coasting:
             return False
         self.coasting = (frozenset(seq_ids) if joins else ids, left - 1)
         self.steps += 1
-        self.measured.note("plain")
         self.choices["plain"] += 1
-        self.reasons["coast"] = self.reasons.get("coast", 0) + 1
+        self._count_reused("plain", len(seq_ids))
         return True
 
     def coast_spec(self, view) -> Plan | None:
@@ -91,9 +90,8 @@ class Coasting:
         if self.learn_skip <= 0:  # only a step whose time is learned prices its drafts (`StepFeedback.learn`)
             self.catchup = {n: np.asarray(view.catchup(n)) for n in used}
         self.steps += 1
-        self.measured.note(plan.arm)
         self.choices["spec"] += 1
-        self.reasons["coast"] = self.reasons.get("coast", 0) + 1
+        self._count_reused(plan.arm, len(keep))
         drafter_of = [d if g else None for d, g in zip(drafter_of, gam)]
         key = (tuple(keep), tuple(gam), tuple(drafter_of))
         c = self.coasted
@@ -104,6 +102,16 @@ class Coasting:
                       probs=None if plan.probs is None else plan.probs[keep], reason="coast")
         self.coasted = (plan, key, out)
         return out
+
+    def _count_reused(self, arm: str, B: int) -> None:
+        """Count a reused call's step with the bandit: a step of the exploration burst that made the call (a trial
+        of a fixed configuration or plain reuses its first step's call: `trial_step`), else a step it did not
+        choose (`note`)."""
+        if self.measured.trial_step(arm, B):
+            self.reasons["explore"] = self.reasons.get("explore", 0) + 1
+        else:
+            self.measured.note(arm)
+            self.reasons["coast"] = self.reasons.get("coast", 0) + 1
 
     def _forget_calls(self, ids: list[int]) -> None:
         """Sequences new to the decoder under ids a reused per-row call planned for (ids are reused once a
