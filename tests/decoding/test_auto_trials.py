@@ -242,3 +242,19 @@ def test_an_arms_calibration_is_its_own_not_its_drafters_other_lengths():
     assert m.rate("eagle-g2", 4) > 1.03 * m.rate("eagle-g4", 4)
     m.current[4] = "eagle-g2"
     assert m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 4).arm == "eagle-g2"
+
+
+def test_one_short_trial_somewhat_behind_at_a_neighbouring_bucket_does_not_rule_an_arm_out_at_a_new_one():
+    """eagle-g2's one 4-step trial at batch 1 read 0.70x eagle-g4 (its fixed engine ran faster): at batch 4 it is
+    still tried; measured longer that far behind, or far behind (below FAR) on one trial, it is not."""
+    m = MeasuredArms()
+    for arm, rate in (("eagle-g4", 250.0), ("eagle-g2", 175.0), ("self-g2", 125.0)):
+        m.interrupt()
+        for _ in range(m.min_steps + 1):
+            m.record(arm, 1, 2.0, 2.0 / rate, 0)
+    assert m.trials[("eagle-g2", 1)] == 1 and m.n("eagle-g2", 1) == m.need(1)
+    assert not m._behind_near("eagle-g2", 4)
+    assert m._behind_near("self-g2", 4)  # 0.5x: far behind on one trial
+    for _ in range(2):  # measured longer, still 0.7x (the first: the switch's, not measured)
+        m.record("eagle-g2", 1, 2.0, 2.0 / 175.0, 0)
+    assert m.n("eagle-g2", 1) > m.need(1) and m._behind_near("eagle-g2", 4)

@@ -340,3 +340,22 @@ def test_a_trial_of_plain_reuses_its_first_steps_call():
     explored = m.explored_all
     assert all(ctl.coast([0]) for _ in range(m.need(1))) and not ctl.coast([0])
     assert m.explored_all == explored + m.need(1) and m.chosen["plain"] == 1 + m.need(1)
+
+
+def test_a_trials_reused_call_ends_when_the_batch_leaves_its_bucket():
+    """A trial's call is reused only while its burst runs at its bucket: rows of a batch of 4 finishing into batch 2
+    end it (the trial's arm does not run on through the batch's tail), and the next step plans afresh."""
+    ctl, res, spec_res = synthetic(read_s=5e-3)
+    ctl.acc.record([0, 1, 2, 3], [4] * 4, [2] * 4, [[0.9] * 4] * 4)
+    m = ctl.measured
+    for arm in ("plain", "self", "self-g2"):
+        for i in range(3 * m.min_steps):
+            m.record(arm, 4, 12.0 if arm == "self-g2" else 6.0, 0.01, i)
+    m.current[4], m.steps = "self-g2", 10
+    for _ in range(m.SETTLE):
+        m.recent.append(4)
+    p = ctl.plan([0, 1, 2, 3], [4] * 4, res, spec_res)
+    assert p.reason == "explore" and p.arm == "self-g4" and ctl.spec_coasting[2] == m.burst.left > 1
+    q = ctl.coast_spec(_view([0, 1, 2], [4, 4, 4]))  # one row finished: still bucket 4
+    assert q is not None and q.arm == "self-g4" and m.burst.left >= 1
+    assert ctl.coast_spec(_view([0, 1], [4, 4])) is None and ctl.spec_coasting is None  # bucket 2: the call ends

@@ -18,6 +18,7 @@ class Coasting:
 
     coast_epoch = 0  # the measured arms' drift count the reused calls were made under (`_moved`)
     coasted: tuple | None = None  # (the call, what a reused step of it was made of, its Plan): `coast_spec`
+    coast_trial = False  # the reused plain call is a trial's (`Controller._plain_plan`): it ends with its burst
 
     def _moved(self) -> bool:
         """Whether a drift was detected since the reused calls were made (the workload moved: stale arms are due
@@ -37,6 +38,8 @@ class Coasting:
         if self._moved():
             return False
         ids, left = self.coasting
+        if self.coast_trial and self.measured.trial_left("plain", len(seq_ids)) <= 0:
+            left = 0  # a trial's call ends with its burst (or when the batch left its bucket)
         joins = not set(seq_ids) <= ids
         if left <= 0 or self.schedule is not None or (joins and not (self.plain_rejoins and self._rejoin(ids, seq_ids))):
             self.coasting = (frozenset(), 0)
@@ -60,6 +63,9 @@ class Coasting:
         if self._moved() or self.spec_coasting is None:
             return None
         ids, plan, left = self.spec_coasting
+        if plan.reason == "explore" and self.measured.trial_left(plan.arm, len(view.seq_ids)) <= 0:
+            self.spec_coasting = None  # a trial's call ends with its burst (or when the batch left its bucket)
+            return None
         joins = not set(view.seq_ids) <= set(ids)
         if joins and left > 0 and plan.reason == "measured" and is_uniform(plan.arm) and self._rejoin(ids, view.seq_ids):
             plan = self._uniform_plan(plan, len(view.seq_ids))
@@ -82,7 +88,7 @@ class Coasting:
         gam = [min(w, avail[d][i]) if d else 0 for i, (w, d) in enumerate(zip(want, drafter_of))]
         if not any(gam):  # every row at its last token: a plain step (a measured fixed configuration's call
             if plan.reason == "measured" and is_uniform(plan.arm) and not any(view.limits):  # stays, unplanned)
-                self.coasting, self.plain_rejoins = (frozenset(view.seq_ids), 1), False
+                self.coasting, self.plain_rejoins, self.coast_trial = (frozenset(view.seq_ids), 1), False, False
             else:
                 self.spec_coasting = None
             return None

@@ -360,6 +360,7 @@ class Controller(Coasting, StepFeedback):
         # a clear or forced call, or dear planning: the next steps reuse it without planning (not when nothing could
         # be drafted this step: a sequence at its last token, a lookup without a match)
         self.plain_rejoins = reason == "measured" and best is not None
+        self.coast_trial = reason == "explore"
         if reason == "explore":  # a trial of plain: its next steps reuse its call (`_trial_coast`)
             self.coasting = (frozenset(seq_ids), self.measured.trial_left("plain", B))
         elif self.plain_rejoins:  # measured the best: a plain step has nothing to go stale (others may join it)

@@ -458,7 +458,10 @@ class MeasuredArms:
         it was measured: not worth a trial here (plain is always tried: the baseline) unless the batch has stayed
         `NEAR_AFTER` steps in this bucket (a workload that settles here can afford to check). The best there is
         taken over the arms offered on every step (not `conditional` ones: a lookup arm measured 2x eagle's rate at
-        batch 1 on the text it is offered on, and kept eagle's short drafts from being tried at batch 4)."""
+        batch 1 on the text it is offered on, and kept eagle's short drafts from being tried at batch 4). Between
+        `FAR` and `NEAR` of the best, one short trial there is not enough to rule it out here: it takes more than
+        `need` steps of it or a second trial (a 4-step trial at batch 1 read eagle-g2 at 177 tok/s, 0.70x of
+        eagle-g4, while its fixed engine ran 5% faster than eagle-g4's, and kept it from being tried at batch 4)."""
         if self.seen.get(b, 0) >= self.NEAR_AFTER:
             return False
         near = sorted({k[1] for k in self.win if k[0] == arm and k[1] != b and max(k[1], b) <= 4 * min(k[1], b)},
@@ -468,7 +471,8 @@ class MeasuredArms:
             best = max((r for (a, k) in self.win if k == nb and not conditional(a)
                         and (r := self.score(a, nb)) is not None), default=None)
             if mine is not None and best:
-                return mine < self.NEAR * best
+                solid = self.n(arm, nb) > self.need(nb) or self.trials.get((arm, nb), 0) >= 2
+                return mine < self.FAR * best or (mine < self.NEAR * best and solid)
         return False
 
     # ------------------------------------------------------------ read out, persist
