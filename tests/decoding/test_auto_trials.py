@@ -258,3 +258,24 @@ def test_one_short_trial_somewhat_behind_at_a_neighbouring_bucket_does_not_rule_
     for _ in range(2):  # measured longer, still 0.7x (the first: the switch's, not measured)
         m.record("eagle-g2", 1, 2.0, 2.0 / 175.0, 0)
     assert m.n("eagle-g2", 1) > m.need(1) and m._behind_near("eagle-g2", 4)
+
+
+def test_a_lookup_arms_prediction_prunes_no_arm():
+    """ngram-g4 (offered only where its lookup has a proposal) predicted 3x eagle's arms on the text it is offered
+    on: eagle-g2, within PRUNE of the best arm offered on every step, is still tried; an arm predicted below PRUNE
+    of that is not."""
+    m = MeasuredArms()
+    m.interrupt()
+    for _ in range(m.min_steps + 1):
+        m.record("plain", 1, 1.0, 1 / 150.0, 0)
+    m.interrupt()
+    m.current[1] = "eagle-g4"
+    for _ in range(m.min_steps + 1):
+        m.record("eagle-g4", 1, 3.0, 3.0 / 250.0, 0)
+    arms = [Arm("plain", 150.0, 150.0), Arm("eagle-g4", 250.0, 260.0), Arm("eagle-g2", 240.0, 250.0),
+            Arm("self-g2", 120.0, 130.0), Arm("ngram-g4", 750.0, 800.0)]
+    assert m._target(arms, 1, "eagle-g4") == ("eagle-g2", "new")
+    m.interrupt()
+    for _ in range(m.min_steps + 1):
+        m.record("eagle-g2", 1, 2.0, 2.0 / 240.0, 0)
+    assert m._target(arms, 1, "eagle-g4") == ("ngram-g4", "new")  # self-g2 (0.52x eagle-g4's 250) is pruned

@@ -3,7 +3,8 @@ drafter mixed with a lookup drafter, or with `Controller.PER_ROW` a drafter's pe
 model) a step takes is decided by the tokens per second each arm has realized in this process at this batch bucket,
 not by the predicted rates (which stay 15-44% off per step kind). The cost model orders the trials of unmeasured
 arms (after plain and the exploited arm's drafter: its best first), prunes the arms it
-predicts far behind the best (`PRUNE`; never plain, the baseline auto must not lose to), and picks the arm while
+predicts far behind the best offered on every step (`PRUNE`; never plain, the baseline auto must not lose to; not
+against a lookup arm's prediction, made on the repetitive text it is offered on), and picks the arm while
 nothing is measured at this batch bucket or a neighbouring one; it never overrides a measured comparison.
 
 An arm's rate is not the tokens its steps happened to emit: at batch 1 a step emits 1 to 5 tokens with the text it
@@ -419,7 +420,9 @@ class MeasuredArms:
         burst added to a noisy measurement)."""
         if self.n(best, b) < self.need(b):  # the exploited arm is being measured first
             return None, ""
-        top = max(a.predicted for a in arms)
+        # the best predicted among the arms offered on every step: a lookup arm is predicted (and measured) on the
+        # repetitive text where it has a proposal, and its prediction there put every other arm below PRUNE of it
+        top = max((a.predicted for a in arms if not conditional(a.name)), default=max(a.predicted for a in arms))
         cands = [a for a in arms if a.name != best and (a.name == "plain" or a.optimistic >= self.PRUNE * top)
                  and self.steps - self.cut.get((a.name, b), -self.STALE) >= self.STALE]
         unmeasured = [a for a in cands if self.n(a.name, b) < self.need(b)
