@@ -39,3 +39,31 @@ def test_generate_demo_model_json(tmp_path):
     assert Path(out["model"]) == DEMO_MODEL
     assert len(out["outputs"]) == 2 and all(len(o["token_ids"]) <= 8 for o in out["outputs"])
     assert out["stats"]["generated_tokens"] == sum(len(o["token_ids"]) for o in out["outputs"])
+
+
+def test_an_interrupt_a_native_call_turns_into_another_error_still_reads_as_interrupted(monkeypatch, capsys):
+    """safetensors' slice read turned a SIGINT into "ValueError: could not determine the shape of ... UntypedStorage":
+    the CLI still says "interrupted" and exits 130, no traceback."""
+    import argparse
+    import os
+    import signal
+
+    import specmoe.cli as cli
+
+    def func(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the CLI's handler raises KeyboardInterrupt here
+            for _ in range(1000):
+                pass
+        except KeyboardInterrupt:
+            raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+
+    parser = type("P", (), {"parse_args": lambda self, argv: argparse.Namespace(func=func)})()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main([]) == 130
+    finally:
+        signal.signal(signal.SIGINT, old)
+        cli._interrupted.clear()
+    assert "interrupted" in capsys.readouterr().err

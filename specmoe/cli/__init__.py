@@ -3,7 +3,9 @@ own module with `register(subparsers)`; user errors print one line and exit 2.""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from specmoe.errors import SpecMoEError
 
@@ -27,13 +29,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_interrupted = threading.Event()
+
+
+def _on_sigint(signum, frame):
+    _interrupted.set()
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # remembered: an interrupt raised inside a native call can come back as another exception (safetensors'
+        # slice read turned it into "ValueError: could not determine the shape of ... UntypedStorage")
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         return args.func(args) or 0
     except SpecMoEError as e:
+        if _interrupted.is_set():
+            print("specmoe: interrupted", file=sys.stderr)
+            return 130
         print(f"specmoe: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("specmoe: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        if _interrupted.is_set():
+            print("specmoe: interrupted", file=sys.stderr)
+            return 130
+        raise
