@@ -45,17 +45,17 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _on_sigint)
     try:
         return args.func(args) or 0
-    except SpecMoEError as e:
-        if _interrupted.is_set():
-            print("specmoe: interrupted", file=sys.stderr)
-            return 130
+    except KeyboardInterrupt:
+        return _interrupted_exit()
+    except Exception as e:
+        if _interrupted.is_set():  # whatever a native call made of the interrupt
+            return _interrupted_exit()
+        if not isinstance(e, SpecMoEError):
+            raise
         print(f"specmoe: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("specmoe: interrupted", file=sys.stderr)
-        return 130
-    except Exception:
-        if _interrupted.is_set():
-            print("specmoe: interrupted", file=sys.stderr)
-            return 130
-        raise
+
+
+def _interrupted_exit() -> int:
+    print("specmoe: interrupted", file=sys.stderr)
+    return 130

@@ -7,7 +7,6 @@ mixed with each lookup drafter (a row takes whichever expects more accepted toke
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 import numpy as np

@@ -361,7 +361,7 @@ class Controller(Coasting, StepFeedback):
         # be drafted this step: a sequence at its last token, a lookup without a match)
         self.plain_rejoins = reason == "measured" and best is not None
         self.coast_trial = reason == "explore"
-        if reason == "explore":  # a trial of plain: its next steps reuse its call (`_trial_coast`)
+        if reason == "explore":  # a trial of plain: its next steps reuse its call (`Coasting._count_reused`)
             self.coasting = (frozenset(seq_ids), self.measured.trial_left("plain", B))
         elif self.plain_rejoins:  # measured the best: a plain step has nothing to go stale (others may join it)
             self.coasting = (frozenset(seq_ids), self._measured_coast(B))
@@ -388,7 +388,7 @@ class Controller(Coasting, StepFeedback):
                     self.width if c.tag.endswith(self.TREE) or reason in ("forced", "schedule") else 1)
         if reason == "measured" and is_uniform(c.tag):  # a measured fixed configuration: nothing goes stale
             self.spec_coasting = (tuple(seq_ids), plan, self._measured_coast(B))
-        elif reason == "explore" and is_uniform(c.tag):  # a trial's next steps reuse its call (`_trial_coast`)
+        elif reason == "explore" and is_uniform(c.tag):  # a trial's next steps reuse its call (`Coasting._count_reused`)
             self.spec_coasting = (tuple(seq_ids), plan, self.measured.trial_left(c.tag, B))
         elif reason in self.DECIDED and (self._clear(c.tag, best.rate, "plain", plain.rate, B) or self._dear(best.step_s)):
             self.spec_coasting = (tuple(seq_ids), plan, self._coast_len(best.step_s))  # the next steps reuse it
