@@ -93,5 +93,37 @@ def test_what_the_laps_measured_is_remembered_by_the_next_controller():
     assert m.laps.factor("eagle-g4", 4) < 0.95
     assert fresh.laps.factor("eagle-g4", 4) == pytest.approx(m.laps.factor("eagle-g4", 4))
     assert len(fresh.laps.done[("eagle-g4", 4)]) == 3  # as many laps: shrunk as much
+    assert fresh.laps.priced("eagle-g4", 4, 0.9) == pytest.approx(m.laps.priced("eagle-g4", 4, 0.9))
+    older = MeasuredArms()  # laps remembered before they kept their credit: credited with their peak tokens
+    older.warm({"laps": {k: v[:5] for k, v in m.state()["laps"].items()}})
+    assert older.laps.priced("eagle-g4", 4, 1.0) == pytest.approx(
+        (3 * m.laps.factor("eagle-g4", 4) + older.laps.PRIOR * m.laps.factor("eagle-g4", 4)) / (3 + older.laps.PRIOR))
     fresh.warm({"laps": {"eagle-g2@x": [1, 1, 1, 1], "eagle-g2@4": [1, -1, 1, 1]}, "laps@2": "junk"})  # ignored
     assert set(fresh.laps.done) == {("eagle-g4", 4)}
+
+
+def test_an_arm_whose_credit_reads_high_at_a_batch_size_is_priced_by_what_its_laps_realized():
+    """eagle-g4's full steps at batch 4 are credited 10% above what they emit, while its calibration over all its
+    steps (mostly accurate ones at batch 1) corrects only part of that: per step and calibration it measures 4%
+    ahead of eagle-g2 and takes the batch; its laps, realizing tokens at eagle-g2's rate, keep eagle-g2."""
+    def run(m: MeasuredArms) -> str:
+        for _ in range(200):  # batch 1: credited as it emits
+            m.record("eagle-g4", 1, 3.0, 0.01, m.steps, expected=3.0)
+        for _ in range(8):
+            for arm, credit in (("eagle-g2", 10.0), ("eagle-g4", 11.0)):
+                for _ in range(12):
+                    m.record(arm, 4, 10.0, 0.025, m.steps, expected=credit)
+                for r in (2, 1):
+                    m.record(arm, r, 2.5 * r, 0.012, m.steps, expected=2.5 * r)
+        m.record("plain", 4, 4.0, 0.04, m.steps)  # the next batch: closes g4's last lap
+        m.current[4] = "eagle-g2"
+        return m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 4).arm
+
+    m = MeasuredArms()
+    assert run(m) == "eagle-g2"
+    assert len(m.laps.done[("eagle-g4", 4)]) == 8 and m.kappa("eagle-g4") > 0.94
+    assert m.scale("eagle-g4", 4) < m.scale("eagle-g2", 4) / 1.08  # its laps priced its credit down
+    # priced by calibration and the tail factor alone (the laps' credit unused), g4 takes the batch
+    uncredited = MeasuredArms()
+    uncredited.laps.priced = lambda arm, b, kappa: kappa * uncredited.laps.of(arm, b)
+    assert run(uncredited) == "eagle-g4"

@@ -12,6 +12,13 @@ whose peak steps were (mostly, `PURE`) one arm's is that arm's: its *factor* is 
 its peak steps' tokens per second (realized tokens: the ratio is the tail's, whatever the crediting), a ratio of
 sums over its last `KEEP` laps, shrunk toward the bucket's (`of`). A batch that never shrinks (one row at a time,
 or a server whose batch keeps being refilled) closes no lap with a tail, and its factor stays near 1.
+
+A lap also keeps what its peak steps were credited with (`MeasuredArms.record`'s pooled-acceptance tokens): an arm
+with laps of its own at a bucket is priced there by what they realized per credited token (`priced`: whole laps'
+realized tokens/s over their peak steps' credited tokens/s), which takes in the tail and whatever the arm's credit
+reads off at that batch size. The arm's calibration over all its steps (`MeasuredArms.kappa`) pools batch sizes: at
+batch 64 eagle-g4's credited full steps read 3% faster than eagle-g2's and its lap factor 2% worse, a tie, while
+the fixed eagle-g2 ran 8% faster than the fixed eagle-g4 over whole batches, and `auto` ran eagle-g4.
 """
 from __future__ import annotations
 
@@ -28,13 +35,14 @@ class _Lap:
     seconds: float = 0.0
     peak_tokens: float = 0.0
     peak_seconds: float = 0.0
+    peak_credit: float = 0.0                  # what the peak steps were credited with (pooled-acceptance tokens)
     arms: dict = field(default_factory=dict)  # arm -> its steps at the peak
     clean: bool = True                        # no step of no arm (forced, scheduled) in it
 
 
 @dataclass
 class Laps:
-    """Per (arm, peak bucket): its last `KEEP` laps as (tokens, seconds, peak tokens, peak seconds)."""
+    """Per (arm, peak bucket): its last `KEEP` laps as (tokens, seconds, peak tokens, peak seconds, peak credit)."""
     KEEP: int = 8
     PURE: float = 0.75   # share of a lap's peak steps its arm must have run for the lap to be its
     PRIOR: float = 4.0   # pseudo-laps at the bucket's factor in an arm's (`of`)
@@ -42,8 +50,9 @@ class Laps:
     cur: _Lap | None = None
     last_B: int = 0
 
-    def step(self, arm: str, B: int, tokens: float, seconds: float) -> None:
-        """One step of `arm` at batch B: emitted `tokens` (realized) in `seconds`."""
+    def step(self, arm: str, B: int, tokens: float, seconds: float, credit: float | None = None) -> None:
+        """One step of `arm` at batch B: emitted `tokens` (realized) in `seconds`, credited with `credit` (None: its
+        tokens)."""
         if self.cur is None or B > self.last_B:
             self._close()
             self.cur = _Lap(B)
@@ -54,6 +63,7 @@ class Laps:
         if B >= lap.rows:
             lap.peak_tokens += tokens
             lap.peak_seconds += seconds
+            lap.peak_credit += tokens if credit is None else credit
             lap.arms[arm] = lap.arms.get(arm, 0) + 1
 
     def interrupt(self) -> None:
@@ -63,13 +73,13 @@ class Laps:
 
     def _close(self) -> None:
         lap, self.cur = self.cur, None
-        if lap is None or not lap.clean or lap.peak_seconds <= 0 or lap.peak_tokens <= 0:
+        if lap is None or not lap.clean or lap.peak_seconds <= 0 or lap.peak_tokens <= 0 or lap.peak_credit <= 0:
             return
         arm, n = max(lap.arms.items(), key=lambda kv: kv[1])
         if n < self.PURE * sum(lap.arms.values()):
             return
         d = self.done.setdefault((arm, bucket(lap.rows)), deque(maxlen=self.KEEP))
-        d.append((lap.tokens, lap.seconds, lap.peak_tokens, lap.peak_seconds))
+        d.append((lap.tokens, lap.seconds, lap.peak_tokens, lap.peak_seconds, lap.peak_credit))
 
     def factor(self, arm: str, b: int) -> float | None:
         """Whole laps' tokens/s over their peak steps' tokens/s, for `arm`'s laps peaking at bucket b (None: none
@@ -99,22 +109,37 @@ class Laps:
             return pool
         return (len(d) * self.factor(arm, b) + self.PRIOR * pool) / (len(d) + self.PRIOR)
 
+    def priced(self, arm: str, b: int, kappa: float) -> float:
+        """What `arm`'s credited tokens/s at bucket b are worth in realized whole-batch tokens/s: with laps of its own
+        there, their realized tokens/s over their peak steps' credited tokens/s (the tail and the credit's error at
+        this batch size, both as measured), shrunk by `PRIOR` pseudo-laps toward `kappa` (its calibration over all its
+        steps) × the bucket's tail factor; without, that prior (`of`)."""
+        d = self.done.get((arm, b))
+        if not d:
+            return kappa * self.of(arm, b)
+        t, s, pc, ps = (sum(x[i] for x in d) for i in (0, 1, 4, 3))
+        pool = self.pooled(b) or 1.0
+        return (len(d) * (t / s) / (pc / ps) + self.PRIOR * kappa * pool) / (len(d) + self.PRIOR)
+
     def state(self) -> dict:
-        """What `warm` reads back: per arm@bucket, its laps' (tokens, seconds, peak tokens, peak seconds) summed, and
-        how many laps."""
-        return {f"{a}@{b}": [*(sum(x[i] for x in d) for i in range(4)), len(d)] for (a, b), d in self.done.items() if d}
+        """What `warm` reads back: per arm@bucket, its laps' (tokens, seconds, peak tokens, peak seconds) summed, how
+        many laps, and their peak credit summed."""
+        return {f"{a}@{b}": [*(sum(x[i] for x in d) for i in range(4)), len(d), sum(x[4] for x in d)]
+                for (a, b), d in self.done.items() if d}
 
     def warm(self, state: dict) -> None:
-        """Start from remembered laps, as many as there were, each their mean (this run's own push them out)."""
+        """Start from remembered laps, as many as there were, each their mean (this run's own push them out); laps
+        remembered without their credit are credited with their peak tokens."""
         for k, v in state.items():
             try:
                 arm, b = k.rsplit("@", 1)
                 x = tuple(float(y) for y in v[:4])
                 n = min(self.KEEP, max(1, int(v[4]))) if len(v) > 4 else 1
+                x += (float(v[5]) if len(v) > 5 else x[2],)
                 b = int(b)
             except (TypeError, ValueError, IndexError, AttributeError):
                 continue
-            if len(x) == 4 and min(x) > 0:
+            if len(x) == 5 and min(x) > 0:
                 self.done[(arm, b)] = deque([tuple(y / n for y in x)] * n, maxlen=self.KEEP)
 
     def stats(self) -> dict:

@@ -30,7 +30,7 @@ Successive elimination with a bounded budget:
   shortest draft length of the chosen arm's drafter measured within `STAY` of it is taken (`_even`: deeper drafts
   leave a longer ragged tail, which per-step rates do not see, and their credit leans on the deep positions'
   estimates, which read high); once an arm has run whole batches at a bucket, its
-  rate there is priced by them (`laps`: whole batches' tokens/s over their full steps'). (Rates relative to the
+  rate there is priced by them (`laps`: whole batches' realized tokens/s over their full steps' credited). (Rates relative to the
   exploited arm's adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more
   than the machine's speed, and chained ratios compounded that noise);
 - exploration, in bursts of `need` + 1 consecutive steps of one arm, in this order: an unmeasured plain (the
@@ -181,8 +181,8 @@ class MeasuredArms:
         switched, self.prev = self.prev is not None and self.prev != arm, arm
         if tokens <= 0 or seconds <= 0:
             return
-        self.laps.step(arm, B, float(tokens), float(seconds))
         e = float(tokens) if expected is None or expected <= 0 else float(expected)
+        self.laps.step(arm, B, float(tokens), float(seconds), e)
         real = self.real.setdefault(arm, [0.0, 0.0])
         real[0], real[1] = real[0] + float(tokens), real[1] + e
         if real[1] > self.REAL_MAX:  # old text fades: halve both sums
@@ -269,11 +269,17 @@ class MeasuredArms:
         return self.score(arm, bucket(B))
 
     def score(self, arm: str, b: int, rows: int = 0) -> float | None:
-        """`rate` at bucket b (over its steps of at least `rows` rows: `_steps`), × what a batch's ragged tail leaves
-        of it (`Laps.of`: whole batches' rate over their full steps')."""
+        """The arm's credited tokens/s at bucket b (over its steps of at least `rows` rows: `_steps`) in realized
+        whole-batch tokens/s (`scale`)."""
         if self.n(arm, b) < max(1, self.need(b)):
             return None
-        return self.rate_of((arm, b), rows) * self.laps.of(arm, b)
+        return _rate(self._steps((arm, b), rows)) * self.scale(arm, b)
+
+    def scale(self, arm: str, b: int) -> float:
+        """Realized whole-batch tokens per credited token for `arm` at bucket b: its calibration (`kappa`) × what a
+        batch's ragged tail leaves (`Laps.of`), or, once it has run whole batches there, what those realized
+        (`Laps.priced`)."""
+        return self.laps.priced(arm, b, self.kappa(arm))
 
     def need(self, b: int) -> int:
         """Steps an arm needs at bucket b before its rate counts: `min_steps`, halved from `WIDE` rows on (a step's
@@ -282,9 +288,8 @@ class MeasuredArms:
         return self.min_steps if b < self.WIDE else (self.min_steps + 1) // 2
 
     def se_of(self, key, rows: int = 0) -> float:
-        """Standard error of the arm's rate at a bucket (`_se` of its window, × `kappa` and the tail's `Laps.of`;
-        `_steps`)."""
-        return _se(self._steps(key, rows)) * self.kappa(key[0]) * self.laps.of(*key)
+        """Standard error of the arm's rate at a bucket (`_se` of its window, × `scale`; `_steps`)."""
+        return _se(self._steps(key, rows)) * self.scale(*key)
 
     def n(self, arm: str, b: int) -> int:
         return len(self.win.get((arm, b), ()))
