@@ -1,0 +1,222 @@
+"""What each `auto` arm has realized per batch bucket, and what it is credited with (`ArmRates`).
+
+An arm's rate is not the tokens its steps happened to emit: at batch 1 a step emits 1 to 5 tokens with the text it
+lands on, so arms measured on different text (a few steps each) compared the text, not the arms. A chain step is
+credited with what its drafts were worth on the drafter's acceptance pooled over every sequence (`expected`: the
+position estimates at the depths it drafted), times the arm's calibration (`kappa`: tokens emitted per pooled token
+over all its own steps, shrunk toward 1 while it has few), over the step's seconds. Plain and tree
+steps are credited with what they emitted.
+
+Per (arm, bucket) a window of its last `WINDOW` steps, (credited tokens, seconds, rows); per arm its calibration
+sums (`kappa`); per (arm, bucket) the whole batches it ran (`laps.Laps`), which price its rate there (`scale`). A
+drift of the exploited arm's rate flags the others at its bucket stale (`record`; what the bandit does with that:
+`measured`). All of it persists per machine, model and tier (`state`, `warm`).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from specmoe.decoding.control.laps import Laps
+from specmoe.decoding.control.refinement import bucket
+
+
+def _rate(steps) -> float:
+    """Tokens/s over `steps` [(tokens, seconds, rows)]: a ratio of sums."""
+    return sum(x[0] for x in steps) / sum(x[1] for x in steps)
+
+
+def _se(steps) -> float:
+    """Standard error of a rate measured over `steps` [(tokens, seconds, rows)]: the spread of the steps' rates over
+    √steps (inf below 2)."""
+    if len(steps) < 2:
+        return math.inf
+    xs = [x[0] / x[1] for x in steps]
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+@dataclass
+class ArmRates:
+    """Realized tokens/s per (arm, batch bucket): the measurements `measured.MeasuredArms` chooses by."""
+    min_steps: int = 4       # steps an arm needs at a bucket before its rate counts (0: never explore) ...
+    WIDE: int = 64           # ... half as many from this bucket on (`need`)
+    WINDOW: int = 32         # the last steps an arm's rate is taken over (ratio of sums: tokens / seconds)
+    DRIFT: float = 0.25
+    FAR: float = 0.6         # on drift, arms measured below this share of the exploited arm's rate stay measured
+    RECENT: int = 16         # drift: the exploited arm's last steps against the as many before them
+    SETTLE: int = 8          # steps of the last 2·SETTLE in a bucket before it is explored
+    win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds, rows)]
+    last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
+    calm: dict = field(default_factory=dict)       # (arm, bucket) -> its steps recorded since its last drift
+    real: dict = field(default_factory=dict)       # arm -> [tokens emitted, tokens expected on pooled acceptance]
+    trials: dict = field(default_factory=dict)     # (arm, bucket) -> trials completed (1, or 2 after a second opinion)
+    prior: dict = field(default_factory=dict)      # (arm, bucket) -> its first trial's steps, while the second runs
+    SHRINK: float = 256.0    # pseudo-tokens at calibration 1 in an arm's (`kappa`)
+    REAL_MAX: float = 8192.0  # expected tokens after which an arm's calibration sums are halved
+    stale: set = field(default_factory=set)        # (arm, bucket) flagged by drift
+    current: dict = field(default_factory=dict)    # bucket -> the exploited arm
+    prev: str | None = None                        # the last step's arm (a switch's first step is not measured)
+    recent: deque = field(default_factory=deque)  # buckets of the last 2·SETTLE steps
+    seen: dict = field(default_factory=dict)       # bucket -> steps recorded there
+    drifts: int = 0                                # drifts detected
+    second_trials: int = 0                         # second opinions completed (`_trial_done`)
+    laps: Laps = field(default_factory=Laps)       # what a batch's ragged tail costs each arm (`laps`)
+
+    def __post_init__(self):
+        self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
+
+    def record(self, arm: str, B: int, tokens: float, seconds: float, step: int, expected: float | None = None
+               ) -> None:
+        """One step of `arm` at batch B emitted `tokens` in `seconds` (its whole cycle as the decoder measured it);
+        `expected`: what its drafts were worth on the drafter's pooled acceptance (a chain step; else `tokens`)."""
+        b = bucket(B)
+        self.recent.append(b)
+        self.seen[b] = self.seen.get(b, 0) + 1
+        switched, self.prev = self.prev is not None and self.prev != arm, arm
+        if tokens <= 0 or seconds <= 0:
+            return
+        e = float(tokens) if expected is None or expected <= 0 else float(expected)
+        self.laps.step(arm, B, float(tokens), float(seconds), e)
+        real = self.real.setdefault(arm, [0.0, 0.0])
+        real[0], real[1] = real[0] + float(tokens), real[1] + e
+        if real[1] > self.REAL_MAX:  # old text fades: halve both sums
+            real[0], real[1] = real[0] / 2, real[1] / 2
+        if switched:
+            return
+        key = (arm, b)
+        w = self.win.setdefault(key, deque(maxlen=self.WINDOW))
+        w.append((e, float(seconds), int(B)))
+        self.last[key] = step
+        self.stale.discard(key)
+        self.calm[key] = self.calm.get(key, 0) + 1
+        if len(w) == self.need(b):
+            self._trial_done(key, w)
+        R = self.RECENT
+        if self.current.get(key[1]) == arm and len(w) >= 2 * R and self.calm[key] >= R:
+            steps = list(w)
+            before, recent = steps[-2 * R:-R], steps[-R:]
+            a, r = _rate(before), _rate(recent)
+            if abs(r / a - 1.0) > self.DRIFT and abs(r - a) > 2.0 * math.hypot(_se(before), _se(recent)):
+                # the workload moved: the others' rates are old news, for those within FAR of it (rated on pooled
+                # acceptance, an arm far behind stays behind when the text moves: re-measuring self-g2 at 0.4x
+                # after every drift spent the budget for nothing)
+                keep = self.FAR * min(a, r) * self.kappa(arm)
+                self.stale |= {k for k, v in self.win.items()
+                               if k[1] == key[1] and k[0] != arm and v and self.rate_of(k) >= keep}
+                self.calm[key] = 0
+                for _ in range(len(w) - R):  # its own steps before the move are old news too
+                    w.popleft()
+                self.drifts += 1  # (a reused call ends: the next step plans, and may re-measure, `Coasting`)
+
+    def _trial_done(self, key, w) -> None:
+        """The arm's window just reached `need` steps: a trial completed. After a second opinion (`_target`), the
+        better of its two trials stands (a trial is a few steps: one that met two stalls rated eagle-g2 at 154 tok/s,
+        0.7x its fixed engine, and ruled it out; a rate read too high is corrected by the steps the arm then runs
+        exploited, one read too low never is)."""
+        first = self.prior.pop(key, None)
+        self.trials[key] = self.trials.get(key, 0) + 1
+        self.second_trials += first is not None
+        if first is not None and _rate(first) > _rate(w):
+            w.clear()
+            w.extend(first)
+
+    def interrupt(self) -> None:
+        """A step of no arm (forced or scheduled): the next arm's first step is a switch, and its lap is no arm's."""
+        self.prev = "-"
+        self.laps.interrupt()
+
+    def rate_of(self, key, rows: int = 0) -> float:
+        """The arm's pooled-acceptance tokens over seconds in its window (`_steps`) × its calibration (`kappa`)."""
+        return _rate(self._steps(key, rows)) * self.kappa(key[0])
+
+    def _steps(self, key, rows: int = 0):
+        """The arm's window at a bucket; given `rows`, only its steps of at least that many rows while `need` of
+        them are left (`_rows`)."""
+        w = self.win.get(key, ())
+        if rows > 1:
+            some = [x for x in w if x[2] >= rows]
+            if len(some) >= max(1, self.need(key[1])):
+                return some
+        return w
+
+    def _rows(self, names, b: int) -> int:
+        """The rows arms are compared at, at bucket b: the most any measured arm's window has at its fewest. A
+        bucket spans a batch's full steps and its first rows' ends (64 rows, then 60, 47...): a trial bursts from a
+        fresh plan, at a batch's start, while the exploited arm's window spans its whole life, and a step of 64 rows
+        emits more tokens a second than one of 48 (eagle-g4's trial steps rated it 13% above eagle-g2 at batch 64,
+        while over whole batches it ran 9% slower)."""
+        k = max(1, self.need(b))
+        return max((min(x[2] for x in w) for n in names if len(w := self.win.get((n, b), ())) >= k), default=0)
+
+    def kappa(self, arm: str) -> float:
+        """Tokens the arm emitted per token its drafts were worth on pooled acceptance, over all its own steps (its
+        stop rule or draft length beats or trails the pooled estimate), shrunk toward 1 (the pooled estimate as it
+        is) by `SHRINK` pseudo-tokens: an arm seen on few steps does not take its own text's luck. Not toward the
+        drafter's other lengths: the bias can be the length's (in three traces at batch 4 eagle-g2 emitted 0.97-1.11x
+        its pooled tokens, eagle-g4 0.91-0.94x; pooled together, eagle-g4 read faster than it ran and held the batch
+        while the fixed eagle-g2 ran 10-14% faster)."""
+        t, e = self.real.get(arm, (0.0, 0.0))
+        return (t + self.SHRINK) / (e + self.SHRINK)
+
+    def rate(self, arm: str, B: int) -> float | None:
+        """The arm's measured tokens/s at B's bucket (None until `need` steps are measured there)."""
+        return self.score(arm, bucket(B))
+
+    def score(self, arm: str, b: int, rows: int = 0) -> float | None:
+        """The arm's credited tokens/s at bucket b (over its steps of at least `rows` rows: `_steps`) in realized
+        whole-batch tokens/s (`scale`)."""
+        if self.n(arm, b) < max(1, self.need(b)):
+            return None
+        return _rate(self._steps((arm, b), rows)) * self.scale(arm, b)
+
+    def scale(self, arm: str, b: int) -> float:
+        """Realized whole-batch tokens per credited token for `arm` at bucket b: its calibration (`kappa`) × what a
+        batch's ragged tail leaves (`Laps.of`), or, once it has run whole batches there, what those realized
+        (`Laps.priced`)."""
+        return self.laps.priced(arm, b, self.kappa(arm))
+
+    def need(self, b: int) -> int:
+        """Steps an arm needs at bucket b before its rate counts: `min_steps`, halved from `WIDE` rows on (a step's
+        rate averages its rows' acceptance, so a 64-row step is several times less noisy than a 1-row one, and a
+        batch that large takes few steps per request: 5-step bursts left one trial per bucket in 300 steps)."""
+        return self.min_steps if b < self.WIDE else (self.min_steps + 1) // 2
+
+    def se_of(self, key, rows: int = 0) -> float:
+        """Standard error of the arm's rate at a bucket (`_se` of its window, × `scale`; `_steps`)."""
+        return _se(self._steps(key, rows)) * self.scale(*key)
+
+    def n(self, arm: str, b: int) -> int:
+        return len(self.win.get((arm, b), ()))
+
+    def state(self) -> dict:
+        """What `warm` reads back: each arm's measured (tokens, seconds) per bucket, summed over its window, and its
+        step count; its calibration sums; its laps (`Laps.state`)."""
+        out = {f"{a}@{b}": [sum(x[0] for x in w), sum(x[1] for x in w), len(w)] for (a, b), w in self.win.items() if w}
+        return out | {f"{a}@real": list(v) for a, v in self.real.items()} | {"laps": self.laps.state()}
+
+    def warm(self, state: dict) -> None:
+        """Start from remembered rates as `need` measured steps at step 0 (stale after `STALE` steps; this run's own
+        steps push them out of the window)."""
+        for k, v in state.items():
+            if k == "laps":
+                if isinstance(v, dict):
+                    self.laps.warm(v)
+                continue
+            if k.endswith("@real"):
+                try:
+                    self.real[k[:-5]] = [float(v[0]), float(v[1])]
+                except (TypeError, ValueError, IndexError):
+                    pass
+                continue
+            try:
+                arm, b = k.rsplit("@", 1)
+                b, tokens, seconds, n = int(b), float(v[0]), float(v[1]), int(v[2])
+            except (TypeError, ValueError, IndexError):
+                continue
+            k2 = max(1, self.need(b))
+            if tokens <= 0 or seconds <= 0 or n < k2:
+                continue
+            self.win[(arm, b)] = deque([(tokens / n, seconds / n, b)] * k2, maxlen=self.WINDOW)
+            self.last[(arm, b)] = 0
