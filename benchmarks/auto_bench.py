@@ -160,10 +160,16 @@ def readme_block(results: list[dict]) -> str:
                     f"{res['warmup_steps']} steps (every system runs the same rounds; auto's memory cleared at the start "
                     f"of the run)")
         fixed = sorted(n for n in res["points"][0]["median_tok_s"] if is_fixed(n))
+        load = (res["machine"].get("loadavg_at_start") or ["?"])[0]
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
                   f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds (auto's "
                   f"ratios: medians of per-round ratios){warm}, "
-                  f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`):", "",
+                  f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`), "
+                  f"{res['machine'].get('cpu_model', '?')}, load average at the start {load} on "
+                  f"{res['machine'].get('usable_cores', '?')} cores (other work on the machine shows in the A/A "
+                  f"noise floor)"
+                  + (f"; batch {', '.join(map(str, res['rerun']['batches']))} from a rerun at the same commit "
+                     f"(`rerun` in the JSON: {res['rerun']['why']})" if res.get("rerun") else "") + ":", "",
                   "| batch | best baseline | decode tok/s | best fixed speculative | tok/s | auto tok/s | auto ÷ baseline "
                   "| auto ÷ best fixed | fixed picked on the warm-up prompts: auto ÷ it | A/A noise floor "
                   "| auto plain steps | auto rows by drafter | step-time error plain / spec |",
