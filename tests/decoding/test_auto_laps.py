@@ -123,6 +123,8 @@ def test_an_arm_whose_credit_reads_high_at_a_batch_size_is_priced_by_what_its_la
     assert run(m) == "eagle-g2"
     assert len(m.laps.done[("eagle-g4", 4)]) == 8 and m.kappa("eagle-g4") > 0.94
     assert m.scale("eagle-g4", 4) < m.scale("eagle-g2", 4) / 1.08  # its laps priced its credit down
+    shown = m.stats()["auto_lap_pricing"]  # what prices each arm, as llm.stats and --json show it
+    assert shown["eagle-g4@4"] == pytest.approx(m.scale("eagle-g4", 4), abs=1e-4) and "eagle-g2@4" in shown
     # priced by calibration and the tail factor alone (the laps' credit unused), g4 takes the batch
     uncredited = MeasuredArms()
     uncredited.laps.priced = lambda arm, b, kappa: kappa * uncredited.laps.of(arm, b)

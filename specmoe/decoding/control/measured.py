@@ -327,6 +327,9 @@ class MeasuredArms(ArmRates):
                 "auto_exploration_steps": self.explored_all,
                 "auto_second_trials": self.second_trials,
                 "auto_lap_factors": self.laps.stats(),
+                # realized whole-batch tokens per credited token each arm with laps of its own is priced by (`scale`)
+                "auto_lap_pricing": {f"{a}@{b}": round(self.scale(a, b), 4) for (a, b) in sorted(self.laps.done)
+                                     if self.laps.done[(a, b)]},
                 "auto_measured_rates": {f"{a}@{b}": round(self.rate_of((a, b)), 2)
                                         for (a, b) in sorted(self.win) if self.win[(a, b)]},
                 "auto_measured_steps": {f"{a}@{b}": len(w) for (a, b), w in sorted(self.win.items())},
