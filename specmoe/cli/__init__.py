@@ -39,10 +39,12 @@ def _on_sigint(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _interrupted.clear()  # (an earlier call in this process may have been interrupted)
+    previous = None
     if threading.current_thread() is threading.main_thread():
         # remembered: an interrupt raised inside a native call can come back as another exception (safetensors'
         # slice read turned it into "ValueError: could not determine the shape of ... UntypedStorage")
-        signal.signal(signal.SIGINT, _on_sigint)
+        previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"specmoe: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:  # an in-process caller gets its own handler back
+            signal.signal(signal.SIGINT, previous)
 
 
 def _interrupted_exit() -> int:

@@ -13,10 +13,10 @@ its peak steps' tokens per second (realized tokens: the ratio is the tail's, wha
 sums over its last `KEEP` laps, shrunk toward the bucket's (`of`). A batch that never shrinks (one row at a time,
 or a server whose batch keeps being refilled) closes no lap with a tail, and its factor stays near 1.
 
-A lap also keeps what its peak steps were credited with (`MeasuredArms.record`'s pooled-acceptance tokens): an arm
+A lap also keeps what its peak steps were credited with (`rates.ArmRates.record`'s pooled-acceptance tokens): an arm
 with laps of its own at a bucket is priced there by what they realized per credited token (`priced`: whole laps'
 realized tokens/s over their peak steps' credited tokens/s), which takes in the tail and whatever the arm's credit
-reads off at that batch size. The arm's calibration over all its steps (`MeasuredArms.kappa`) pools batch sizes: at
+reads off at that batch size. The arm's calibration over all its steps (`rates.ArmRates.kappa`) pools batch sizes: at
 batch 64 eagle-g4's credited full steps read 3% faster than eagle-g2's and its lap factor 2% worse, a tie, while
 the fixed eagle-g2 ran 8% faster than the fixed eagle-g4 over whole batches, and `auto` ran eagle-g4.
 """
