@@ -33,7 +33,7 @@ from specmoe.experts.oracle import OracleTrace
 from specmoe.experts.policies import POLICIES, LayerSlots, make_policy
 from specmoe.experts.store import ExpertStore
 from specmoe.experts.tiers import slot_bytes
-from specmoe.memory import check_fits, fmt_bytes
+from specmoe.memory import check_fits, fmt_bytes, huge_backed_bytes, huge_pages_mode
 from specmoe.models.moe import Routing, SlotGroup
 
 # S=slots per layer, E=experts, N=tokens, K=top-k, D=hidden, I=expert hidden
@@ -86,12 +86,20 @@ class ExpertCache(ExpertStore):
                    f"{fmt_bytes(self.slot_bytes)} + {n_scratch} scratch)", self.nbytes + self.scratch_bytes,
                    self.device, budget=memory_budget)
         self.layers: dict[int, LayerSlots] = {}
-        for layer in self.moe_layers:
-            rows = self._alloc(slots)
+        # every layer's slots and the scratch rows in one block: on CPU one mapping, on huge pages (memory.py)
+        block = alloc_rows(slots * len(self.moe_layers) + n_scratch, self.slot_bytes, self.device)
+        for i, layer in enumerate(self.moe_layers):
+            rows = block[i * slots: (i + 1) * slots]
             views = slot_views(tier.fmt, rows, self.expert_bytes, self.dtype, cfg)
             self.layers[layer] = LayerSlots(rows, cfg.num_experts, views)
-        self._scratch: list[torch.Tensor] = list(self._alloc(n_scratch)) if n_scratch else []  # free spare rows
+        self._scratch: list[torch.Tensor] = list(block[len(self.moe_layers) * slots:])  # free spare rows
         self.scratch_buffers = n_scratch
+        # host rows reads land in (slots, scratch, the tier's staging), and how many of their bytes sit on
+        # transparent huge pages (read once here: the rows are faulted in when allocated)
+        host = [block] if not self.cuda else []
+        host += list(tier.host_buffers)
+        self.host_rows_bytes = sum(t.numel() * t.element_size() for t in host)
+        self.host_rows_huge_bytes = huge_backed_bytes(host)
         self.loader = ExpertLoader(tier, self.device, self.slot_bytes)
         self.staging_bytes = self.loader.staging_bytes  # CUDA: pinned rows disk reads land in
         self.model = None
@@ -117,10 +125,6 @@ class ExpertCache(ExpertStore):
     @property
     def static_experts(self) -> dict[int, list[int]]:
         return {layer: sorted(L.static) for layer, L in self.layers.items()}
-
-    # ------------------------------------------------------------------ buffers
-    def _alloc(self, n: int) -> torch.Tensor:
-        return alloc_rows(n, self.slot_bytes, self.device)
 
     # ------------------------------------------------------------------ transfers
     def _submit(self, layer: int, e: int, dst: torch.Tensor, *, scratch: bool = False, after=None) -> Future:
@@ -449,7 +453,8 @@ class ExpertCache(ExpertStore):
         out = {"offload": self.tier.kind, "cache_policy": self.policy.name, "prefetch": self.prefetch_mode,
                "cache_slots_per_layer": self.slots, "cache_bytes": self.nbytes, "bytes_per_expert": self.tier.stored_bytes,
                "expert_format": self.tier.fmt.name, "compute_bytes_per_expert": self.expert_bytes,
-               "direct_io": self.tier.direct_io,
+               "direct_io": self.tier.direct_io, "host_rows_bytes": self.host_rows_bytes,
+               "host_rows_huge_bytes": self.host_rows_huge_bytes, "thp_mode": huge_pages_mode(),
                "emulated_link": self.link is not None, **(self.link or {}),
                **{k: (list(v) if isinstance(v, list) else v) for k, v in s.items()},
                "hit_rate": s["hits"] / req if req else 0.0,

@@ -76,6 +76,11 @@ class Tier(ABC):
         """Host buffers of the tier's own that reads land in before a slot (0 where none)."""
         return 0
 
+    @property
+    def host_buffers(self) -> tuple[torch.Tensor, ...]:
+        """Those buffers (CPU tensors; empty where none)."""
+        return ()
+
     @abstractmethod
     def read_into(self, layer: int, e: int, dst: torch.Tensor, *, verify: bool = True) -> None:
         ...
@@ -199,9 +204,11 @@ class DiskTier(Tier):
         # staged reads, per read in flight: one row for reads finished on the I/O thread, STAGE_ROWS for reads
         # whose checksum and decode are left to `verify` (the compute thread, overlapped with the next reads)
         q = self.queue_depth
-        self._stages = [] if self.direct else [aligned_empty(rp.stride) for _ in range(q)]
+        n = 0 if self.direct else q * (1 + self.STAGE_ROWS)
+        block = aligned_empty(n * rp.stride).view(n, rp.stride) if n else None  # one mapping (huge pages)
+        self._stages = [block[i] for i in range(q)] if n else []
         self._free_stages = list(range(len(self._stages)))
-        self._rows = [] if self.direct else [aligned_empty(rp.stride) for _ in range(self.STAGE_ROWS * q)]
+        self._rows = [block[i] for i in range(q, n)] if n else []
         self._free = list(range(len(self._rows)))
         self._inflight = 0
         self._pending: dict[int, int] = {}  # destination address -> staging row awaiting `verify`
@@ -239,6 +246,10 @@ class DiskTier(Tier):
     @property
     def staging_bytes(self) -> int:
         return 0 if self.direct else self.staging_for(self.stored_bytes, self.queue_depth)
+
+    @property
+    def host_buffers(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self._stages) + tuple(self._rows)
 
     def reset_io_stats(self) -> None:
         super().reset_io_stats()

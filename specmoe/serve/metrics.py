@@ -107,6 +107,15 @@ class _StatsCollector:
         yield counter("specmoe_prefill_seconds", "time in prefill", s["prefill_time_s"])
         yield gauge("specmoe_expert_cache_hit_rate", "expert-cache hits / requests (1 when every expert is "
                     "resident)", s.get("hit_rate", 1.0))
+        if "io_reads" in s:  # disk tier: direct reads, their time, and the rows they land in
+            yield counter("specmoe_disk_reads", "experts read from the disk tier", s["io_reads"])
+            yield counter("specmoe_disk_read_seconds", "seconds in disk-tier reads (summed over reads)",
+                          s["io_read_s"])
+        if "host_rows_bytes" in s:
+            yield gauge("specmoe_host_rows_bytes", "host rows expert reads land in (cache slots, scratch, staging)",
+                        s["host_rows_bytes"])
+            yield gauge("specmoe_host_rows_huge_page_bytes", "of those, bytes backed by transparent huge pages",
+                        s["host_rows_huge_bytes"])
         tps = s.get("tokens_per_step", 1.0 if s["decode_steps"] else 0.0)
         yield gauge("specmoe_tokens_per_step", "tokens emitted per sequence per decode step (SpecMoE: accepted "
                     "drafts + 1; AR: 1)", tps)

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specmoe import LLM
+from specmoe.experts.buffers import alloc_rows
 from specmoe.errors import CheckpointError, InputError, MemoryBudgetError
 from tests.conftest import make_tiny_checkpoint
 
@@ -30,7 +31,7 @@ def test_disk_tier_uses_o_direct_and_aligned_repack(tiny_ckpt):
     man = json.loads(rp.manifest.read_text())
     assert man["checkpoint_files"] == llm.ckpt.content_fingerprint() and len(man["sums"]) == 3 * 8
     # one aligned read per expert gives exactly the checkpoint's packed expert
-    buf = llm.store._alloc(1)[0]
+    buf = alloc_rows(1, llm.store.slot_bytes, torch.device("cpu"))[0]
     tier.read_into(2, 5, buf)
     assert torch.equal(buf[: rp.expert_bytes].view(torch.float32), llm.ckpt.read_expert(2, 5, torch.float32))
 

@@ -45,3 +45,4 @@ def test_concurrent_specmoe_streams_equal_plain_greedy(spec_server):
     assert metric(after, "specmoe_drafter_tokens_per_step", drafter="self") > 1.0
     assert metric(after, "specmoe_expert_bytes_moved_total") > metric(before, "specmoe_expert_bytes_moved_total")
     assert 0 < metric(after, "specmoe_expert_cache_hit_rate") < 1
+    assert metric(after, "specmoe_host_rows_bytes") > 0  # the rows expert copies land in
