@@ -109,6 +109,7 @@ def engines(model: Path, repack_dir: Path, args) -> dict:
             st = llms[n].stats
             read_us[n].append(1e6 * st["io_read_s"] / max(1, st["io_reads"]))
         print(f"engine round {r}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in per.items()) + " tok/s", flush=True)
+    rows = {n: {k: llm.stats[k] for k in ("host_rows_bytes", "host_rows_huge_bytes")} for n, llm in llms.items()}
     for llm in llms.values():
         llm.close()
     med = {n: statistics.median(v) for n, v in per.items()}
@@ -118,7 +119,7 @@ def engines(model: Path, repack_dir: Path, args) -> dict:
     huge_over_4k = statistics.median([(per["huge-a"][i] + per["huge-b"][i]) / (per["4k-a"][i] + per["4k-b"][i])
                                       for i in range(args.rounds)])
     return {"batch": args.batch, "tokens": args.tokens, "dtype": args.dtype, "decode_tok_s": per,
-            "median_tok_s": med, "read_us_per_round": read_us,
+            "median_tok_s": med, "read_us_per_round": read_us, "rows": rows,
             "aa_spread_huge": spread("huge-a", "huge-b"), "aa_spread_4k": spread("4k-a", "4k-b"),
             "huge_over_4k": huge_over_4k}
 

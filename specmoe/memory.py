@@ -112,8 +112,11 @@ def _huge_mapping(nbytes: int) -> torch.Tensor | None:
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
     try:
-        m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        m.madvise(mmap.MADV_HUGEPAGE)
+        span = round_up(nbytes + HUGE, mmap.PAGESIZE)
+        m = mmap.mmap(-1, span + mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # all but the last page: that page keeps the default flags, so the kernel never merges two of these
+        # mappings into one (adjacent mappings with equal flags merge), and smaps counts each buffer's own
+        m.madvise(mmap.MADV_HUGEPAGE, 0, span)
     except (OSError, ValueError):
         return None
     raw = torch.frombuffer(m, dtype=torch.uint8)

@@ -30,6 +30,15 @@ def test_large_buffers_get_a_huge_page_mapping_and_small_ones_do_not():
     assert huge_backed_bytes([]) == 0
 
 
+@pytest.mark.skipif(not THP, reason="transparent huge pages are off on this machine")
+def test_each_buffer_counts_only_its_own_huge_pages():
+    """Mappings made one after the other never merge into one (which would count a neighbour's pages)."""
+    bufs = [aligned_empty(3 * HUGE) for _ in range(4)]
+    for b in bufs:
+        assert HUGE <= huge_backed_bytes([b]) <= 3 * HUGE
+    assert huge_backed_bytes(bufs) == sum(huge_backed_bytes([b]) for b in bufs)
+
+
 def test_a_view_keeps_the_mapping_alive():
     big = aligned_empty(2 * HUGE)
     big.fill_(7)
