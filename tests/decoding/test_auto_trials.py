@@ -279,3 +279,29 @@ def test_a_lookup_arms_prediction_prunes_no_arm():
     for _ in range(m.min_steps + 1):
         m.record("eagle-g2", 1, 2.0, 2.0 / 240.0, 0)
     assert m._target(arms, 1, "eagle-g4") == ("ngram-g4", "new")  # self-g2 (0.52x eagle-g4's 250) is pruned
+
+
+def test_a_second_opinion_finds_room_where_a_first_trial_would_not():
+    """After the warm-up, exploration has taken 9 of 300 steps (3%): a 5-step burst would take it past SHARE (4%),
+    not past SECOND_SHARE. eagle-g2's one trial put it within SECOND of the exploited eagle-g4: its second opinion
+    runs; with no second opinion due (its trial too far behind), nothing is explored."""
+    def setup(slow):
+        m = MeasuredArms()
+        t = 2.0 / 260
+        m.interrupt()
+        for s in (t,) + (slow * t,) * 4:  # (the first: the switch's, not measured)
+            m.record("eagle-g2", 1, 2.0, s, 0)
+        m.interrupt()
+        _exploit(m, "eagle-g4", [(3.0, 3.0 / 260)] * 20)
+        m.steps, m.explored = m.WARMUP + 300, 9
+        m.recent = type(m.recent)([1] * 16, maxlen=16)
+        return m
+    arms = [Arm("eagle-g4", 3.0, 3.0), Arm("eagle-g2", 2.5, 2.5)]
+    m = setup(1.4)
+    length = m.need(1) + 1
+    assert not m._budget(length) and m._budget(length, m.SECOND_SHARE)
+    assert m._target(arms, 1, "eagle-g4") == ("eagle-g2", "second")
+    assert m._explore(arms, 1, "eagle-g4") == "eagle-g2"
+    m = setup(2.5)  # 0.4x of eagle-g4: no second opinion, and no room for anything else
+    assert m._target(arms, 1, "eagle-g4")[1] != "second"
+    assert m._explore(arms, 1, "eagle-g4") is None
