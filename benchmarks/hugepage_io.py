@@ -139,7 +139,8 @@ def main() -> None:
     from specmoe.engine.llm import default_model_path
     model = widened_copy(default_model_path(), cache_dir=args.cache_dir)[0]
     repack_dir = args.cache_dir / "repack"
-    res = {"what": "disk-tier rows on transparent huge pages vs 4 KiB pages (widened copy)",
+    res = {"command": "python benchmarks/hugepage_io.py " + " ".join(sys.argv[1:]),
+           "what": "disk-tier rows on transparent huge pages vs 4 KiB pages (widened copy)",
            "thp_mode": memory.huge_pages_mode(), "machine": machine_info(model), "provenance": provenance(),
            "reads": reads(model, repack_dir, args.rounds, args.reads), "engine": engines(model, repack_dir, args),
            "anon_huge_kib_at_end": anon_huge_kib()}
