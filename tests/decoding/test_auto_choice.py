@@ -283,27 +283,3 @@ def test_by_default_the_arms_are_the_fixed_configurations_plain_and_the_mixes():
     ctl.choose(list(range(8)), {"self": [4] * 8, "eagle": [4] * 8}, res, spec_res)
     assert offered[0] == {"plain", "self-g2", "self-g4", "eagle-g2", "eagle-g4"}
     assert offered[1] == offered[0] | {"self", "eagle"}
-
-
-def test_the_stretch_that_showed_a_drift_does_not_hand_the_batch_to_an_arm_it_outruns():
-    """Eagle measures fastest; one stretch of its steps runs 2.2x slower (a slow moment of the machine), which shows
-    as a drift, and then it runs as before. Self, re-measured right after at 1.5x eagle's usual time, is faster
-    than that stretch but slower than eagle: auto stays on eagle (a controller that compares self with the stretch
-    alone hands the batch to self)."""
-    ctl, res, spec_res = two_drafters()
-    times = {"plain": 3e-3, "self": 1.15e-3, "eagle": 1e-3}
-    drive(ctl, res, spec_res, times, 300)
-    m = ctl.measured
-    assert m.current[8] == "eagle"
-    drifts, steps = m.drifts, 0
-    times["eagle"] = 4e-3  # the slow stretch: eagle's steps only (the others are not run meanwhile)
-    while m.drifts == drifts:
-        assert steps < 40, "the slow stretch never showed as a drift"
-        drive(ctl, res, spec_res, times, 1)
-        steps += 1
-    assert m.holding("eagle", 8)
-    times["eagle"] = 1e-3
-    after = drive(ctl, res, spec_res, times, 200)
-    assert after[-100:].count("eagle") >= 95, after[-100:]
-    assert "self" in after[:60]  # self was measured again after the drift (flagged stale)
-    assert not m.holding("eagle", 8) and m.rate("eagle", 8) > m.rate("self", 8)

@@ -51,8 +51,7 @@ Successive elimination with a bounded budget:
   tokens swing 1-5 with the text: 8 steps' rate swung 2x with nothing changed, and each false drift sent the budget
   re-measuring every arm), the other arms at the bucket are flagged stale (re-measured within the budget, the
   closest to the best first; those measured below `FAR` × its lower rate stay as measured), the exploited arm keeps
-  only its last `RECENT` steps, and stays exploited until `RECENT` steps after them replace them (the stretch that
-  showed a drift is its most extreme one, chosen for being far from the steps before: `ArmRates.holding`), a reused call ends (the next step plans: at batch 1 eagle-g4 led eagle-g2 by 12% on
+  only its last `RECENT` steps, a reused call ends (the next step plans: at batch 1 eagle-g4 led eagle-g2 by 12% on
   one text and trailed it by 5% on the next), and the next check waits `RECENT` steps; a trial cut short because its
   arm was not offered (a lookup drafter without a match) is not tried again there for `STALE` steps (a lookup arm
   offered on one step in three never completed a trial and took the budget over and over); a batch bucket not seen
@@ -187,8 +186,6 @@ class MeasuredArms(ArmRates):
             if cur not in measured:
                 return Pick(self._even(max(measured, key=lambda n: measured[n] - self.Z * se[n]), measured),
                             "measured")
-            if self.holding(cur, b):  # its rate rests on the stretch that showed a drift: it stays until re-measured
-                return Pick(cur, "measured")
             best = max(measured, key=measured.get)
             gap = measured[best] - measured[cur]
             clear = gap > self.Z * math.hypot(se[best], se[cur])

@@ -50,7 +50,6 @@ class ArmRates:
     win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds, rows)]
     last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
     calm: dict = field(default_factory=dict)       # (arm, bucket) -> its steps recorded since its last drift
-    settling: dict = field(default_factory=dict)   # (arm, bucket) -> its window's first steps that showed a drift
     real: dict = field(default_factory=dict)       # arm -> [tokens emitted, tokens expected on pooled acceptance]
     trials: dict = field(default_factory=dict)     # (arm, bucket) -> trials completed (1, or 2 after a second opinion)
     prior: dict = field(default_factory=dict)      # (arm, bucket) -> its first trial's steps, while the second runs
@@ -92,9 +91,6 @@ class ArmRates:
         self.last[key] = step
         self.stale.discard(key)
         self.calm[key] = self.calm.get(key, 0) + 1
-        if key in self.settling and self.calm[key] >= self.RECENT:  # enough steps since the drift: they alone stand
-            for _ in range(min(self.settling.pop(key), len(w) - self.calm[key])):
-                w.popleft()
         if len(w) == self.need(b):
             self._trial_done(key, w)
         R = self.RECENT
@@ -112,16 +108,7 @@ class ArmRates:
                 self.calm[key] = 0
                 for _ in range(len(w) - R):  # its own steps before the move are old news too
                     w.popleft()
-                # the steps that showed the drift are its most extreme stretch (chosen for being far from the ones
-                # before): they stand only until RECENT steps after them do, and meanwhile no arm takes over from it
-                # (`holding`): at batch 1, 16 slow steps rated eagle-g2 at 117 tok/s, eagle-g4 measured 145 right
-                # after and took over, while the fixed eagle-g2 ran 155-165, faster than eagle-g4
-                self.settling[key] = R
                 self.drifts += 1  # (a reused call ends: the next step plans, and may re-measure, `Coasting`)
-
-    def holding(self, arm: str, b: int) -> bool:
-        """Whether `arm`'s rate at bucket b still rests on the steps that showed its last drift (`record`)."""
-        return (arm, b) in self.settling
 
     def _trial_done(self, key, w) -> None:
         """The arm's window just reached `need` steps: a trial completed. After a second opinion (`_target`), the
