@@ -17,6 +17,7 @@ Writes benchmarks/results/hugepage_io.json (with the kernel's THP mode, the proc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -39,15 +40,14 @@ from specmoe.experts.tiers import DiskTier  # noqa: E402
 from specmoe.weights.checkpoint import Checkpoint  # noqa: E402
 
 
+@contextlib.contextmanager
 def small_rows():
-    """A context in which `aligned_empty` takes every row from the allocator (4 KiB pages): the control."""
-    class _Ctx:
-        def __enter__(self):
-            self.saved, memory._huge_mapping = memory._huge_mapping, lambda nbytes: None
-
-        def __exit__(self, *exc):
-            memory._huge_mapping = self.saved
-    return _Ctx()
+    """A context in which the engine's rows come from the allocator (4 KiB pages): the control."""
+    saved, memory._huge_mapping = memory._huge_mapping, lambda nbytes: None
+    try:
+        yield
+    finally:
+        memory._huge_mapping = saved
 
 
 def anon_huge_kib() -> int | None:
@@ -66,9 +66,7 @@ def reads(model: Path, repack_dir: Path, rounds: int, n: int) -> dict:
     rp = open_repack(ck, torch.bfloat16, repack_dir)
     tier = DiskTier(rp, torch.bfloat16, direct=True)
     assert tier.direct_io, "the filesystem refuses O_DIRECT: nothing to measure"
-    kinds = {"huge": [memory.aligned_empty(tier.stride) for _ in range(2)]}
-    with small_rows():
-        kinds["4k"] = [memory.aligned_empty(tier.stride) for _ in range(2)]
+    kinds = {k: [memory.aligned_empty(tier.stride, huge=k == "huge") for _ in range(2)] for k in ("huge", "4k")}
     ids = [(layer, e) for layer in ck.config.moe_layers for e in range(ck.config.num_experts)]
     rng = random.Random(0)
     per = {k: [] for k in kinds}

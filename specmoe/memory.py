@@ -108,7 +108,7 @@ def _huge_mapping(nbytes: int) -> torch.Tensor | None:
     that is ~1500 pages per 6 MiB expert, and on a virtual machine whether those guest pages happen to sit on host
     huge pages moved one buffer's reads by 1.3-1.5x against another's (`benchmarks/hugepage_io.py` measures it).
     Huge-page rows make every engine's rows alike, and fast. The mapping is freed with the last tensor that views
-    it (torch.frombuffer holds a reference to it); pages are touched, and so committed, only when first used."""
+    it (torch.frombuffer holds a reference to it); its pages are faulted in (committed) here, when allocated."""
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
     try:

@@ -100,6 +100,7 @@ class ExpertCache(ExpertStore):
         host += list(tier.host_buffers)
         self.host_rows_bytes = sum(t.numel() * t.element_size() for t in host)
         self.host_rows_huge_bytes = huge_backed_bytes(host)
+        self.thp_mode = huge_pages_mode()
         self.loader = ExpertLoader(tier, self.device, self.slot_bytes)
         self.staging_bytes = self.loader.staging_bytes  # CUDA: pinned rows disk reads land in
         self.model = None
@@ -454,7 +455,7 @@ class ExpertCache(ExpertStore):
                "cache_slots_per_layer": self.slots, "cache_bytes": self.nbytes, "bytes_per_expert": self.tier.stored_bytes,
                "expert_format": self.tier.fmt.name, "compute_bytes_per_expert": self.expert_bytes,
                "direct_io": self.tier.direct_io, "host_rows_bytes": self.host_rows_bytes,
-               "host_rows_huge_bytes": self.host_rows_huge_bytes, "thp_mode": huge_pages_mode(),
+               "host_rows_huge_bytes": self.host_rows_huge_bytes, "thp_mode": self.thp_mode,
                "emulated_link": self.link is not None, **(self.link or {}),
                **{k: (list(v) if isinstance(v, list) else v) for k, v in s.items()},
                "hit_rate": s["hits"] / req if req else 0.0,

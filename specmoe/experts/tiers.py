@@ -217,7 +217,7 @@ class DiskTier(Tier):
             fd = -1
             try:
                 fd = os.open(rp.file, os.O_RDONLY | os.O_DIRECT)
-                probe = aligned_empty(rp.stride)
+                probe = aligned_empty(rp.stride, huge=False)  # one read, then dropped
                 os.preadv(fd, [probe.numpy()], 0)  # some filesystems accept the flag but refuse the read
                 self.fd, self.direct_io = fd, True
             except OSError as e:
