@@ -243,6 +243,10 @@ class ExpertCache(ExpertStore):
     def fetch_wait_s(self) -> float:
         return self._s["fetch_wait_s"]
 
+    @property
+    def lookups(self) -> int:
+        return self._s["hits"] + self._s["misses"]
+
     def prefetch(self, layer: int, ids: list[int], keep: set[int] = frozenset()) -> int:
         """Start loading the missing `ids` (most wanted first) into slots in the background; never evicts a
         pinned or static expert, one of `ids`, or one of `keep`, and never spills into scratch rows. Counted

@@ -29,7 +29,9 @@ class ExpertStore(ABC):
       blocking or evicting pinned experts or those in `ids` / `keep`; returns the bytes it started
       loading (0 where everything is resident).
     - `bytes_moved` counts bytes read from the backing tier so far (an integer counter, cheap to read
-      inside a step); `stats()` is the full telemetry dict, for the engine boundary only.
+      inside a step); `lookups` the experts `fetch` was asked for so far (hits + misses, a counter; 0 where
+      nothing loads); `fetch_wait_s` the seconds the compute waited for loads; `stats()` is the full
+      telemetry dict, for the engine boundary only.
     - `forward_observers` / `forward_layer_hooks`: what the engine registers on its ModelRunner.
     - `device`: where the slot tensors live (routing tensors handed to `fetch` are built there, e.g. by the
       cost model's read calibration); `holds_all`: every expert is resident for good (no union ever needs
@@ -74,6 +76,11 @@ class ExpertStore(ABC):
     def fetch_wait_s(self) -> float:
         """Seconds the compute thread has waited for loads so far (a counter; 0 where nothing loads)."""
         return 0.0
+
+    @property
+    def lookups(self) -> int:
+        """Experts `fetch` has been asked for so far, resident or not (a counter; 0 where nothing loads)."""
+        return 0
 
     @property
     @abstractmethod
@@ -143,6 +150,10 @@ class DelegatingStore(ExpertStore):
     @property
     def fetch_wait_s(self) -> float:
         return self.inner.fetch_wait_s
+
+    @property
+    def lookups(self) -> int:
+        return self.inner.lookups
 
     def stats(self) -> dict:
         return self.inner.stats()

@@ -42,7 +42,8 @@ def drive(ctl, res, spec_res, seconds_per_token: dict[str, float], steps: int, i
         arm = plan.arm.split("-g")[0]  # short drafts ("eagle-g2") measure as their drafter's here
         tokens = len(ids) * (1 if arm == "plain" else 2)
         s = tokens * seconds_per_token[arm]
-        clock = SimpleNamespace(step_s=lambda s=s: s, wall=lambda phase: 0.0)
+        clock = SimpleNamespace(step_s=lambda s=s: s, wall=lambda phase: 0.0,
+                                traffic=lambda: (0.0, 0))
         ctl._learn_rate(plan, [None] * len(ids), [[0] * (tokens // len(ids))] * len(ids), clock)
         chosen.append(arm)
     return chosen
@@ -253,7 +254,8 @@ def test_a_trial_step_is_charged_the_planning_its_arm_would_pay_once_chosen():
     exploited step its own."""
     ctl, _, _ = two_drafters()
     walls = {"plan": 0.0032, "setup": 0.0}
-    clock = SimpleNamespace(step_s=lambda: 0.01, wall=lambda phase: walls.get(phase, 0.0))
+    clock = SimpleNamespace(step_s=lambda: 0.01, wall=lambda phase: walls.get(phase, 0.0),
+                            traffic=lambda: (0.0, 0))
     for arm, reason, share in (("eagle-g2", "explore", 1 / ctl.coast_max), ("eagle", "explore", 1 / ctl.coast_steps),
                                ("self-g2", "measured", 1.0)):
         plan = SimpleNamespace(kind="spec", reason=reason, arm=arm, width=1)

@@ -42,7 +42,7 @@ def test_delegating_store_overrides_every_contract_member():
     missing = sorted(n for n in contract_members() if n not in vars(DelegatingStore))
     assert not missing, f"DelegatingStore does not forward {missing}"
     assert {"device", "holds_all", "forward_observers", "forward_layer_hooks", "bytes_moved",
-            "fetch_wait_s"} <= contract_members()
+            "fetch_wait_s", "lookups"} <= contract_members()
 
 
 def test_closed_store_refuses_every_attribute():

@@ -7,6 +7,15 @@ position estimates at the depths it drafted), times the arm's calibration (`kapp
 over all its own steps, shrunk toward 1 while it has few), over the step's seconds. Plain and tree
 steps are credited with what they emitted.
 
+Nor is an arm's rate the expert misses its steps happened to meet: with experts offloaded, a step waits for the
+experts its routing needs that the cache does not hold, and which those are follows the text and the moment (a
+request's first steps, a topic change), not the arm. On the widened copy at batch 1 eagle-g2's steps, 3 tokens
+each, took 28 ms in a run of hits and 100-140 ms in a run of misses, runs of 5-15 steps: a 4-step trial took
+whichever run it met (25 tok/s against its fixed engine's 46). A step's seconds are credited with its wait
+replaced by its expert lookups × the wait per lookup pooled over every arm's recent steps at its bucket
+(`PooledWait`): the arm keeps what its verification's union costs (a deeper draft looks up more experts), not
+its moment's hit rate.
+
 Per (arm, bucket) a window of its last `WINDOW` steps, (credited tokens, seconds, rows); per arm its calibration
 sums (`kappa`); per (arm, bucket) the whole batches it ran (`laps.Laps`), which price its rate there (`scale`). A
 drift of the exploited arm's rate flags the others at its bucket stale (`record`; what the bandit does with that:
@@ -20,6 +29,24 @@ from dataclasses import dataclass, field
 
 from specmoe.decoding.control.laps import Laps
 from specmoe.decoding.control.refinement import bucket
+
+
+@dataclass
+class PooledWait:
+    """Seconds waited for expert loads per expert looked up, over every arm's recent steps (a decayed ratio of
+    sums, `HALF` steps' half-life): what `ArmRates.record` credits a step's wait with."""
+    HALF: float = 64.0
+    wait: float = 0.0
+    lookups: float = 0.0
+
+    def credit(self, seconds: float, wait: float, lookups: int) -> float:
+        """Fold a step in; its seconds with its own wait replaced by `lookups` × the pooled wait per lookup."""
+        if lookups <= 0 and wait <= 0:
+            return seconds
+        keep = 0.5 ** (1.0 / self.HALF)
+        self.wait, self.lookups = keep * self.wait + wait, keep * self.lookups + lookups
+        per = self.wait / self.lookups if self.lookups > 0 else 0.0
+        return max(seconds - wait, 0.0) + lookups * per
 
 
 def _rate(steps) -> float:
@@ -63,19 +90,25 @@ class ArmRates:
     drifts: int = 0                                # drifts detected
     second_trials: int = 0                         # second opinions completed (`_trial_done`)
     laps: Laps = field(default_factory=Laps)       # what a batch's ragged tail costs each arm (`laps`)
+    waits: dict = field(default_factory=dict)      # bucket -> PooledWait (a step's wait is credited by it)
 
     def __post_init__(self):
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
 
-    def record(self, arm: str, B: int, tokens: float, seconds: float, step: int, expected: float | None = None
-               ) -> None:
+    def record(self, arm: str, B: int, tokens: float, seconds: float, step: int, expected: float | None = None,
+               wait: float = 0.0, lookups: int = 0) -> None:
         """One step of `arm` at batch B emitted `tokens` in `seconds` (its whole cycle as the decoder measured it);
-        `expected`: what its drafts were worth on the drafter's pooled acceptance (a chain step; else `tokens`)."""
+        `expected`: what its drafts were worth on the drafter's pooled acceptance (a chain step; else `tokens`);
+        `wait`: of its seconds, those it waited for expert loads, over `lookups` experts its forwards looked up
+        (credited on the pooled wait per lookup: module docstring)."""
         b = bucket(B)
         self.recent.append(b)
         self.seen[b] = self.seen.get(b, 0) + 1
         switched, self.prev = self.prev is not None and self.prev != arm, arm
         if tokens <= 0 or seconds <= 0:
+            return
+        seconds = self.waits.setdefault(b, PooledWait()).credit(float(seconds), float(wait), int(lookups))
+        if seconds <= 0:
             return
         e = float(tokens) if expected is None or expected <= 0 else float(expected)
         self.laps.step(arm, B, float(tokens), float(seconds), e)

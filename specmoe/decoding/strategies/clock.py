@@ -1,4 +1,5 @@
-"""`PhaseClock`: wall time, routed-expert time and fetch wait of a step's phases, read around them (never inside)."""
+"""`PhaseClock`: wall time, routed-expert time, fetch wait and expert lookups of a step's phases, read around them
+(never inside)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +17,7 @@ class PhaseClock:
     runner: ModelRunner
     sync: bool = True
     spans: dict = field(default_factory=dict)  # phase -> (wall s, expert s, fetch wait s)
+    looked: dict = field(default_factory=dict)  # phase -> experts its fetches were asked for (`ExpertStore.lookups`)
 
     def _now(self) -> float:
         return now(self.runner.device) if self.sync else time.perf_counter()
@@ -23,17 +25,26 @@ class PhaseClock:
     @contextlib.contextmanager
     def phase(self, name: str):
         r = self.runner
-        t0, e0, w0 = self._now(), r.expert_s, r.provider.fetch_wait_s
+        p = r.provider
+        t0, e0, w0, k0 = self._now(), r.expert_s, p.fetch_wait_s, p.lookups
         try:
             yield
         finally:
             w, e, f = self.spans.get(name, (0.0, 0.0, 0.0))
-            self.spans[name] = (w + self._now() - t0, e + r.expert_s - e0, f + r.provider.fetch_wait_s - w0)
+            self.spans[name] = (w + self._now() - t0, e + r.expert_s - e0, f + p.fetch_wait_s - w0)
+            self.looked[name] = self.looked.get(name, 0) + p.lookups - k0
 
     def wall(self, name: str) -> float:
         return self.spans.get(name, (0.0,))[0]
 
+    STEP = ("draft", "select", "verify", "accept", "commit")
+
     def step_s(self) -> float:
         """The step's own seconds as the controller prices them: draft, select, verify, accept, commit (not the
         admission of new sequences, the plan, nor the self draft's setup)."""
-        return sum(self.wall(p) for p in ("draft", "select", "verify", "accept", "commit"))
+        return sum(self.wall(p) for p in self.STEP)
+
+    def traffic(self) -> tuple[float, int]:
+        """(seconds waited for expert loads, experts looked up) in the step's own phases (`step_s`'s)."""
+        return (sum(self.spans.get(p, (0.0, 0.0, 0.0))[2] for p in self.STEP),
+                sum(self.looked.get(p, 0) for p in self.STEP))
