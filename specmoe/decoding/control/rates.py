@@ -8,13 +8,15 @@ over all its own steps, shrunk toward 1 while it has few), over the step's secon
 steps are credited with what they emitted.
 
 Nor is an arm's rate the expert misses its steps happened to meet: with experts offloaded, a step waits for the
-experts its routing needs that the cache does not hold, and which those are follows the text and the moment (a
-request's first steps, a topic change), not the arm. On the widened copy at batch 1 eagle-g2's steps, 3 tokens
+experts its routing needs that the cache does not hold, and how many of those there are follows the moment (a
+request's first steps, a topic change) as much as the arm. On the widened copy at batch 1 eagle-g2's steps, 3 tokens
 each, took 28 ms in a run of hits and 100-140 ms in a run of misses, runs of 5-15 steps: a 4-step trial took
-whichever run it met (25 tok/s against its fixed engine's 46). A step's seconds are credited with its wait
-replaced by its expert lookups × the wait per lookup pooled over every arm's recent steps at its bucket
-(`PooledWait`): the arm keeps what its verification's union costs (a deeper draft looks up more experts), not
-its moment's hit rate.
+whichever run it met (25 tok/s against its fixed engine's 46). The moment is read off the exploited arm
+(`MissMoment`): its recent wait per expert lookup against its long-run one, and a step's wait is brought back
+from the moment's to the long run's. The wait per lookup is also the arm's own: over one trace plain waited
+1.14 ms per expert it looked up, eagle-g2 0.96, eagle-g4 0.78 (a deeper draft's verification loads experts the next
+tokens use), so an arm is never credited another arm's wait per lookup: crediting every arm on the pooled one
+rated plain 7% above its realized rate and eagle-g4 7% below, and `auto` ran plain for 96 of 222 steps.
 
 Per (arm, bucket) a window of its last `WINDOW` steps, (credited tokens, seconds, rows); per arm its calibration
 sums (`kappa`); per (arm, bucket) the whole batches it ran (`laps.Laps`), which price its rate there (`scale`). A
@@ -32,21 +34,42 @@ from specmoe.decoding.control.refinement import bucket
 
 
 @dataclass
-class PooledWait:
-    """Seconds waited for expert loads per expert looked up, over every arm's recent steps (a decayed ratio of
-    sums, `HALF` steps' half-life): what `ArmRates.record` credits a step's wait with."""
-    HALF: float = 64.0
-    wait: float = 0.0
-    lookups: float = 0.0
+class MissMoment:
+    """The moment's expert misses at a batch bucket, read off the exploited arm's steps (`ArmRates.record`): its
+    wait per expert lookup over its last steps (`SHORT` steps' half-life) against that over its long run (`LONG`),
+    which a step's wait is brought back to (`credit`). Restarts when the exploited arm changes (each arm's wait per
+    lookup is its own: module docstring); nothing is credited until `READY` of its steps are in."""
+    SHORT: float = 3.0
+    LONG: float = 128.0
+    READY: float = 16.0
+    arm: str | None = None
+    short: tuple = (0.0, 0.0)      # decayed (wait s, lookups)
+    long: tuple = (0.0, 0.0, 0.0)  # decayed (wait s, lookups, steps)
+
+    def fold(self, arm: str, wait: float, lookups: int) -> None:
+        """A step of the exploited arm `arm`."""
+        if arm != self.arm:
+            self.arm, self.short, self.long = arm, (0.0, 0.0), (0.0, 0.0, 0.0)
+        ks, kl = 0.5 ** (1.0 / self.SHORT), 0.5 ** (1.0 / self.LONG)
+        self.short = (ks * self.short[0] + wait, ks * self.short[1] + lookups)
+        self.long = (kl * self.long[0] + wait, kl * self.long[1] + lookups, kl * self.long[2] + 1.0)
+
+    def ratios(self) -> tuple[float, float] | None:
+        """(recent, long-run) seconds per lookup of the exploited arm; None until `READY` steps are in."""
+        if self.long[2] < self.READY or self.short[1] <= 0 or self.long[1] <= 0:
+            return None
+        return self.short[0] / self.short[1], self.long[0] / self.long[1]
 
     def credit(self, seconds: float, wait: float, lookups: int) -> float:
-        """Fold a step in; its seconds with its own wait replaced by `lookups` × the pooled wait per lookup."""
-        if lookups <= 0 and wait <= 0:
+        """A step's seconds with its wait brought back to the long run: in a run of misses (the recent wait per
+        lookup above the long run's) scaled by long / recent, which keeps the arm's own wait per lookup relative to
+        the exploited arm's; in a run of hits charged the long run's extra wait per lookup × its lookups."""
+        r = self.ratios() if lookups > 0 else None
+        if r is None:
             return seconds
-        keep = 0.5 ** (1.0 / self.HALF)
-        self.wait, self.lookups = keep * self.wait + wait, keep * self.lookups + lookups
-        per = self.wait / self.lookups if self.lookups > 0 else 0.0
-        return max(seconds - wait, 0.0) + lookups * per
+        recent, long = r
+        credited = wait * long / recent if recent > long else wait + lookups * (long - recent)
+        return seconds - wait + credited
 
 
 def _rate(steps) -> float:
@@ -90,7 +113,7 @@ class ArmRates:
     drifts: int = 0                                # drifts detected
     second_trials: int = 0                         # second opinions completed (`_trial_done`)
     laps: Laps = field(default_factory=Laps)       # what a batch's ragged tail costs each arm (`laps`)
-    waits: dict = field(default_factory=dict)      # bucket -> PooledWait (a step's wait is credited by it)
+    moments: dict = field(default_factory=dict)    # bucket -> MissMoment (a step's wait is credited by it)
 
     def __post_init__(self):
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
@@ -100,14 +123,17 @@ class ArmRates:
         """One step of `arm` at batch B emitted `tokens` in `seconds` (its whole cycle as the decoder measured it);
         `expected`: what its drafts were worth on the drafter's pooled acceptance (a chain step; else `tokens`);
         `wait`: of its seconds, those it waited for expert loads, over `lookups` experts its forwards looked up
-        (credited on the pooled wait per lookup: module docstring)."""
+        (brought back from the moment's misses to the long run's: module docstring)."""
         b = bucket(B)
         self.recent.append(b)
         self.seen[b] = self.seen.get(b, 0) + 1
         switched, self.prev = self.prev is not None and self.prev != arm, arm
         if tokens <= 0 or seconds <= 0:
             return
-        seconds = self.waits.setdefault(b, PooledWait()).credit(float(seconds), float(wait), int(lookups))
+        moment = self.moments.setdefault(b, MissMoment())
+        if self.current.get(b) == arm:
+            moment.fold(arm, float(wait), int(lookups))
+        seconds = moment.credit(float(seconds), float(wait), int(lookups))
         if seconds <= 0:
             return
         e = float(tokens) if expected is None or expected <= 0 else float(expected)
