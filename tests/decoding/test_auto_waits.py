@@ -49,6 +49,7 @@ def test_a_trial_that_meets_a_run_of_misses_is_rated_on_the_long_runs_misses(cre
         assert g2 == pytest.approx(truth_g2, rel=0.2)
         recent, long = m.moments[1].ratios()
         assert m.moments[1].arm == "eagle-g4" and recent > 1.5 * long  # the trial met more misses than usual
+        assert m.moments[1].beta() > 0.7  # misses in runs: the moment foretells the next steps
     else:  # (eagle-g4's own raw window drifts with the runs: its steps before the last run are dropped)
         assert g2 < 0.7 * truth_g2 and g2 < truth_g4, (g2, g4)
         assert m.moments[1].ratios() is None
@@ -78,17 +79,20 @@ def test_the_moment_is_the_exploited_arms_recent_wait_per_lookup_against_its_lon
     for k in range(64):  # 8 steps of misses (1 ms a lookup), 8 of hits, in turn
         mo.fold("eagle-g4", 0.04 if (k // 8) % 2 == 0 else 0.0, 40)
     recent, long = mo.ratios()
+    beta = mo.beta()
+    assert 0.5 < beta <= 1.0  # runs of 8: the moment's excess carries into the next step, mostly
     assert recent < long  # it ends in a run of hits: a trial now is charged the long run's extra wait
-    assert mo.credit(0.03, 0.0, 20) == pytest.approx(0.03 + 20 * (long - recent))
+    assert mo.credit(0.03, 0.0, 20) == pytest.approx(0.03 + beta * 20 * (long - recent))
     for _ in range(8):
         mo.fold("eagle-g4", 0.04, 40)
     recent, long = mo.ratios()
+    beta = mo.beta()
     assert recent > long  # a run of misses: the excess is taken off a trial's wait ...
-    assert mo.credit(0.07, 0.04, 40) == pytest.approx(0.07 - 40 * (recent - long))
+    assert mo.credit(0.07, 0.04, 40) == pytest.approx(0.07 - beta * 40 * (recent - long))
     # ... below none where it waited less than the excess (the excess averages 0), the step's seconds kept above
     # FLOOR × those without the wait
     below = mo.credit(0.035, 0.005, 40)
-    assert below == pytest.approx(0.035 - 40 * (recent - long)) and below < 0.03
+    assert below == pytest.approx(0.035 - beta * 40 * (recent - long)) and below < 0.03
     assert mo.credit(0.035, 0.005, 400) == pytest.approx(mo.FLOOR * 0.03)
     assert mo.credit(0.05, 0.0, 0) == 0.05  # a step that looked nothing up: nothing to credit
     mo.fold("eagle-g2", 0.02, 30)  # another arm exploited: its own long run starts over
@@ -96,9 +100,10 @@ def test_the_moment_is_the_exploited_arms_recent_wait_per_lookup_against_its_lon
 
 
 def test_a_trial_like_the_exploited_arm_is_credited_what_it_waited_where_misses_come_in_independent_bursts():
-    """No runs: one step in ten waits 20 ms (10 ms without). A trial arm that behaves exactly like the exploited
-    one is credited, over many steps, the seconds it took (within 1%; clamping its credited wait at none charged it
-    6% more)."""
+    """No runs: one step in ten waits 20 ms (10 ms without). The moment's excess foretells nothing (`beta` near
+    0), and a trial arm that behaves exactly like the exploited one is credited, over many steps, the seconds it
+    took (within 1%; clamping its credited wait at none charged it 6% more), step by step nearly what it took (a
+    full excess subtracted added its noise)."""
     import random
     rng = random.Random(1)
     mo = MissMoment()
@@ -110,6 +115,9 @@ def test_a_trial_like_the_exploited_arm_is_credited_what_it_waited_where_misses_
             raw += 0.01 + wait
             credited += mo.credit(0.01 + wait, wait, 10)
     assert credited == pytest.approx(raw, rel=0.01)
+    assert mo.beta() < 0.1
+    recent, long = mo.ratios()
+    assert abs(mo.credit(0.01, 0.0, 10) - 0.01) <= 0.1 * 10 * abs(recent - long) + 1e-12
 
 
 def test_the_exploited_arms_own_steps_stand_as_measured():

@@ -13,9 +13,9 @@ request's first steps, a topic change) as much as the arm. On the widened copy a
 each, took 28 ms in a run of hits and 100-140 ms in a run of misses, runs of 5-15 steps: a 4-step trial took
 whichever run it met (25 tok/s against its fixed engine's 46). The moment is read off the exploited arm
 (`MissMoment`): its wait per expert lookup over its last few steps against its long run. A step of another arm (a
-trial) is credited its wait less its lookups × the moment's excess (`credit`: in a run of hits it is charged the
-long run's extra wait; the excess averages 0, so where misses come in independent bursts a trial is credited
-what it waited). The exploited arm's own steps stand as measured: its window spans many moments, and crediting
+trial) is credited its wait less its lookups × the moment's excess × how far that excess has foretold the
+exploited arm's next step (`beta`: about 1 where misses come in runs, about 0 in independent bursts; in a run of
+hits a trial is charged the long run's extra wait). The exploited arm's own steps stand as measured: its window spans many moments, and crediting
 them by a moment they make up themselves is biased (with a miss burst on one step in ten, such crediting read the
 arm 12% faster than it ran, and it held the bucket: demo batch 1 fell to 0.87-0.89x the best fixed engine). The
 excess is the exploited arm's per lookup, so a trial arm that misses more per lookup is corrected less than its
@@ -43,20 +43,26 @@ from specmoe.decoding.control.refinement import bucket
 class MissMoment:
     """The moment's expert misses at a batch bucket, read off the exploited arm's steps (`ArmRates.record`): its
     wait per expert lookup over its last steps (`SHORT` steps' half-life) against that over its long run (`LONG`),
-    the excess a trial step's lookups are credited less (`credit`). Restarts when the exploited arm changes (each arm's wait per
-    lookup is its own: module docstring); nothing is credited until `READY` of its steps are in."""
+    the excess a trial step's lookups are credited less (`credit`), as far as it has predicted the next step's
+    (`beta`). Restarts when the exploited arm changes (each arm's wait per lookup is its own: module docstring);
+    nothing is credited until `READY` of its steps are in."""
     SHORT: float = 3.0
     LONG: float = 128.0
     READY: float = 16.0
     arm: str | None = None
     short: tuple = (0.0, 0.0)      # decayed (wait s, lookups)
     long: tuple = (0.0, 0.0, 0.0)  # decayed (wait s, lookups, steps)
+    fit: tuple = (0.0, 0.0)        # decayed (Σ excess × next step's excess, Σ excess²): `beta`
 
     def fold(self, arm: str, wait: float, lookups: int) -> None:
         """A step of the exploited arm `arm`."""
         if arm != self.arm:
-            self.arm, self.short, self.long = arm, (0.0, 0.0), (0.0, 0.0, 0.0)
+            self.arm, self.short, self.long, self.fit = arm, (0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0)
         ks, kl = 0.5 ** (1.0 / self.SHORT), 0.5 ** (1.0 / self.LONG)
+        r = self.ratios() if lookups > 0 else None
+        if r is not None:  # how far the moment's excess before this step foretold this step's
+            x, y = r[0] - r[1], wait / lookups - r[1]
+            self.fit = (kl * self.fit[0] + x * y, kl * self.fit[1] + x * x)
         self.short = (ks * self.short[0] + wait, ks * self.short[1] + lookups)
         self.long = (kl * self.long[0] + wait, kl * self.long[1] + lookups, kl * self.long[2] + 1.0)
 
@@ -70,7 +76,7 @@ class MissMoment:
 
     def credit(self, seconds: float, wait: float, lookups: int) -> float:
         """A trial step's seconds with its wait less `lookups` × the moment's excess wait per lookup over the long
-        run's (more wait where the moment runs hits). The credited wait may go below none: the excess averages 0,
+        run's × `beta` (more wait where the moment runs hits). The credited wait may go below none: the excess averages 0,
         and clamping the wait at none charged a trial 3-18% more than an identical exploited arm where misses come
         in independent bursts (a simulation); only the step's seconds are kept above `FLOOR` × those without the
         wait."""
@@ -78,7 +84,15 @@ class MissMoment:
         if r is None:
             return seconds
         recent, long = r
-        return max(self.FLOOR * (seconds - wait), seconds - lookups * (recent - long))
+        return max(self.FLOOR * (seconds - wait), seconds - self.beta() * lookups * (recent - long))
+
+    def beta(self) -> float:
+        """How far the moment's excess carries into the next step (the regression slope of a step's excess wait
+        per lookup on the moment's before it, in [0, 1]): about 1 where misses come in runs (a request's, a
+        topic's), about 0 where they come in independent bursts, and there a trial is credited what it waited
+        (subtracting an excess that foretells nothing only adds its noise to the trial's rate)."""
+        sxy, sxx = self.fit
+        return min(1.0, max(0.0, sxy / sxx)) if sxx > 0 else 0.0
 
 
 def _rate(steps) -> float:
