@@ -156,6 +156,8 @@ def test_the_engine_hands_auto_each_steps_wait_and_lookups(tmp_path, monkeypatch
     assert moments and sum(mo.long[1] for mo in moments.values()) > 0
     assert sum(mo.long[0] for mo in moments.values()) > 0
     assert llm.store.lookups == st["hits"] + st["misses"] > 0
+    shown = ctl.measured.stats()["auto_miss_moment"]  # (once a bucket's moment is ready)
+    assert all(0.0 <= v["beta"] <= 1.0 and len(v["ms_per_lookup"]) == 2 for v in shown.values())
     resident = LLM(dtype="float32", threads=1, decoding="auto")
     assert [o.token_ids for o in resident.generate(prompts(2), SP)] == plain
     assert resident.store.lookups == 0

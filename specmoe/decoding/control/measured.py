@@ -337,4 +337,9 @@ class MeasuredArms(ArmRates):
                 "auto_measured_rates": {f"{a}@{b}": round(self.rate_of((a, b)), 2)
                                         for (a, b) in sorted(self.win) if self.win[(a, b)]},
                 "auto_measured_steps": {f"{a}@{b}": len(w) for (a, b), w in sorted(self.win.items())},
-                "auto_arm_calibration": {a: round(self.kappa(a), 4) for a in sorted(self.real)}}
+                "auto_arm_calibration": {a: round(self.kappa(a), 4) for a in sorted(self.real)},
+                # per bucket: the exploited arm's recent and long-run wait per expert lookup (ms) and how far the
+                # moment's excess foretold its next step (`MissMoment`): what a trial's wait is credited by
+                "auto_miss_moment": {str(b): {"arm": mo.arm, "beta": round(mo.beta(), 3),
+                                              "ms_per_lookup": [round(1e3 * x, 4) for x in r]}
+                                     for b, mo in sorted(self.moments.items()) if (r := mo.ratios()) is not None}}
