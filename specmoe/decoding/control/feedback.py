@@ -63,7 +63,7 @@ class StepFeedback:
                 # plan on each of a 10 ms trial step read eagle-g2 13% slower than the fixed engine runs)
                 planned /= self.coast_max if arm == "plain" or is_uniform(arm) else self.coast_steps
             seconds = clock.step_s() + planned + clock.wall("setup")
-            wait, lookups = clock.traffic()  # a trial's: less the moment's excess (`MissMoment`)
+            wait, lookups = clock.traffic()  # a trial's wait is credited for the moment's misses (`MissMoment`)
             self.measured.record(arm, len(seqs), sum(len(o) for o in out), seconds, self.steps, expected=pooled,
                                  wait=wait, lookups=lookups)
         self.folded += 1

@@ -15,10 +15,10 @@ whichever run it met (25 tok/s against its fixed engine's 46). The moment is rea
 (`MissMoment`): its wait per expert lookup over its last few steps against its long run. A step of another arm (a
 trial) is credited its wait less its lookups × the moment's excess × how far that excess has foretold the
 exploited arm's next step (`beta`: about 1 where misses come in runs, about 0 in independent bursts; in a run of
-hits a trial is charged the long run's extra wait). The exploited arm's own steps stand as measured: its window spans many moments, and crediting
-them by a moment they make up themselves is biased (with a miss burst on one step in ten, such crediting read the
-arm 12% faster than it ran, and it held the bucket: demo batch 1 fell to 0.87-0.89x the best fixed engine). The
-excess is the exploited arm's per lookup, so a trial arm that misses more per lookup is corrected less than its
+hits a trial is charged the long run's extra wait). The exploited arm's own steps stand as measured: its window
+spans many moments, and crediting them by a moment they make up themselves is biased (with a miss burst on one
+step in ten, such crediting read the arm 12% faster than it ran, and it held the bucket: demo batch 1 fell to
+0.87-0.89x the best fixed engine). The excess is the exploited arm's per lookup, so a trial arm that misses more per lookup is corrected less than its
 share: it errs against the trial, less than its raw seconds do. Each arm keeps its own wait per
 lookup: over one trace plain waited 1.14 ms per expert it looked up, eagle-g2 0.96, eagle-g4 0.78 (a deeper
 draft's verification loads experts the next tokens use); crediting every arm one pooled wait per lookup rated
@@ -49,6 +49,7 @@ class MissMoment:
     SHORT: float = 3.0
     LONG: float = 128.0
     READY: float = 16.0
+    FLOOR: float = 0.1  # a credited step's seconds stay above this share of its seconds without the wait
     arm: str | None = None
     short: tuple = (0.0, 0.0)      # decayed (wait s, lookups)
     long: tuple = (0.0, 0.0, 0.0)  # decayed (wait s, lookups, steps)
@@ -72,14 +73,12 @@ class MissMoment:
             return None
         return self.short[0] / self.short[1], self.long[0] / self.long[1]
 
-    FLOOR: float = 0.1  # a credited step's seconds stay above this share of its seconds without the wait
-
     def credit(self, seconds: float, wait: float, lookups: int) -> float:
         """A trial step's seconds with its wait less `lookups` × the moment's excess wait per lookup over the long
-        run's × `beta` (more wait where the moment runs hits). The credited wait may go below none: the excess averages 0,
-        and clamping the wait at none charged a trial 3-18% more than an identical exploited arm where misses come
-        in independent bursts (a simulation); only the step's seconds are kept above `FLOOR` × those without the
-        wait."""
+        run's × `beta` (more wait where the moment runs hits). The credited wait may go below none: the excess
+        averages 0, and clamping the wait at none charged a trial 3-18% more than an identical exploited arm where
+        misses come in independent bursts (a simulation); only the step's seconds are kept above `FLOOR` × those
+        without the wait."""
         r = self.ratios() if lookups > 0 else None
         if r is None:
             return seconds
