@@ -18,11 +18,12 @@ exploited arm's next step (`beta`: about 1 where misses come in runs, about 0 in
 hits a trial is charged the long run's extra wait). The exploited arm's own steps stand as measured: its window
 spans many moments, and crediting them by a moment they make up themselves is biased (with a miss burst on one
 step in ten, such crediting read the arm 12% faster than it ran, and it held the bucket: demo batch 1 fell to
-0.87-0.89x the best fixed engine). The excess is the exploited arm's per lookup, so a trial arm that misses more per lookup is corrected less than its
-share: it errs against the trial, less than its raw seconds do. Each arm keeps its own wait per
-lookup: over one trace plain waited 1.14 ms per expert it looked up, eagle-g2 0.96, eagle-g4 0.78 (a deeper
-draft's verification loads experts the next tokens use); crediting every arm one pooled wait per lookup rated
-plain 7% above its realized rate and eagle-g4 7% below, and `auto` ran plain for 96 of 222 steps.
+0.87-0.89x the best fixed engine). The excess is the exploited arm's per lookup, so a trial arm that misses more
+per lookup is corrected less than its share: it errs against the trial, less than its raw seconds do. Each arm
+keeps its own wait per lookup: over one trace plain waited 1.14 ms per expert it looked up, eagle-g2 0.96,
+eagle-g4 0.78 (a deeper draft's verification loads experts the next tokens use); crediting every arm one pooled
+wait per lookup rated plain 7% above its realized rate and eagle-g4 7% below, and `auto` ran plain for 96 of 222
+steps.
 
 Per (arm, bucket) a window of its last `WINDOW` steps, (credited tokens, seconds, rows); per arm its calibration
 sums (`kappa`); per (arm, bucket) the whole batches it ran (`laps.Laps`), which price its rate there (`scale`). A
