@@ -278,6 +278,7 @@ def main() -> int:
         tps = {n: [] for n in systems}  # decode tokens/s (the first token of each sequence is the prefill's)
         e2e = {n: [] for n in systems}  # generated tokens / generate wall, prefill included
         equal, last = {}, {}
+        per_round = []  # what auto ran in each measured round: arm -> steps (its warm-up steps excluded)
         for rnd in range(args.rounds):
             outs = {}
             order = list(llms)
@@ -285,7 +286,11 @@ def main() -> int:
             for n in order[k:] + order[:k]:
                 llm = llms[n]
                 llm.reset_stats()
+                before = dict(controller_of(llm).measured.chosen) if n == "auto" else None
                 runs = [measure(llm, g, args.max_tokens, instrument=False) for g in groups]
+                if before is not None:
+                    after = controller_of(llm).measured.chosen
+                    per_round.append({a: c - before.get(a, 0) for a, c in after.items() if c > before.get(a, 0)})
                 outs[n] = [t for r in runs for t in r.pop("_token_ids")]
                 gen, wall = sum(r["generated_tokens"] for r in runs), sum(r["wall_s"] for r in runs)
                 dec = sum(r["generated_tokens"] - r["batch"] for r in runs)
@@ -322,6 +327,7 @@ def main() -> int:
                        "hit_rate": {n: last[n].get("hit_rate") for n in systems},
                        "tokens_per_step": {n: last[n].get("tokens_per_step") for n in systems},
                        "auto_choice": {k: st.get(k) for k in AUTO_KEEP},
+                       "auto_steps_per_round": per_round,
                        "auto_acceptance_from_memory": warmed})
         pt = points[-1]
         print(f"B={B}: auto {med['auto']:.1f} tok/s = {pt['auto_vs_baseline']:.2f}x {base}, "

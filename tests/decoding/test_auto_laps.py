@@ -129,3 +129,92 @@ def test_an_arm_whose_credit_reads_high_at_a_batch_size_is_priced_by_what_its_la
     uncredited = MeasuredArms()
     uncredited.laps.priced = lambda arm, b, kappa: kappa * uncredited.laps.of(arm, b)
     assert run(uncredited) == "eagle-g4"
+
+
+def test_a_chains_spread_is_its_tokens_per_steps_deviation_over_the_root_of_their_mean():
+    """Against the distribution written out: P(accepted = k) = P_k − P_{k+1}."""
+    import itertools
+    import math
+
+    from specmoe.decoding.control.laps import spread
+    P = [0.8, 0.59, 0.5, 0.42]
+    for g in range(5):
+        cum = [1.0] + P[:g] + [0.0]
+        probs = [cum[k] - cum[k + 1] for k in range(g + 1)]
+        mean = sum((1 + k) * p for k, p in enumerate(probs))
+        var = sum((1 + k - mean) ** 2 * p for k, p in enumerate(probs))
+        assert spread(P, g) == pytest.approx(math.sqrt(var / mean), abs=1e-12)
+    assert spread(P, 0) == 0.0
+    assert all(a < b for a, b in itertools.pairwise(spread(P, g) for g in range(5)))
+    # measured at batch 64 (demo, fp32, fixed engines): g3 and g4 lost 1.38x and 1.63x eagle-g2's tail
+    assert spread(P, 3) / spread(P, 2) == pytest.approx(1.39, abs=0.01)
+    assert spread(P, 4) / spread(P, 2) == pytest.approx(1.74, abs=0.01)
+
+
+def test_an_arm_without_laps_is_priced_by_the_tail_its_spread_predicts():
+    laps = Laps()
+    for _ in range(3):
+        _lap(laps.step, "eagle-g4", 10, [3, 2, 1], tail_sec=0.02)
+    laps.step("plain", 4, 4.0, 0.04)  # the next batch: closes the last lap
+    loss = 1.0 - laps.factor("eagle-g4", 4)
+    assert loss > 0.05
+    assert laps.prior("eagle-g2", 4) == laps.pooled(4)  # no spreads known: the bucket's factor
+    laps.spreads.update({"eagle-g4": 0.9, "eagle-g2": 0.5, "plain": 0.0})
+    assert laps.prior("eagle-g2", 4) == pytest.approx(1.0 - loss * 0.5 / 0.9)  # one spread's laps: w = 0
+    assert laps.of("eagle-g2", 4) == pytest.approx(laps.prior("eagle-g2", 4))
+    assert laps.priced("eagle-g2", 4, 0.95) == pytest.approx(0.95 * laps.prior("eagle-g2", 4))
+    assert laps.prior("plain", 4) == 1.0
+    assert laps.prior("eagle+ngram", 4) == pytest.approx(laps.pooled(4))  # its spread unknown
+    # eagle-g4 itself: shrunk toward its own prior (the fit through its laps: its factor)
+    assert laps.of("eagle-g4", 4) == pytest.approx(laps.factor("eagle-g4", 4))
+    # plain's laps tell the workload's own tail: the loss is fitted as w + c·spread
+    for _ in range(3):
+        _lap(laps.step, "plain", 10, [3], tok=4.0, sec=0.04, tail_tok=0.5, tail_sec=0.03)
+    laps.step("eagle-g4", 4, 10.0, 0.025)
+    w = 1.0 - laps.factor("plain", 4)
+    assert 0.0 < w < loss
+    assert laps.prior("eagle-g2", 4) == pytest.approx(1.0 - (w + (loss - w) / 0.9 * 0.5))
+
+
+def test_a_shorter_draft_is_not_priced_with_a_deeper_ones_tail():
+    """Batch 64: eagle-g4 ran whole batches whose tail cost it 25% of its full steps' rate; eagle-g2's trial
+    measured its full steps 5% slower. With the drafts' spreads offered, eagle-g2 is priced by the tail its spread
+    predicts (less than g4's) and takes the batch; priced with g4's tail (spreads unknown), g4 keeps it."""
+    def run(spreads: dict) -> str:
+        m = MeasuredArms()
+        rec = (lambda a, B, t, s: m.record(a, B, t, s, m.steps))
+        for _ in range(6):
+            _lap(rec, "eagle-g4", 8, [48, 30, 16, 8, 4, 2, 1], rows=64, tok=190.0, sec=0.1, tail_tok=1.0,
+                 tail_sec=0.06)
+        m.current[64] = "eagle-g4"
+        for _ in range(3):  # eagle-g2's trial: its full steps at a batch's start
+            rec("eagle-g2", 64, 150.0, 0.1 * 150.0 / 190.0 * 1.05)
+        arms = [Arm(n, 1.0, 1.0, spreads.get(n)) for n in ("eagle-g2", "eagle-g4")]
+        return m.pick(arms, 64).arm, m
+
+    pick, m = run({"eagle-g2": 0.52, "eagle-g4": 0.9})
+    assert pick == "eagle-g2"
+    assert m.scale("eagle-g2", 64) > m.scale("eagle-g4", 64) * 1.1
+    assert run({})[0] == "eagle-g4"
+
+
+def test_the_controller_offers_each_fixed_chains_spread_on_its_drafters_acceptance(tmp_path, monkeypatch):
+    """A real `auto` engine: plain is offered with spread 0, each fixed chain configuration with its spread on its
+    drafter's acceptance (deeper drafts of one drafter spread more), and no arm whose spread is not known."""
+    from specmoe import LLM, SamplingParams
+    from specmoe.decoding.control.candidates import is_uniform, uniform_parts
+    from specmoe.decoding.control.laps import spread
+    from specmoe.engine.auto import controller_of
+    from tests.decoding.eagle_cases import prompts
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    llm = LLM(dtype="float32", threads=1, decoding="auto")
+    ctl = controller_of(llm)
+    llm.generate(prompts(2), SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    got = ctl.measured.laps.spreads
+    assert got.get("plain") == 0.0
+    chains = {a: s for a, s in got.items() if a != "plain"}
+    assert chains and all(is_uniform(a) and not a.endswith(ctl.TREE) for a in chains)
+    for a, s in chains.items():
+        d, g = uniform_parts(a)
+        assert 0.0 < s and s == pytest.approx(spread(ctl.accs[d].position(), g), rel=0.5)
+    assert ctl._spread("eagle+ngram") is None and ctl._spread("plain") is None

@@ -33,10 +33,11 @@ import time
 import numpy as np
 import torch
 
-from specmoe.decoding.control.candidates import is_uniform
+from specmoe.decoding.control.candidates import is_uniform, uniform_parts
 from specmoe.decoding.control.coasting import Coasting
 from specmoe.decoding.control.costmodel import CostModel
 from specmoe.decoding.control.feedback import StepFeedback
+from specmoe.decoding.control.laps import spread
 from specmoe.decoding.control.learning import Acceptance, Realized
 from specmoe.decoding.control.measured import Arm, MeasuredArms
 from specmoe.decoding.control.plan import Plan, PricedArm, PricedPlain, StepPlan
@@ -179,8 +180,8 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         self.arm_rates = {"plain": plain.rate, **{tag: a.rate for tag, a in arms.items()}}
         best = max(arms.values(), key=lambda a: a.rate) if arms else None
         if want is None:
-            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate)] + [Arm(t, a.rate, a.optimistic)
-                                      for t, a in arms.items() if self.PER_ROW or t not in names], B)
+            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate, 0.0)] + [
+                Arm(t, a.rate, a.optimistic, self._spread(t)) for t, a in arms.items() if self.PER_ROW or t not in names], B)
             want, reason = ("plain" if pick.arm == "plain" else "spec"), pick.reason
             best = arms.get(pick.arm, best)
         else:
@@ -191,6 +192,14 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         if want == "plain" or best is None:
             return self._plain_plan(seq_ids, plain, best, reason, resident)
         return self._spec_plan(seq_ids, plain, best, reason)
+
+    def _spread(self, arm: str) -> float | None:
+        """A fixed chain configuration's spread of tokens per step (`laps.spread`) on its drafter's acceptance
+        estimate now; None for any other arm (a mix, a tree, per-row lengths)."""
+        if not is_uniform(arm) or arm.endswith(self.TREE):
+            return None
+        d, g = uniform_parts(arm)
+        return spread(self.accs[d].position(), g) if d in self.accs else None
 
     def _override(self) -> tuple[str | None, str]:
         """A forced or scheduled step kind ("plain" / "spec"), else (None, "")."""

@@ -19,13 +19,41 @@ realized tokens/s over their peak steps' credited tokens/s), which takes in the 
 reads off at that batch size. The arm's calibration over all its steps (`rates.ArmRates.kappa`) pools batch sizes: at
 batch 64 eagle-g4's credited full steps read 3% faster than eagle-g2's and its lap factor 2% worse, a tie, while
 the fixed eagle-g2 ran 8% faster than the fixed eagle-g4 over whole batches, and `auto` ran eagle-g4.
+
+An arm with no laps of its own at a bucket is priced by what the laps there say of its *spread* (`spread`: the
+standard deviation of a row's tokens per step over the square root of their mean, from its drafter's acceptance per
+draft position; a row needing N tokens finishes after N/μ steps give or take √N·σ/μ^1.5, so the rows' finishing
+steps spread apart, relative to a batch's length, in proportion to σ/√μ): a bucket's tail loss (1 − factor) is
+fitted as w + c·spread over the arms with laps there (`_fit`: w, the workload's own spread, from a plain arm's
+laps; with laps of one spread only, w = 0), and the arm's prior is 1 − (w + c·its spread) (`prior`). Priced with
+the bucket's pooled factor, a shorter draft inherited a deeper one's tail: at batch 64 on the demo model (fp32,
+fixed engines, 32 tokens per row) eagle-g2/g3/g4 lost 10.3/14.2/16.8% of their full steps' rate to the tail (spread
+0.52/0.72/0.90: predicted 1.39x and 1.74x g2's loss, measured 1.38x and 1.63x); with only eagle-g4's laps,
+eagle-g2 was priced 7% below its own tail, and `auto` ran eagle-g4 for ten batches while the fixed eagle-g2 ran
+faster. An arm whose spread is not known (a mix, a tree, per-row lengths) is priced with the pooled factor.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from specmoe.decoding.control.refinement import bucket
+
+
+def spread(position, g: int) -> float:
+    """σ/√μ of a row's tokens per step (μ its mean, σ its standard deviation) drafting a chain of `g` tokens whose
+    j-th draft is accepted with probability position[j] (all before it accepted: non-increasing), and emitting one
+    token more than it accepted; 0 for plain (g = 0: one token a step)."""
+    p = np.minimum.accumulate(np.clip(np.asarray(position, dtype=float)[:g], 0.0, 1.0))
+    if p.size == 0:
+        return 0.0
+    # E[accepted] = Σ P(accepted ≥ k), E[accepted²] = Σ (2k − 1) P(accepted ≥ k)
+    mean = float(p.sum())
+    var = max(0.0, float(((2 * np.arange(1, p.size + 1) - 1) * p).sum()) - mean * mean)
+    return math.sqrt(var / (1.0 + mean))
 
 
 @dataclass
@@ -46,7 +74,9 @@ class Laps:
     KEEP: int = 8
     PURE: float = 0.75   # share of a lap's peak steps its arm must have run for the lap to be its
     PRIOR: float = 4.0   # pseudo-laps at the bucket's factor in an arm's (`of`)
+    LOW: float = 0.2     # a prior factor (`prior`) stays at or above this
     done: dict = field(default_factory=dict)
+    spreads: dict = field(default_factory=dict)  # arm -> its spread (`spread`), as its drafter's acceptance says now
     cur: _Lap | None = None
     last_B: int = 0
 
@@ -95,31 +125,60 @@ class Laps:
         n = {a: len(d) for (a, k), d in self.done.items() if k == b and d}
         return sum(c * self.factor(a, b) for a, c in n.items()) / sum(n.values()) if n else None
 
-    def of(self, arm: str, b: int) -> float:
-        """`factor`, shrunk toward the bucket's (`pooled`) by `PRIOR` pseudo-laps; for an arm with no lap of its own
-        at b, the bucket's (as neutral a comparison as before, until it runs batches of its own), or 1. A lap's tail is
-        mostly its text's (one row that accepts nothing for ten steps): at batch 16 (bf16) eagle-g4's laps ranged
-        0.59-0.89, and one lap of eagle-g2's read 0.90 against g4's 0.75 while the fixed engines' tails were alike
-        (0.91 of their full steps' rate each): g4, 10% faster, lost the batch on one lap."""
+    def _fit(self, b: int) -> tuple[float, float] | None:
+        """(w, c) of a tail loss w + c·spread fitted over the arms with laps at b and a known spread, each weighted
+        by its laps (least squares, c ≥ 0 and w ≥ 0); with laps of one spread only, w = 0 (the spread carries the
+        tail: a closed batch of equal budgets); None while no arm with laps there has a known spread above 0."""
+        pts = [(self.spreads[a], 1.0 - self.factor(a, k), len(d)) for (a, k), d in self.done.items()
+               if k == b and d and self.spreads.get(a) is not None]
+        if not pts:
+            return None
+        n = sum(x[2] for x in pts)
+        ms, ml = (sum(x[i] * x[2] for x in pts) / n for i in (0, 1))
+        sxx = sum(x[2] * (x[0] - ms) ** 2 for x in pts)
+        if sxx > 1e-9:
+            c = max(0.0, sum(x[2] * (x[0] - ms) * (x[1] - ml) for x in pts) / sxx)
+            w = ml - c * ms
+            if w < 0.0:  # a negative workload tail: through the origin instead
+                w, c = 0.0, max(0.0, sum(x[2] * x[0] * x[1] for x in pts) / sum(x[2] * x[0] ** 2 for x in pts))
+            return w, c
+        return (0.0, ml / ms) if ms > 0 else None
+
+    def prior(self, arm: str, b: int) -> float:
+        """What `arm`'s laps at b are expected to realize before it has enough of them: 1 − (w + c·its spread)
+        (`_fit`, module docstring); the bucket's pooled factor where its spread or the fit is not known; 1 where no
+        lap peaked at b."""
         pool = self.pooled(b)
         if pool is None:
             return 1.0
+        s, fit = self.spreads.get(arm), self._fit(b)
+        if s is None or fit is None:
+            return pool
+        return min(1.0, max(self.LOW, 1.0 - fit[0] - fit[1] * s))
+
+    def of(self, arm: str, b: int) -> float:
+        """`factor`, shrunk toward its prior (`prior`: the bucket's laps' tail at its spread, or the bucket's
+        pooled factor) by `PRIOR` pseudo-laps; for an arm with no lap of its own at b, the prior (as neutral a
+        comparison as the laps allow, until it runs batches of its own), or 1. A lap's tail is mostly its text's
+        (one row that accepts nothing for ten steps): at batch 16 (bf16) eagle-g4's laps ranged 0.59-0.89, and one
+        lap of eagle-g2's read 0.90 against g4's 0.75 while the fixed engines' tails were alike (0.91 of their full
+        steps' rate each): g4, 10% faster, lost the batch on one lap."""
+        prior = self.prior(arm, b)
         d = self.done.get((arm, b))
         if not d:
-            return pool
-        return (len(d) * self.factor(arm, b) + self.PRIOR * pool) / (len(d) + self.PRIOR)
+            return prior
+        return (len(d) * self.factor(arm, b) + self.PRIOR * prior) / (len(d) + self.PRIOR)
 
     def priced(self, arm: str, b: int, kappa: float) -> float:
         """What `arm`'s credited tokens/s at bucket b are worth in realized whole-batch tokens/s: with laps of its own
         there, their realized tokens/s over their peak steps' credited tokens/s (the tail and the credit's error at
         this batch size, both as measured), shrunk by `PRIOR` pseudo-laps toward `kappa` (its calibration over all its
-        steps) × the bucket's tail factor; without, that prior (`of`)."""
+        steps) × its prior tail factor (`prior`); without, that prior (`of`)."""
         d = self.done.get((arm, b))
         if not d:
             return kappa * self.of(arm, b)
         t, s, pc, ps = (sum(x[i] for x in d) for i in (0, 1, 4, 3))
-        pool = self.pooled(b) or 1.0
-        return (len(d) * (t / s) / (pc / ps) + self.PRIOR * kappa * pool) / (len(d) + self.PRIOR)
+        return (len(d) * (t / s) / (pc / ps) + self.PRIOR * kappa * self.prior(arm, b)) / (len(d) + self.PRIOR)
 
     def state(self) -> dict:
         """What `warm` reads back: per arm@bucket, its laps' (tokens, seconds, peak tokens, peak seconds) summed, how

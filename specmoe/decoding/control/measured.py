@@ -82,11 +82,14 @@ def conditional(arm: str) -> bool:
 
 @dataclass
 class Arm:
-    """A configuration offered this step: its name ("plain", a drafter or drafter mix such as "eagle+ngram") and
-    the cost model's predicted tokens/s (unbiased, and upper-confidence over the acceptance estimates)."""
+    """A configuration offered this step: its name ("plain", a drafter or drafter mix such as "eagle+ngram"), the
+    cost model's predicted tokens/s (unbiased, and upper-confidence over the acceptance estimates) and, where known,
+    the spread of a row's tokens per step (`laps.spread`: what a batch's ragged tail costs it before it has run
+    batches of its own; None for a mix, a tree or per-row lengths)."""
     name: str
     predicted: float
     optimistic: float
+    spread: float | None = None
 
 
 @dataclass
@@ -129,6 +132,7 @@ class MeasuredArms(ArmRates):
     def pick(self, arms: list[Arm], B: int) -> Pick:
         """The arm this step takes among `arms` (module docstring); counts the step."""
         b = bucket(B)
+        self.laps.spreads.update({a.name: a.spread for a in arms if a.spread is not None})
         exploit = self._exploit(arms, b)
         if len(arms) > 1:  # (plain alone, e.g. at a sequence's last token, is no choice)
             self.current[b] = exploit.arm
