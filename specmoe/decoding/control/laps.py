@@ -20,17 +20,17 @@ reads off at that batch size. The arm's calibration over all its steps (`rates.A
 batch 64 eagle-g4's credited full steps read 3% faster than eagle-g2's and its lap factor 2% worse, a tie, while
 the fixed eagle-g2 ran 8% faster than the fixed eagle-g4 over whole batches, and `auto` ran eagle-g4.
 
-An arm with no laps of its own at a bucket is priced by what the laps there say of its *spread* (`spread`: the
-standard deviation of a row's tokens per step over the square root of their mean, from its drafter's acceptance per
-draft position; a row needing N tokens finishes after N/μ steps give or take √N·σ/μ^1.5, so the rows' finishing
-steps spread apart, relative to a batch's length, in proportion to σ/√μ): a bucket's tail loss (1 − factor) is
-fitted as w + c·spread over the arms with laps there (`_fit`: w, the workload's own spread, from a plain arm's
-laps; with laps of one spread only, w = 0), and the arm's prior is 1 − (w + c·its spread) (`prior`). Priced with
-the bucket's pooled factor, a shorter draft inherited a deeper one's tail: at batch 64 on the demo model (fp32,
-fixed engines, 32 tokens per row) eagle-g2/g3/g4 lost 10.3/14.2/16.8% of their full steps' rate to the tail (spread
-0.52/0.72/0.90: predicted 1.39x and 1.74x g2's loss, measured 1.38x and 1.63x); with only eagle-g4's laps,
-eagle-g2 was priced 7% below its own tail, and `auto` ran eagle-g4 for ten batches while the fixed eagle-g2 ran
-faster. An arm whose spread is not known (a mix, a tree, per-row lengths) is priced with the pooled factor.
+An arm with no laps of its own at a bucket is priced by what the laps there say of its *spread* (`spread`: the standard
+deviation of a row's tokens per step over the square root of their mean, from its drafter's acceptance per draft
+position; a row needing N tokens finishes after N/μ steps give or take √N·σ/μ^1.5, so the rows' finishing steps spread
+apart, relative to a batch's length, in proportion to σ/√μ): a bucket's tail loss (1 − factor) is fitted as w + c·spread
+over the arms with laps there (`_fit`: w, the workload's own spread, from a plain arm's laps; with laps of one spread
+only, w = 0), and the arm's prior is 1 − (w + c·its spread) (`prior`). Priced with the bucket's pooled factor, a shorter
+draft inherited a deeper one's tail: at batch 64 on the demo model (fp32, fixed engines, 32 tokens per row)
+eagle-g2/g3/g4 lost 10.3/14.2/16.8% of their full steps' rate to the tail (spread 0.52/0.72/0.90: predicted 1.39x and
+1.74x g2's loss, measured 1.38x and 1.63x); with only eagle-g4's laps, eagle-g2 was priced 7% below its own tail, and in
+a trace of 14 batches `auto` ran eagle-g4 on eleven in a row while the fixed eagle-g2 ran faster (priced by its spread:
+on four). An arm whose spread is not known (a mix, a tree, per-row lengths) is priced with the pooled factor.
 """
 from __future__ import annotations
 
