@@ -146,7 +146,7 @@ def test_a_chains_spread_is_its_tokens_per_steps_deviation_over_the_root_of_thei
         assert spread(P, g) == pytest.approx(math.sqrt(var / mean), abs=1e-12)
     assert spread(P, 0) == 0.0
     assert all(a < b for a, b in itertools.pairwise(spread(P, g) for g in range(5)))
-    # measured at batch 64 (demo, fp32, fixed engines): g3 and g4 lost 1.38x and 1.63x eagle-g2's tail
+    # (benchmarks/lap_tails.py at batch 64, demo, fp32: g3 and g4 lost 1.44x and 1.58x eagle-g2's tail)
     assert spread(P, 3) / spread(P, 2) == pytest.approx(1.39, abs=0.01)
     assert spread(P, 4) / spread(P, 2) == pytest.approx(1.74, abs=0.01)
 

@@ -26,11 +26,14 @@ position; a row needing N tokens finishes after N/μ steps give or take √N·σ
 apart, relative to a batch's length, in proportion to σ/√μ): a bucket's tail loss (1 − factor) is fitted as w + c·spread
 over the arms with laps there (`_fit`: w, the workload's own spread, from a plain arm's laps; with laps of one spread
 only, w = 0), and the arm's prior is 1 − (w + c·its spread) (`prior`). Priced with the bucket's pooled factor, a shorter
-draft inherited a deeper one's tail: at batch 64 on the demo model (fp32, fixed engines, 32 tokens per row)
-eagle-g2/g3/g4 lost 10.3/14.2/16.8% of their full steps' rate to the tail (spread 0.52/0.72/0.90: predicted 1.39x and
-1.74x g2's loss, measured 1.38x and 1.63x); with only eagle-g4's laps, eagle-g2 was priced 7% below its own tail, and in
-a trace of 14 batches `auto` ran eagle-g4 on eleven in a row while the fixed eagle-g2 ran faster (priced by its spread:
-on four). An arm whose spread is not known (a mix, a tree, per-row lengths) is priced with the pooled factor.
+draft inherited a deeper one's tail: at batch 64 on the demo model (fp32, fixed engines, 32 tokens per row;
+benchmarks/lap_tails.py) eagle-g1/g2/g3/g4 lost 7.3/10.3/14.8/16.3% of their full steps' rate to the tail, plain none,
+at realized spreads 0.29/0.51/0.70/0.90; priced with eagle-g4's factor, eagle-g2 read 7% below its own, and in a trace
+of 14 batches `auto` ran eagle-g4 on eleven in a row while the fixed eagle-g2 ran faster (priced by its spread: on
+four). The loss grows less than in proportion to the spread (1.42/2.04/2.24x g1's against 1.77/2.44/3.13x), so from a
+deeper draft's laps a shorter one is priced a little high (eagle-g2 from eagle-g4's: a loss of 9.2% against its 10.3%),
+the side a measurement corrects once it runs batches of its own. An arm whose spread is not known (a mix, a tree, per-
+row lengths) is priced with the pooled factor.
 """
 from __future__ import annotations
 
