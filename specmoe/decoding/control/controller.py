@@ -180,8 +180,9 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         self.arm_rates = {"plain": plain.rate, **{tag: a.rate for tag, a in arms.items()}}
         best = max(arms.values(), key=lambda a: a.rate) if arms else None
         if want is None:
-            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate, 0.0)] + [
-                Arm(t, a.rate, a.optimistic, self._spread(t)) for t, a in arms.items() if self.PER_ROW or t not in names], B)
+            offered = [Arm(t, a.rate, a.optimistic, self._spread(t)) for t, a in arms.items()
+                       if self.PER_ROW or t not in names]
+            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate, 0.0)] + offered, B)
             want, reason = ("plain" if pick.arm == "plain" else "spec"), pick.reason
             best = arms.get(pick.arm, best)
         else:
