@@ -217,4 +217,5 @@ def test_the_controller_offers_each_fixed_chains_spread_on_its_drafters_acceptan
     for a, s in chains.items():
         d, g = uniform_parts(a)
         assert 0.0 < s and s == pytest.approx(spread(ctl.accs[d].position(), g), rel=0.5)
-    assert ctl._spread("eagle+ngram") is None and ctl._spread("plain") is None
+    pos = {d: acc.position() for d, acc in ctl.accs.items()}
+    assert ctl._spread("eagle+ngram", pos) is None and ctl._spread("plain", pos) is None

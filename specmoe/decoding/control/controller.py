@@ -180,7 +180,8 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         self.arm_rates = {"plain": plain.rate, **{tag: a.rate for tag, a in arms.items()}}
         best = max(arms.values(), key=lambda a: a.rate) if arms else None
         if want is None:
-            offered = [Arm(t, a.rate, a.optimistic, self._spread(t)) for t, a in arms.items()
+            pos = {d: acc.position() for d, acc in self.accs.items()}  # read once for all of a drafter's lengths
+            offered = [Arm(t, a.rate, a.optimistic, self._spread(t, pos)) for t, a in arms.items()
                        if self.PER_ROW or t not in names]
             pick = self.measured.pick([Arm("plain", plain.rate, plain.rate, 0.0)] + offered, B)
             want, reason = ("plain" if pick.arm == "plain" else "spec"), pick.reason
@@ -194,13 +195,14 @@ class Controller(ArmPricing, Coasting, StepFeedback):
             return self._plain_plan(seq_ids, plain, best, reason, resident)
         return self._spec_plan(seq_ids, plain, best, reason)
 
-    def _spread(self, arm: str) -> float | None:
-        """A fixed chain configuration's spread of tokens per step (`laps.spread`) on its drafter's acceptance
-        estimate now; None for any other arm (a mix, a tree, per-row lengths)."""
+    def _spread(self, arm: str, pos: dict) -> float | None:
+        """A fixed chain configuration's spread of tokens per step (`laps.spread`) on its drafter's acceptance by
+        position now (`pos`: drafter -> `Acceptance.position()`); None for any other arm (a mix, a tree, per-row
+        lengths)."""
         if not is_uniform(arm) or arm.endswith(self.TREE):
             return None
         d, g = uniform_parts(arm)
-        return spread(self.accs[d].position(), g) if d in self.accs else None
+        return spread(pos[d], g) if d in pos else None
 
     def _override(self) -> tuple[str | None, str]:
         """A forced or scheduled step kind ("plain" / "spec"), else (None, "")."""
