@@ -305,3 +305,26 @@ def test_a_second_opinion_finds_room_where_a_first_trial_would_not():
     m = setup(2.5)  # 0.4x of eagle-g4: no second opinion, and no room for anything else
     assert m._target(arms, 1, "eagle-g4")[1] != "second"
     assert m._explore(arms, 1, "eagle-g4") is None
+
+
+def test_another_length_of_a_measured_drafter_is_never_pruned():
+    """The model's step times can misjudge a drafter's lengths against each other (the widened copy at batch 16:
+    eagle-g2 predicted 0.56x eagle-g4 while its fixed engine ran at least as fast): once a fixed configuration of a
+    drafter is measured at a bucket, its other lengths are tried there whatever their prediction; another
+    drafter's arm predicted as far behind still is not."""
+    m = MeasuredArms()
+    m.interrupt()
+    for _ in range(m.min_steps + 1):
+        m.record("plain", 16, 16.0, 16 / 300.0, 0)
+    m.current[16] = "plain"
+    arms = [Arm("plain", 300.0, 300.0), Arm("eagle-g4", 500.0, 520.0), Arm("eagle-g2", 280.0, 290.0),
+            Arm("self-g2", 250.0, 260.0)]
+    assert m._target(arms, 16, "plain") == ("eagle-g4", "new")  # eagle-g2 and self-g2: below 0.6 of 500
+    m.interrupt()
+    for _ in range(m.min_steps + 1):
+        m.record("eagle-g4", 16, 40.0, 40 / 290.0, 0)
+    assert m._target(arms, 16, "plain") == ("eagle-g2", "new")
+    m.interrupt()
+    for _ in range(m.min_steps + 1):
+        m.record("eagle-g2", 16, 30.0, 30 / 310.0, 0)
+    assert m._target(arms, 16, "eagle-g2")[0] != "self-g2"

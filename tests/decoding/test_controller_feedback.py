@@ -167,7 +167,7 @@ def test_a_reused_calls_steps_learn_acceptance_always_and_step_time_one_in_a_str
     ctl._learn_time = timed
     ctl._learn_acceptance = lambda *a: calls.__setitem__("acc", calls["acc"] + 1)
     ctl._expected_tokens = lambda *a: 1.0
-    clock = SimpleNamespace(step_s=lambda: 0.01, wall=lambda phase: 0.0,
+    clock = SimpleNamespace(step_s=lambda: 0.01, priced_s=lambda: 0.01, wall=lambda phase: 0.0,
                             traffic=lambda: (0.0, 0))  # a 10 ms step
 
     def step(reason):

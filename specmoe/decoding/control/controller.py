@@ -163,20 +163,19 @@ class Controller(ArmPricing, Coasting, StepFeedback):
 
     # ------------------------------------------------------------ the choice
     def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,
-               spec_resident: np.ndarray, setup: dict[str, float] | None = None,
-               catchup: dict[str, list[int]] | None = None) -> Plan:
+               spec_resident: np.ndarray, setup: dict[str, float] | None = None) -> Plan:
         """`avail[d][b]`: the most drafter d may draft for sequence b (its limit; a lookup drafter: its
         proposal's length); `resident` / `spec_resident` [L, E]: resident experts for a step without / with the
-        self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set);
-        `catchup[d][b]`: entries drafter d's first forward would run for sequence b (`Drafter.catchup`).
+        self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set). Arms
+        are priced at their steady draft (a drafter's catch-up on positions it missed, `Drafter.sync`, is a
+        switch's cost, which no measured rate counts either).
         Candidates → price → pick (by measured rate, `measured.MeasuredArms`) → explore → the Plan."""
         names = self.planned = [n for n in self.names if n in avail]
         B = len(seq_ids)
         want, reason = self._override()
         plain = self._price_plain(B, resident)
         cands = self._candidates(seq_ids, names, avail, forced=want == "spec")
-        arms = self._price(cands, names, B, resident, spec_resident, setup or {},
-                           {n: np.asarray(v) for n, v in (catchup or {}).items()})
+        arms = self._price(cands, names, B, resident, spec_resident, setup or {}, {})
         self.arm_rates = {"plain": plain.rate, **{tag: a.rate for tag, a in arms.items()}}
         best = max(arms.values(), key=lambda a: a.rate) if arms else None
         if want is None:
@@ -320,8 +319,8 @@ class Controller(ArmPricing, Coasting, StepFeedback):
                 setup["self"] = float((spec_res & ~res).sum()) * cm.c.read_s + cm.c.read_latency_s * len(self.layers)
         self.resident, self.spec_resident = res, spec_res
         avail = {n: view.available(n) for n in view.names}
-        self.catchup = {n: np.asarray(view.catchup(n)) for n in view.names}
-        return self.choose(view.seq_ids, avail, res, spec_res, setup, self.catchup)
+        self.catchup = {n: np.asarray(view.catchup(n)) for n in view.names}  # what the step's timing is learned on
+        return self.choose(view.seq_ids, avail, res, spec_res, setup)
 
     def stopper(self, splan, name: str, rows: list[int], seqs, gammas: list[int]):
         """The draft hook of drafter `name` over its rows (batch rows `rows`, local gammas): records each greedy

@@ -29,7 +29,7 @@ class StepFeedback:
             return
         if plan.width > 1:  # a tree step: the time model and the plans' calibration price chains
             return
-        measured = clock.step_s()
+        measured = clock.priced_s()
         # a freshly planned step is timed, unless it took a measured fixed configuration (no prediction decided it)
         timed = not (plan.reason == "coast" or plan.reason == "measured" and is_uniform(plan.arm)) or self.learn_skip <= 0
         # the tokens the step was expected to emit, on the estimates before it (the realized correction compares)

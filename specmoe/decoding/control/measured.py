@@ -3,16 +3,17 @@ drafter mixed with a lookup drafter, or with `Controller.PER_ROW` a drafter's pe
 model) a step takes is decided by the tokens per second each arm has realized in this process at this batch bucket,
 not by the predicted rates (which stay 15-44% off per step kind). The cost model orders the trials of unmeasured
 arms (after plain and the exploited arm's drafter: its best first), prunes the arms it
-predicts far behind the best offered on every step (`PRUNE`; never plain, the baseline auto must not lose to; not
-against a lookup arm's prediction, made on the repetitive text it is offered on), and picks the arm while
+predicts far behind the best offered on every step (`PRUNE`; never plain, the baseline auto must not lose to, nor
+another length of a drafter measured at the bucket, `_kin`; not against a lookup arm's prediction, made on the
+repetitive text it is offered on), and picks the arm while
 nothing is measured at this batch bucket or a neighbouring one; it never overrides a measured comparison.
 
 What each arm has realized, and what it is credited with, is kept by `rates.ArmRates` (its docstring).
 
 Successive elimination with a bounded budget:
 - an arm counts as measured at a bucket after `min_steps` of its steps there (half as many from `WIDE` rows on:
-  `need`); the first step after a switch to it is not counted: it pays the switch's catch-up, which the arm's steady
-  state does not;
+  `need`); the first step after a switch to it is not counted: it pays the switch's cold cache, which the arm's
+  steady state does not (a drafter's catch-up, `Drafter.sync`, is left out of every step's seconds);
 - exploitation: the current arm stays unless another measures `STAY`× faster *and* faster by more than `Z` standard
   errors of the two rates (a step's tokens follow the text it lands on, so a few steps of an arm are a noisy sample:
   the best of many noisy rates is mostly the luckiest); with no current arm, the measured arm of the highest lower
@@ -266,8 +267,11 @@ class MeasuredArms(ArmRates):
         # the best predicted among the arms offered on every step: a lookup arm is predicted (and measured) on the
         # repetitive text where it has a proposal, and its prediction there put every other arm below PRUNE of it
         top = max((a.predicted for a in arms if not conditional(a.name)), default=max(a.predicted for a in arms))
-        cands = [a for a in arms if a.name != best and (a.name == "plain" or a.optimistic >= self.PRUNE * top)
-                 and self.steps - self.cut.get((a.name, b), -self.STALE) >= self.STALE]
+        kin = self._kin(b)
+        kept = [a for a in arms if a.name == "plain" or a.optimistic >= self.PRUNE * top
+                or is_uniform(a.name) and drafter(a.name) in kin]
+        cands = [a for a in kept
+                 if a.name != best and self.steps - self.cut.get((a.name, b), -self.STALE) >= self.STALE]
         unmeasured = [a for a in cands if self.n(a.name, b) < self.need(b)
                       and (a.name == "plain" or not self._behind_near(a.name, b))]
         # plain (the baseline) first, then the exploited arm's drafter, then in the model's order
@@ -298,6 +302,13 @@ class MeasuredArms(ArmRates):
         few = [a.name for a in cands if self.n(a.name, b) < 3 * self.need(b)
                and (self.score(a.name, b, f) or 0.0) + self.Z * self.se_of((a.name, b), f) >= rb]
         return (few[0], "more") if few else (None, "")
+
+    def _kin(self, b: int) -> set[str]:
+        """The drafters with a fixed configuration measured at bucket b: their other lengths are never pruned there
+        (their acceptance is measured, and the model's step times are what misjudged them: on the widened copy at
+        batch 16 it predicted eagle-g2 at 0.56x eagle-g4, pruned it, and ran plain after eagle-g4's whole batches
+        priced it at 0.64x, while the fixed eagle-g2 engine ran at least as fast as eagle-g4's)."""
+        return {drafter(n) for (n, k), w in self.win.items() if k == b and w and is_uniform(n)}
 
     def _behind_near(self, arm: str, b: int) -> bool:
         """Whether `arm` measured below `NEAR` × the best arm at the nearest bucket (within a factor 4 of b) where

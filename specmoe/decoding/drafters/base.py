@@ -70,14 +70,17 @@ class Drafter(ABC):
         always draft up to the limit, a lookup only as far as its match goes."""
         return list(limits)
 
-    def admit(self, seqs: list[Sequence]) -> None:
-        """Sequences new to this decoder (prefilled since the last step): per-sequence setup (an EAGLE head reads
-        the prompt here, once, whether or not it drafts this step)."""
+    def sync(self, seqs: list[Sequence]) -> None:
+        """Before a draft phase in which these sequences draft: read what was committed since this drafter last
+        drafted for them, all but the last position (an EAGLE head: the prompt, the positions plain steps
+        committed), so the draft phase runs what a steady one runs. The decoder calls it apart from the draft
+        phase: a sequence that never drafts with this drafter never pays it, and a configuration's measured rate
+        is not charged for the backlog of the steps before it."""
 
     def catchup(self, seqs: list[Sequence]) -> list[int]:
-        """Entries per sequence the drafter's first forward would run now (1: the pending token alone; a head
-        with its own KV cache, more where it missed committed positions). The controller prices the first
-        draft forward by them."""
+        """Entries per sequence the drafter's first forward would run now, `sync` included (1: the pending token
+        alone; a head with its own KV cache, more where it missed committed positions). The controller prices a
+        step's draft by them (`sync` is timed with the drafter's draft)."""
         return [1] * len(seqs)
 
     def prepare(self) -> None:

@@ -168,7 +168,7 @@ class EagleDrafter(Drafter):
     def _catch_up(self, seqs: list[Sequence], upto: list[int]) -> torch.Tensor:
         """Run head entries head_len .. upto[b] - 1 of every sequence (their features came from the target's
         forwards; all rows in one ragged forward) → the head's output at each row's last entry [B, D]."""
-        r, dev = self.runner, self.runner.device
+        dev = self.runner.device
         toks, fts, starts, lens = [], [], [], []
         for s, L in zip(seqs, upto):
             tr = self.tracks.get(s.seq_id)
@@ -195,16 +195,27 @@ class EagleDrafter(Drafter):
             tr.head_len = L
         return x
 
+    BACKLOG = 256  # positions a sequence's features may wait unread before `idle` reads them (bounds the memory)
+
     @torch.inference_mode()
-    def admit(self, seqs: list[Sequence]) -> None:
-        """New sequences: the head reads their prompts now (all but the last committed position, which the first
-        proposal reads and drafts from), so a later draft phase costs what a steady one costs."""
+    def sync(self, seqs: list[Sequence]) -> None:
+        """The head reads the positions committed since it last drafted for these sequences (a prompt, plain
+        steps' positions), all but the last committed one, which the proposal reads and drafts from."""
         self._reserve()
         L = [self.runner.cache.lengths[s.slot] for s in seqs]
         todo = [(s, n - 1) for s, n in zip(seqs, L)
                 if s.seq_id in self.tracks and self.tracks[s.seq_id].seq is s and n - 1 > self.tracks[s.seq_id].head_len]
         if todo:
             self._catch_up([s for s, _ in todo], [n for _, n in todo])
+
+    def idle(self) -> None:
+        """A step the head sat out: sequences whose unread features passed `BACKLOG` positions are read now (a
+        sequence decoded by plain steps for long would otherwise hold a feature row per position)."""
+        L = self.runner.cache.lengths
+        over = [t.seq for t in self.tracks.values()
+                if t.buf is not None and L[t.seq.slot] - 1 - t.head_len > self.BACKLOG]
+        if over:
+            self.sync(over)
 
     @torch.inference_mode()
     def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int, noise: dict[int, torch.Tensor],

@@ -40,9 +40,14 @@ class PhaseClock:
     STEP = ("draft", "select", "verify", "accept", "commit")
 
     def step_s(self) -> float:
-        """The step's own seconds as the controller prices them: draft, select, verify, accept, commit (not the
-        admission of new sequences, the plan, nor the self draft's setup)."""
+        """The step's own seconds, what a configuration's measured rate is made of: draft, select, verify, accept,
+        commit (not the admission of new sequences, the plan, the self draft's setup, nor a drafter's catch-up)."""
         return sum(self.wall(p) for p in self.STEP)
+
+    def priced_s(self) -> float:
+        """The seconds the time model prices a step by: `step_s` and the drafters' catch-up (`Drafter.sync`, run
+        before the draft phase; a measured rate leaves it out: it is the backlog of the steps before)."""
+        return self.step_s() + self.wall("catchup")
 
     def traffic(self) -> tuple[float, int]:
         """(seconds waited for expert loads, experts looked up) in the step's own phases (`step_s`'s)."""

@@ -127,12 +127,9 @@ class SpeculativeDecoder:
         for d in self.drafters.values():
             d.retire(live)
         clock = PhaseClock(self.runner)
-        if inp.new:  # whatever this step does: not charged to its plan
+        if inp.new and self.ctl is not None:  # whatever this step does: not charged to its plan
             with clock.phase("admit"):
-                for d in self.drafters.values():
-                    d.admit(inp.new)
-                if self.ctl is not None:
-                    self.ctl.admit(inp.new)
+                self.ctl.admit(inp.new)
         with clock.phase("plan"):
             plan = self.plan(seqs)
         b0 = self.runner.provider.bytes_moved
@@ -146,7 +143,7 @@ class SpeculativeDecoder:
             self.ctl.learn(plan, seqs, depths, out, clock, self.runner.provider.bytes_moved - b0)
         if trees is not None:  # after the controller's learning, which compares with the estimates before the step
             self.record_acceptance(plan, seqs, trees, paths, out)
-        self._last = (t0, clock.step_s(), len(seqs))
+        self._last = (t0, clock.priced_s(), len(seqs))
         return StepOutput({s.seq_id: toks for s, toks in zip(seqs, out)})
 
     @torch.inference_mode()
@@ -175,6 +172,10 @@ class SpeculativeDecoder:
         with clock.phase("setup"):
             for d in used:
                 d.prepare()
+        with clock.phase("catchup"):  # apart from the draft phase (`Drafter.sync`), timed with each drafter's draft
+            for name, rows in groups.items():
+                with clock.phase(f"draft:{name}"):
+                    self.drafters[name].sync([seqs[b] for b in rows])
         for name, d in self.drafters.items():
             if name not in groups:
                 d.idle()
@@ -276,7 +277,8 @@ class SpeculativeDecoder:
         if "setup" in sp or "admit" in sp:  # the breakdown's setup: admitting new sequences and drafters' prepare
             bd.setup(sp.get("setup", (0.0,))[0] + sp.get("admit", (0.0,))[0])
         if "draft" in sp:
-            bd.draft(sp["draft"][0] + sp.get("select", (0.0,))[0], sp["draft"][1])
+            bd.draft(sp["draft"][0] + sp.get("select", (0.0,))[0] + sp.get("catchup", (0.0,))[0],
+                     sp["draft"][1] + sp.get("catchup", (0.0, 0.0))[1])
         w, e, f = sp["verify"]
         bd.target(w, e, f, refresh_s)
         bd.accept(sp["accept"][0] + sp.get("commit", (0.0,))[0] + sp["plan"][0])
