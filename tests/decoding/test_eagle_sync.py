@@ -39,8 +39,9 @@ def test_plain_steps_alone_never_run_the_head(ref):
 
 
 def test_the_draft_phase_runs_one_entry_per_row_after_sync(ref, monkeypatch):
-    """A fixed eagle configuration: each step's backlog is read by `sync` (the prompt on the first step), and
-    the proposal's own first forward then runs the pending position alone for every row."""
+    """A fixed eagle configuration: a backlog longer than `SYNC_ABOVE` (the prompt, on the first step) is read by
+    `sync`; the proposal's own first forward reads the rest with the pending position (what the last step
+    accepted: at most γ + 1 entries a row), in one forward."""
     seen = {"sync": [], "draft": []}
     in_sync = []
     sync, catch_up = EagleDrafter.sync, EagleDrafter._catch_up
@@ -61,8 +62,10 @@ def test_the_draft_phase_runs_one_entry_per_row_after_sync(ref, monkeypatch):
     llm = LLM(dtype="float32", threads=1, decoding="specmoe", drafter="eagle", num_draft_tokens=3)
     ps, sp = BATCHES[7]
     assert [o.token_ids for o in llm.generate(ps, sp)] == ref
-    assert seen["sync"] and max(max(lens) for lens in seen["sync"]) > 1  # the prompts, read apart
-    assert seen["draft"] and all(n == 1 for lens in seen["draft"] for n in lens)
+    assert seen["sync"] and min(min(lens) for lens in seen["sync"]) > EagleDrafter.SYNC_ABOVE  # the prompts
+    assert seen["draft"] and all(1 <= n <= 3 + 1 for lens in seen["draft"] for n in lens)
+    assert any(n > 1 for lens in seen["draft"] for n in lens)  # accepted drafts, read with the pending position
+    assert len(seen["draft"]) == llm.stats["steps"]  # one catch-up forward a step
     assert llm.stats["step_breakdown"]["draft_nonexpert_s"] > 0
 
 

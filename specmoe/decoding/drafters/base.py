@@ -72,8 +72,9 @@ class Drafter(ABC):
 
     def sync(self, seqs: list[Sequence]) -> None:
         """Before a draft phase in which these sequences draft: read what was committed since this drafter last
-        drafted for them, all but the last position (an EAGLE head: the prompt, the positions plain steps
-        committed), so the draft phase runs what a steady one runs. The decoder calls it apart from the draft
+        drafted for them, all but the last position, where it is longer than what a step drafting every step
+        leaves (an EAGLE head: the prompt, the positions plain steps committed), so the draft phase runs what a
+        steady one runs. The decoder calls it apart from the draft
         phase: a sequence that never drafts with this drafter never pays it, and a configuration's measured rate
         is not charged for the backlog of the steps before it."""
 

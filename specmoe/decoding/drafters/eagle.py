@@ -196,16 +196,22 @@ class EagleDrafter(Drafter):
         return x
 
     BACKLOG = 256  # positions a sequence's features may wait unread before `idle` reads them (bounds the memory)
+    # positions a sequence may have waiting for the proposal's own first forward to read with its pending one (a
+    # step drafting every step leaves at most γ: what its verification accepted); `sync` reads longer backlogs
+    SYNC_ABOVE = 8
 
     @torch.inference_mode()
-    def sync(self, seqs: list[Sequence]) -> None:
+    def sync(self, seqs: list[Sequence], above: int | None = None) -> None:
         """The head reads the positions committed since it last drafted for these sequences (a prompt, plain
-        steps' positions), all but the last committed one, which the proposal reads and drafts from."""
-        self._reserve()
+        steps' positions), all but the last committed one, which the proposal reads and drafts from: for the
+        sequences with more than `above` (`SYNC_ABOVE`) such positions. A shorter backlog, what a step that drafts
+        every step leaves, is read in the proposal's first forward (one forward, not two)."""
+        above = self.SYNC_ABOVE if above is None else above
         L = [self.runner.cache.lengths[s.slot] for s in seqs]
-        todo = [(s, n - 1) for s, n in zip(seqs, L)
-                if s.seq_id in self.tracks and self.tracks[s.seq_id].seq is s and n - 1 > self.tracks[s.seq_id].head_len]
+        todo = [(s, n - 1) for s, n in zip(seqs, L) if s.seq_id in self.tracks and self.tracks[s.seq_id].seq is s
+                and n - 1 - self.tracks[s.seq_id].head_len > above]
         if todo:
+            self._reserve()
             self._catch_up([s for s, _ in todo], [n for _, n in todo])
 
     def idle(self) -> None:
@@ -215,7 +221,7 @@ class EagleDrafter(Drafter):
         over = [t.seq for t in self.tracks.values()
                 if t.buf is not None and L[t.seq.slot] - 1 - t.head_len > self.BACKLOG]
         if over:
-            self.sync(over)
+            self.sync(over, 0)
 
     @torch.inference_mode()
     def propose_tree(self, seqs: list[Sequence], gammas: list[int], width: int, noise: dict[int, torch.Tensor],
