@@ -131,6 +131,28 @@ def test_an_arm_whose_credit_reads_high_at_a_batch_size_is_priced_by_what_its_la
     assert run(uncredited) == "eagle-g4"
 
 
+def test_steps_of_wide_batches_are_rated_by_what_they_emitted():
+    """At batch 64 a step averages 64 rows' text, and the credit's own bias does not average out: eagle-g4's steps
+    credited 30% above what they emit, eagle-g2's as they emit, g2 realizing 5% more tokens a second. Credited and
+    calibrated by the arms' batch-1 steps (accurate), g4 would take the batch; rated by what the steps emitted, g2
+    does. The calibration learns nothing from the wide steps, and batch 4 is still credited."""
+    m = MeasuredArms()
+    for arm in ("eagle-g2", "eagle-g4"):
+        for _ in range(200):
+            m.record(arm, 1, 3.0, 0.01, m.steps, expected=3.0)
+        m.interrupt()
+    for arm, tokens, credit in (("eagle-g2", 105.0, 105.0), ("eagle-g4", 100.0, 130.0)):
+        for _ in range(8):
+            m.record(arm, 64, tokens, 0.1, m.steps, expected=credit)
+        m.interrupt()
+    assert m.kappa("eagle-g4") == pytest.approx(1.0) and m.credits("eagle-g4", 64) == 1.0
+    assert m.score("eagle-g4", 64) == pytest.approx(1000.0) and m.score("eagle-g2", 64) == pytest.approx(1050.0)
+    assert m._exploit([Arm("eagle-g2", 1.0, 1.0), Arm("eagle-g4", 1.0, 1.0)], 64).arm == "eagle-g2"
+    for _ in range(8):
+        m.record("eagle-g4", 4, 8.0, 0.02, m.steps, expected=10.0)
+    assert m.score("eagle-g4", 4) == pytest.approx(500.0 * m.kappa("eagle-g4")) and m.kappa("eagle-g4") < 1.0
+
+
 def test_a_chains_spread_is_its_tokens_per_steps_deviation_over_the_root_of_their_mean():
     """Against the distribution written out: P(accepted = k) = P_k − P_{k+1}."""
     import itertools
