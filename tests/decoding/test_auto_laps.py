@@ -241,3 +241,29 @@ def test_the_controller_offers_each_fixed_chains_spread_on_its_drafters_acceptan
         assert 0.0 < s and s == pytest.approx(spread(ctl.accs[d].position(), g), rel=0.5)
     pos = {d: acc.position() for d, acc in ctl.accs.items()}
     assert ctl._spread("eagle+ngram", pos) is None and ctl._spread("plain", pos) is None
+
+
+def test_a_step_nothing_could_draft_is_its_batchs_but_no_arms_measurement():
+    """Every row at its last token: the plain step is the only one possible. It counts in its batch's lap, and in
+    no arm's window (the tails of batch 64 measured plain alone at buckets 1-4 and then ran plain there)."""
+    m = MeasuredArms()
+    for B in (4, 4, 2, 1):
+        m.record("eagle-g2", B, 2.0 * B, 0.01, m.steps, expected=2.0 * B)
+    for _ in range(8):
+        m.record("plain", 1, 1.0, 0.005, m.steps, choice=False)
+    assert m.n("plain", 1) == 0 and m.seen[1] == 9 and m.prev == "eagle-g2"
+    m.record("plain", 4, 4.0, 0.01, m.steps)  # the next batch closes the lap: it ends in the 8 plain steps
+    assert m.laps.factor("eagle-g2", 4) == pytest.approx((22.0 + 8.0) / (0.04 + 0.04) / 800.0)
+
+
+def test_an_engines_last_token_steps_measure_no_arm():
+    """A real engine: requests of 2 tokens take one decode step each, at their last token (nothing may draft)."""
+    from specmoe import LLM, SamplingParams
+    from specmoe.engine.auto import controller_of
+    from tests.decoding.eagle_cases import prompts
+    llm = LLM(dtype="float32", threads=1, decoding="auto", offload="host", cache_experts=8)
+    for p in prompts(6):
+        llm.generate([p], SamplingParams(max_tokens=2, ignore_eos=True))
+    m = controller_of(llm).measured
+    assert m.seen.get(1, 0) == 6 and not controller_of(llm).free
+    assert "plain@1" not in llm.stats["auto_measured_steps"] and m.n("plain", 1) == 0

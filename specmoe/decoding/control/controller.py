@@ -77,6 +77,7 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         self.force: str | None = None
         self.schedule = None
         self.steps = self.stops = 0
+        self.free = True  # whether the step planned last could draft at all (a row short of its last token)
         self.measured = MeasuredArms()  # realized tokens/s per arm and batch bucket: what decides
         self.coasting, self.plain_rejoins = (frozenset(), 0), False  # (sequence ids, steps left) of a plain call
         # reused without planning; whether other sequences may join it (`Coasting._rejoin`)
@@ -278,6 +279,7 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         """The StepPlan of this step (the decoder's `plan`): a reused call, or a fresh `choose` over `view`."""
         t0 = time.perf_counter()
         B = len(view.seqs)
+        self.free = any(view.limits)
         try:
             if self.coast(view.seq_ids):
                 return StepPlan([None] * B, [0] * B, None)

@@ -65,7 +65,7 @@ class StepFeedback:
             seconds = clock.step_s() + planned + clock.wall("setup")
             wait, lookups = clock.traffic()  # a trial's wait is credited for the moment's misses (`MissMoment`)
             self.measured.record(arm, len(seqs), sum(len(o) for o in out), seconds, self.steps, expected=pooled,
-                                 wait=wait, lookups=lookups)
+                                 wait=wait, lookups=lookups, choice=self.free)
         self.folded += 1
         due = self.folded % self.SAVE_EVERY == 0 and time.monotonic() - self.saved_at >= self.SAVE_S
         if self.memory is not None and due:

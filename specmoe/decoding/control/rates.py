@@ -143,14 +143,21 @@ class ArmRates:
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
 
     def record(self, arm: str, B: int, tokens: float, seconds: float, step: int, expected: float | None = None,
-               wait: float = 0.0, lookups: int = 0) -> None:
+               wait: float = 0.0, lookups: int = 0, choice: bool = True) -> None:
         """One step of `arm` at batch B emitted `tokens` in `seconds` (its whole cycle as the decoder measured it);
         `expected`: what its drafts were worth on the drafter's pooled acceptance (a chain step; else `tokens`);
         `wait`: of its seconds, those it waited for expert loads, over `lookups` experts its forwards looked up
-        (a trial's is credited less the moment's excess: module docstring)."""
+        (a trial's is credited less the moment's excess: module docstring). `choice` False: a plain step nothing
+        else could have taken (every row at its last token): part of its batch's lap, no arm's measurement (the
+        last steps of a batch's ragged tail measured plain alone at buckets 1-4, and the tails of batch 64 ran
+        plain there while the fixed eagle-g2 drafted on)."""
         b = bucket(B)
         self.recent.append(b)
         self.seen[b] = self.seen.get(b, 0) + 1
+        if not choice:
+            if tokens > 0 and seconds > 0:
+                self.laps.step(arm, B, float(tokens), float(seconds))
+            return
         switched, self.prev = self.prev is not None and self.prev != arm, arm
         if tokens <= 0 or seconds <= 0:
             return
