@@ -168,15 +168,14 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         """`avail[d][b]`: the most drafter d may draft for sequence b (its limit; a lookup drafter: its
         proposal's length); `resident` / `spec_resident` [L, E]: resident experts for a step without / with the
         self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set). Arms
-        are priced at their steady draft (a drafter's catch-up on positions it missed, `Drafter.sync`, is a
-        switch's cost, which no measured rate counts either).
+        are priced at their steady draft (`ArmPricing._price`).
         Candidates → price → pick (by measured rate, `measured.MeasuredArms`) → explore → the Plan."""
         names = self.planned = [n for n in self.names if n in avail]
         B = len(seq_ids)
         want, reason = self._override()
         plain = self._price_plain(B, resident)
         cands = self._candidates(seq_ids, names, avail, forced=want == "spec")
-        arms = self._price(cands, names, B, resident, spec_resident, setup or {}, {})
+        arms = self._price(cands, names, B, resident, spec_resident, setup or {})
         self.arm_rates = {"plain": plain.rate, **{tag: a.rate for tag, a in arms.items()}}
         best = max(arms.values(), key=lambda a: a.rate) if arms else None
         if want is None:

@@ -130,14 +130,15 @@ class ArmPricing:
         return out + uniform(names, P, Pu, avail, B, self.g, self.SHORT)
 
     def _price(self, cands: list[Candidate], names: list[str], B: int, resident, spec_resident,
-               setup: dict[str, float], catchup: dict[str, np.ndarray]) -> dict[str, PricedArm]:
+               setup: dict[str, float]) -> dict[str, PricedArm]:
         """The best-priced candidate of each arm (drafter or mix): its rate on unbiased estimates, corrected by
-        what the arm's steps realized against such predictions, and the step's cost outside the model."""
+        what the arm's steps realized against such predictions, and the step's cost outside the model; at its
+        steady draft (no catch-up: `Drafter.sync` is a switch's cost, which no measured rate counts either)."""
         if not cands:
             return {}
         W, Gm = np.stack([c.who for c in cands]), np.stack([c.gammas for c in cands])
         gains, ucb = np.array([c.gain for c in cands]), np.array([c.gain_ucb for c in cands])
-        d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, catchup)
+        d_raw, v_raw, t, miss = self._costs(W, Gm, names, resident, spec_resident, setup, {})
         ext, tags = self.outside_s(B), np.array([c.tag for c in cands])
         out = {}
         for tag in dict.fromkeys(tags.tolist()):
@@ -148,11 +149,11 @@ class ArmPricing:
             out[tag] = PricedArm(cands[i], float(B + gains[i]) / step, float(B + ucb[i]) / step, float(d_raw[i]),
                                  float(v_raw[i]), float(t[i]) * slow, float(miss[i]), float(B + gains[i]) / t[i])
         if self.width > 1:
-            out.update(self._tree_arms(out, names, B, resident, spec_resident, setup, catchup))
+            out.update(self._tree_arms(out, names, B, resident, spec_resident, setup))
         return out
 
     def _tree_arms(self, chains: dict[str, PricedArm], names: list[str], B: int, resident, spec_resident,
-                   setup: dict[str, float], catchup: dict[str, np.ndarray]) -> dict[str, PricedArm]:
+                   setup: dict[str, float]) -> dict[str, PricedArm]:
         """Each drafter's tree arm ("eagle/tree"), on its chain arm's best per-row draft lengths: the tree verifies
         up to `width` nodes per depth, and at a depth where the chain's node is rejected a sibling may still be
         accepted (the node table's rank > 0 conditionals); one more accepted token at most per row."""
@@ -164,7 +165,7 @@ class ArmPricing:
             extra = tree_extra(self.accs[tag], c.gammas, self.width)
             nodes = (c.gammas * self.width)[None]
             d_raw, v_raw, t, miss = self._costs(c.who[None], c.gammas[None], names, resident, spec_resident, setup,
-                                                catchup, nodes)
+                                                {}, nodes)
             name = tag + self.TREE
             slow = self.realized.slowdown(name, B, self.steps)
             step = float(t[0]) * slow + self.outside_s(B)

@@ -246,10 +246,10 @@ class ArmRates:
     def kappa(self, arm: str) -> float:
         """Tokens the arm emitted per token its drafts were worth on pooled acceptance, over its steps below `WIDE`
         rows (its stop rule or draft length beats or trails the pooled estimate), shrunk toward 1 (the pooled
-        estimate as it is) by `SHRINK` pseudo-tokens: an arm seen on few steps does not take its own text's luck. Not toward the
-        drafter's other lengths: the bias can be the length's (in three traces at batch 4 eagle-g2 emitted 0.97-1.11x
-        its pooled tokens, eagle-g4 0.91-0.94x; pooled together, eagle-g4 read faster than it ran and held the batch
-        while the fixed eagle-g2 ran 10-14% faster)."""
+        estimate as it is) by `SHRINK` pseudo-tokens: an arm seen on few steps does not take its own text's luck.
+        Not toward the drafter's other lengths: the bias can be the length's (in three traces at batch 4 eagle-g2
+        emitted 0.97-1.11x its pooled tokens, eagle-g4 0.91-0.94x; pooled together, eagle-g4 read faster than it
+        ran and held the batch while the fixed eagle-g2 ran 10-14% faster)."""
         t, e = self.real.get(arm, (0.0, 0.0))
         return (t + self.SHRINK) / (e + self.SHRINK)
 
@@ -257,8 +257,9 @@ class ArmRates:
         """Realized tokens per credited token of `arm`'s steps at bucket b: its calibration (`kappa`) below `WIDE`
         rows; 1 from `WIDE` on, where a step is credited with what it emitted. A step of that many rows averages
         its rows' text (what the credit is for), while the credit's own bias does not average out: at batch 64 on
-        the demo model eagle-g4's steps were credited 13% above eagle-g2's, against 4% on the tokens they emitted,
-        and `auto` held eagle-g4 while the fixed eagle-g2 ran whole batches 3% faster."""
+        the demo model the fixed eagle-g4's full steps emitted 4% more tokens a second than eagle-g2's and its whole
+        batches ran 3% slower (benchmarks/results/lap_tails_demo_fp32.json), while eagle-g4's steps were credited
+        far more than 4% above eagle-g2's, and `auto` held eagle-g4."""
         return self.kappa(arm) if b < self.WIDE else 1.0
 
     def rate(self, arm: str, B: int) -> float | None:

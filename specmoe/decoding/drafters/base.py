@@ -74,9 +74,9 @@ class Drafter(ABC):
         """Before a draft phase in which these sequences draft: read what was committed since this drafter last
         drafted for them, all but the last position, where it is longer than what a step drafting every step
         leaves (an EAGLE head: the prompt, the positions plain steps committed), so the draft phase runs what a
-        steady one runs. The decoder calls it apart from the draft
-        phase: a sequence that never drafts with this drafter never pays it, and a configuration's measured rate
-        is not charged for the backlog of the steps before it."""
+        steady one runs. The decoder calls it apart from the draft phase: a sequence that never drafts with this
+        drafter never pays it, and a configuration's measured rate is not charged for the backlog of the steps
+        before it."""
 
     def catchup(self, seqs: list[Sequence]) -> list[int]:
         """Entries per sequence the drafter's first forward would run now, `sync` included (1: the pending token
