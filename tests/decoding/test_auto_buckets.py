@@ -16,8 +16,8 @@ def watch(m) -> list[tuple[int, str]]:
     reasons = []
     orig = m.pick
 
-    def pick(arms, B):
-        p = orig(arms, B)
+    def pick(arms, B, young=False):
+        p = orig(arms, B, young)
         reasons.append((B, p.reason))
         return p
     m.pick = pick

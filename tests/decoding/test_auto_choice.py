@@ -111,8 +111,8 @@ def test_a_batch_bucket_not_measured_yet_is_explored_and_starts_from_the_nearest
     reasons = []
     orig = ctl.measured.pick
 
-    def pick(arms, B):
-        p = orig(arms, B)
+    def pick(arms, B, young=False):
+        p = orig(arms, B, young)
         reasons.append(p.reason)
         return p
     ctl.measured.pick = pick
@@ -222,8 +222,8 @@ def test_a_tree_arm_drafts_trees_and_a_chain_arm_chains_both_exact(tiny_ckpt, mo
     monkeypatch.setattr(SpeculativeDecoder, "__init__", init)
     real_pick = MeasuredArms.pick
 
-    def pick(self, arms, B):
-        real_pick(self, arms, B)
+    def pick(self, arms, B, young=False):
+        real_pick(self, arms, B, young)
         names = [a.name for a in arms]
         return Pick(arm if arm in names else names[0], "explore")
     monkeypatch.setattr(MeasuredArms, "pick", pick)
@@ -275,7 +275,7 @@ def test_by_default_the_arms_are_the_fixed_configurations_plain_and_the_mixes():
     ctl, res, spec_res = two_drafters()
     offered = []
 
-    def pick(arms, B):
+    def pick(arms, B, young=False):
         offered.append({a.name for a in arms})
         return Pick("plain", "measured")
     ctl.measured.pick = pick

@@ -328,3 +328,47 @@ def test_another_length_of_a_measured_drafter_is_never_pruned():
     for _ in range(m.min_steps + 1):
         m.record("eagle-g2", 16, 30.0, 30 / 310.0, 0)
     assert m._target(arms, 16, "eagle-g2")[0] != "self-g2"
+
+
+def test_no_trial_starts_in_a_requests_first_tokens():
+    """A request's first tokens run slower on every arm (its experts are not cached yet): while the rows are
+    `young`, an arm due for a trial is not tried; once they are past `YOUNG` tokens it is. A burst already running
+    goes on."""
+    m = MeasuredArms()
+    for arm in ("plain", "eagle-g4"):
+        m.interrupt()
+        _exploit(m, arm, [(2.0, 0.01)] * (m.need(1) + 1))
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g4", "eagle-g2")]
+    assert m.pick(arms, 1, young=True).reason == "measured" and m.burst is None
+    first = m.pick(arms, 1)
+    assert (first.arm, first.reason) == ("eagle-g2", "explore") and m.burst.left > 0
+    assert m.pick(arms, 1, young=True) == first  # (a running burst is not cut by a new request)
+
+
+
+def test_the_controller_starts_no_trial_while_its_rows_are_young():
+    """Through `Controller.plan_step` (the view's rows and their generated tokens): with self-g2 due for a trial
+    (self-g4 exploited, plain measured), a step whose row has generated fewer than `YOUNG` tokens takes self-g4,
+    and the same step once the row is past them starts self-g2's trial."""
+    from types import SimpleNamespace
+
+    from specmoe.decoding.control.view import StepView
+    from tests.decoding.test_controller import synthetic
+    ctl, _, _ = synthetic(read_s=5e-3)
+    ctl.PER_ROW = False
+    m = ctl.measured
+    for arm in ("plain", "self-g4"):
+        m.interrupt()
+        _exploit(m, arm, [(2.0, 0.01)] * (m.need(1) + 1))
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+
+    def view(age):
+        seq = SimpleNamespace(seq_id=0, params=SimpleNamespace(greedy=True), output_ids=[0] * age)
+        return StepView([seq], [4], ("self",), lambda n: [4], lambda n: [0], lambda layer: [], lambda: {})
+    young = ctl.plan_step(view(m.YOUNG - 1)).decision
+    assert (young.arm, young.reason) == ("self-g4", "measured") and m.burst is None
+    ctl.spec_coasting = ctl.coasting = None
+    ctl.coasting = (frozenset(), 0)
+    old = ctl.plan_step(view(m.YOUNG)).decision
+    assert (old.arm, old.reason) == ("self-g2", "explore") and m.burst is not None

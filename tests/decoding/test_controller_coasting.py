@@ -54,6 +54,7 @@ def test_a_reused_call_follows_its_sequences_as_some_finish():
     class Seq:
         def __init__(self, sid):
             self.seq_id = sid
+            self.output_ids = [0] * 16
 
     def view(seqs, limits):  # a drafter that always has `limit` tokens
         return StepView(seqs, limits, ("self",), lambda n: list(limits), lambda n: [0] * len(seqs), lambda layer: [],
@@ -87,7 +88,7 @@ def test_a_clear_speculative_call_is_reused_for_a_few_steps_of_the_same_sequence
     ctl.choose = choose
     ctl.coast_above = 0.0  # every speculative call counts as clear
     # speculation measured faster (whatever this machine measures): the best speculative arm, decided
-    ctl.measured.pick = lambda arms, B: Pick(max(arms[1:], key=lambda a: a.predicted).name if arms[1:] else "plain",
+    ctl.measured.pick = lambda arms, B, young=False: Pick(max(arms[1:], key=lambda a: a.predicted).name if arms[1:] else "plain",
                                              "measured")
     ps, sp = BATCHES["b7"]
     assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
@@ -132,7 +133,7 @@ def test_a_measured_fixed_configuration_is_reused_longest_and_its_reused_steps_r
     ctl.acc.record(ids, [4] * 8, [2] * 8, [[0.9] * 4] * 8)
 
     def Seq(sid):
-        return SimpleNamespace(seq_id=sid, params=SimpleNamespace(greedy=True))
+        return SimpleNamespace(seq_id=sid, params=SimpleNamespace(greedy=True), output_ids=[0] * 16)
 
     def view(seqs, limits):
         return StepView(seqs, limits, (ctl.names[0],), lambda n: list(limits), lambda n: [0] * len(seqs),
@@ -141,7 +142,7 @@ def test_a_measured_fixed_configuration_is_reused_longest_and_its_reused_steps_r
     name = ctl.names[0]
     for arm, reuse in ((f"{name}-g4", ctl.coast_max), (name, None)):
         ctl.spec_coasting = None
-        ctl.measured.pick = lambda arms, B, arm=arm: Pick(arm, "measured")
+        ctl.measured.pick = lambda arms, B, young=False, arm=arm: Pick(arm, "measured")
         p = ctl.plan(ids, [4] * 8, res, spec_res)
         assert p.kind == "spec" and p.arm == arm
         if reuse is None:  # not a clear win here: planned afresh next step
@@ -160,6 +161,7 @@ def test_a_measured_fixed_configuration_is_reused_longest_and_its_reused_steps_r
 class _Seq:
     def __init__(self, sid):
         self.seq_id = sid
+        self.output_ids = [0] * 16  # past a request's first tokens (`MeasuredArms.YOUNG`)
 
 
 def _view(ids, limits):  # a drafter "self" that always has `limit` tokens; nothing resident
@@ -173,7 +175,7 @@ def test_a_measured_fixed_configuration_is_reused_by_sequences_joining_in_its_ba
     a batch that changes bucket plans afresh, and so does a per-row plan when a sequence joins."""
     ctl, res, spec_res = synthetic(read_s=5e-3)
     ctl.acc.record([0], [4], [2], [[0.9] * 4])
-    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick("self-g2", "measured")
     p = ctl.plan([0], [4], res, spec_res)
     assert p.arm == "self-g2" and p.gammas == [2] and ctl.spec_coasting[2] == ctl.coast_max
     fresh = []
@@ -184,7 +186,7 @@ def test_a_measured_fixed_configuration_is_reused_by_sequences_joining_in_its_ba
     assert not fresh and q.decision.reason == "coast" and q.drafter_of == ["self"] and q.gammas == [2]
     assert ctl.spec_coasting[0] == (5,)
     assert ctl.coast_spec(_view([5, 6, 7], [4, 4, 4])) is None and ctl.spec_coasting is None  # bucket 1 -> 4
-    ctl.measured.pick = lambda arms, B: Pick("self", "measured")  # per-row lengths: a joining row plans afresh
+    ctl.measured.pick = lambda arms, B, young=False: Pick("self", "measured")  # per-row lengths: a joining row plans afresh
     ctl.plan_s = 1.0
     r = ctl.plan([0], [4], res, spec_res)
     assert r.arm == "self" and ctl.spec_coasting is not None
@@ -194,7 +196,7 @@ def test_a_measured_fixed_configuration_is_reused_by_sequences_joining_in_its_ba
 def test_a_measured_plain_call_is_reused_by_sequences_joining_in_its_batch_bucket():
     ctl, res, spec_res = synthetic(read_s=5e-3)
     ctl.acc.record([0], [4], [2], [[0.9] * 4])
-    ctl.measured.pick = lambda arms, B: Pick("plain", "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick("plain", "measured")
     p = ctl.plan([0, 1], [4, 4], res, spec_res)
     assert p.kind == "plain" and ctl.coasting[1] == ctl.coast_max and ctl.plain_rejoins
     assert ctl.coast([1, 2])  # 2 joined, still 2 sequences: bucket 2
@@ -230,7 +232,7 @@ def test_a_measured_lookup_configuration_without_a_proposal_plans_its_step_afres
     planned afresh (another arm may draft it), not reused as a plain step."""
     ctl, res, spec_res = synthetic(read_s=5e-3)
     ctl.acc.record([0], [4], [2], [[0.9] * 4])
-    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick("self-g2", "measured")
     ctl.plan([0], [4], res, spec_res)
     nothing = StepView([_Seq(0)], [4], ("self",), lambda n: [0], lambda n: [0], lambda layer: [], lambda: {})
     assert ctl.coast_spec(nothing) is None and ctl.spec_coasting is None and not ctl.coast([0])
@@ -243,13 +245,13 @@ def test_a_reused_fixed_configuration_drafts_its_length_not_the_one_capped_when_
     when its id is admitted again (its lengths were another sequence's)."""
     ctl, res, spec_res = synthetic(read_s=5e-3)
     ctl.acc.record([0], [4], [2], [[0.9] * 4])
-    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick("self-g2", "measured")
     p = ctl.plan([0], [1], res, spec_res)  # one token left to draft
     assert p.arm == "self-g2" and p.gammas == [1]
     ctl.admit([_Seq(0)])  # the next request, under id 0
     q = ctl.coast_spec(_view([0], [4]))
     assert q.reason == "coast" and q.gammas == [2]
-    ctl.measured.pick = lambda arms, B: Pick("self", "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick("self", "measured")
     ctl.plan_s, ctl.spec_coasting = 1.0, None
     r = ctl.plan([0], [1], res, spec_res)
     assert r.arm == "self" and ctl.spec_coasting is not None
@@ -262,12 +264,12 @@ def test_a_drift_ends_the_reused_calls():
     stale are re-measured from a fresh plan), whichever call was being reused."""
     ctl, res, spec_res = synthetic(read_s=5e-3)
     ctl.acc.record([0], [4], [2], [[0.9] * 4])
-    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick("self-g2", "measured")
     ctl.plan([0], [4], res, spec_res)
     assert ctl.coast_spec(_view([0], [4])) is not None
     ctl.measured.drifts += 1
     assert ctl.coast_spec(_view([0], [4])) is None and ctl.spec_coasting is None
-    ctl.measured.pick = lambda arms, B: Pick("plain", "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick("plain", "measured")
     ctl.plan([0], [4], res, spec_res)
     assert ctl.coast([0])
     ctl.measured.drifts += 1
@@ -280,7 +282,7 @@ def test_a_reused_step_that_repeats_the_last_one_returns_its_plan_and_prices_dra
     drafters' catch-up (what `_learn_time` prices drafts with) is read only on a step whose time will be learned."""
     ctl, res, spec_res = synthetic(read_s=5e-3)
     ctl.acc.record([0, 1], [4, 4], [2, 2], [[0.9] * 4] * 2)
-    ctl.measured.pick = lambda arms, B: Pick("self-g2", "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick("self-g2", "measured")
     ctl.plan([0, 1], [4, 4], res, spec_res)
     reads = []
     view = lambda limits, ids=(0, 1): StepView(  # noqa: E731

@@ -164,11 +164,12 @@ class Controller(ArmPricing, Coasting, StepFeedback):
 
     # ------------------------------------------------------------ the choice
     def choose(self, seq_ids: list[int], avail: dict[str, list[int]], resident: np.ndarray,
-               spec_resident: np.ndarray, setup: dict[str, float] | None = None) -> Plan:
+               spec_resident: np.ndarray, setup: dict[str, float] | None = None, young: bool = False) -> Plan:
         """`avail[d][b]`: the most drafter d may draft for sequence b (its limit; a lookup drafter: its
         proposal's length); `resident` / `spec_resident` [L, E]: resident experts for a step without / with the
-        self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set). Arms
-        are priced at their steady draft (`ArmPricing._price`).
+        self draft's set; `setup[d]`: seconds drafter d would first spend on setup (the self draft's set);
+        `young`: the rows are in their first tokens, where no trial starts (`MeasuredArms.pick`). Arms are priced
+        at their steady draft (`ArmPricing._price`).
         Candidates → price → pick (by measured rate, `measured.MeasuredArms`) → explore → the Plan."""
         names = self.planned = [n for n in self.names if n in avail]
         B = len(seq_ids)
@@ -182,7 +183,7 @@ class Controller(ArmPricing, Coasting, StepFeedback):
             pos = {d: acc.position() for d, acc in self.accs.items()}  # read once for all of a drafter's lengths
             offered = [Arm(t, a.rate, a.optimistic, self._spread(t, pos)) for t, a in arms.items()
                        if self.PER_ROW or t not in names]
-            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate, 0.0)] + offered, B)
+            pick = self.measured.pick([Arm("plain", plain.rate, plain.rate, 0.0)] + offered, B, young)
             want, reason = ("plain" if pick.arm == "plain" else "spec"), pick.reason
             best = arms.get(pick.arm, best)
         else:
@@ -321,7 +322,7 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         self.resident, self.spec_resident = res, spec_res
         avail = {n: view.available(n) for n in view.names}
         self.catchup = {n: np.asarray(view.catchup(n)) for n in view.names}  # what the step's timing is learned on
-        return self.choose(view.seq_ids, avail, res, spec_res, setup)
+        return self.choose(view.seq_ids, avail, res, spec_res, setup, young=view.age < self.measured.YOUNG)
 
     def stopper(self, splan, name: str, rows: list[int], seqs, gammas: list[int]):
         """The draft hook of drafter `name` over its rows (batch rows `rows`, local gammas): records each greedy

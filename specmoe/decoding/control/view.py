@@ -28,6 +28,11 @@ class StepView:
     def seq_ids(self) -> list[int]:
         return [s.seq_id for s in self.seqs]
 
+    @property
+    def age(self) -> float:
+        """Tokens the rows have generated so far, on average (a request's first ones run slower on every arm)."""
+        return sum(len(s.output_ids) for s in self.seqs) / max(len(self.seqs), 1)
+
     def available(self, name: str) -> list[int]:
         return self._once(("available", name), lambda: self.available_of(name))
 
