@@ -372,3 +372,19 @@ def test_the_controller_starts_no_trial_while_its_rows_are_young():
     ctl.coasting = (frozenset(), 0)
     old = ctl.plan_step(view(m.YOUNG)).decision
     assert (old.arm, old.reason) == ("self-g2", "explore") and m.burst is not None
+
+
+@pytest.mark.parametrize("self_rate, tried", [(100.0, False), (180.0, True)])
+def test_a_drafter_measured_far_behind_has_its_other_lengths_left_untried(self_rate, tried):
+    """self-g2 measured at 0.4x the exploited eagle-g2 (250 tok/s): self-g4, unmeasured, is not tried (its trial
+    would run a round's steps at about that speed); at 0.72x it is."""
+    m = MeasuredArms()
+    for arm, rate in (("plain", 140.0), ("self-g2", self_rate)):
+        m.interrupt()
+        _exploit(m, arm, [(2.0, 2.0 / rate)] * (m.need(1) + 1))
+    m.trials[("self-g2", 1)] = 2  # (past its second opinion)
+    m.interrupt()
+    _exploit(m, "eagle-g2", [(2.0, 2.0 / 250)] * 20)
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "self-g2", "self-g4")]
+    assert m._target(arms, 1, "eagle-g2") == (("self-g4", "new") if tried else (None, ""))

@@ -36,7 +36,8 @@ Successive elimination with a bounded budget:
   `STALE` steps ago while close to the best; one whose single trial put it behind the best but within `SECOND` of it
   (a second opinion, `RECENT` steps later: the better of its two trials stands; before the first trials of other
   drafters, which the model ranked lower: a trial of 4 steps can meet a slow moment); another drafter's unmeasured
-  arm, the most promising predicted first; or one measured on few steps that is nearly tied;
+  arm, the most promising predicted first (not one of a drafter whose measured lengths all read below `FAR` × the
+  best: `_far`); or one measured on few steps that is nearly tied;
   no trial starts while the batch's rows are in their first `YOUNG` tokens (a request's first tokens run slower
   on every arm, its experts not cached yet: at batch 1 on the demo model eagle-g2 emitted 225 tok/s over a
   request's first 8 tokens and 287 over the rest, eagle-g4 225 and 319, and trials, which started at a fresh plan
@@ -276,11 +277,14 @@ class MeasuredArms(ArmRates):
         # the best predicted among the arms offered on every step: a lookup arm is predicted (and measured) on the
         # repetitive text where it has a proposal, and its prediction there put every other arm below PRUNE of it
         top = max((a.predicted for a in arms if not conditional(a.name)), default=max(a.predicted for a in arms))
-        kin = self._kin(b)
+        f = self._rows([a.name for a in arms], b)
+        rb = self.score(best, b, f) or 0.0
+        kin, far = self._kin(b), self._far(b, rb)
         kept = [a for a in arms if a.name == "plain" or a.optimistic >= self.PRUNE * top
                 or is_uniform(a.name) and drafter(a.name) in kin]
         cands = [a for a in kept
-                 if a.name != best and self.steps - self.cut.get((a.name, b), -self.STALE) >= self.STALE]
+                 if a.name != best and self.steps - self.cut.get((a.name, b), -self.STALE) >= self.STALE
+                 and not (drafter(a.name) in far and self.n(a.name, b) < self.need(b))]
         unmeasured = [a for a in cands if self.n(a.name, b) < self.need(b)
                       and (a.name == "plain" or not self._behind_near(a.name, b))]
         # plain (the baseline) first, then the exploited arm's drafter, then in the model's order
@@ -288,8 +292,6 @@ class MeasuredArms(ArmRates):
                     default=None)
         if first is not None and (first.name == "plain" or drafter(first.name) == drafter(best)):
             return first.name, "new"
-        f = self._rows([a.name for a in arms], b)
-        rb = self.score(best, b, f) or 0.0
         # flagged by drift: every arm (its rate is old news); merely old: those close to the best
         old = [a.name for a in cands if (a.name, b) in self.stale
                or (self.steps - self.last.get((a.name, b), 0) > self.STALE
@@ -318,6 +320,17 @@ class MeasuredArms(ArmRates):
         batch 16 it predicted eagle-g2 at 0.56x eagle-g4, pruned it, and ran plain after eagle-g4's whole batches
         priced it at 0.64x, while the fixed eagle-g2 engine ran at least as fast as eagle-g4's)."""
         return {drafter(n) for (n, k), w in self.win.items() if k == b and w and is_uniform(n)}
+
+    def _far(self, b: int, rb: float) -> set[str]:
+        """The drafters whose fixed configurations measured at bucket b all read below `FAR` × the best's rate rb
+        there: their unmeasured lengths are not tried (at batch 1 on the demo model self-g2 measured 0.42x the
+        exploited eagle-g2, and self-g4's first trial then took 5 of a round's 52 steps at 0.4x: the round ran
+        0.84x the fixed eagle-g2). Not lookup drafters (measured on the repetitive text they are offered on)."""
+        best: dict[str, float] = {}
+        for (n, k), w in self.win.items():
+            if k == b and w and is_uniform(n) and not conditional(n) and (r := self.score(n, b)) is not None:
+                best[drafter(n)] = max(best.get(drafter(n), 0.0), r)
+        return {d for d, r in best.items() if r < self.FAR * rb}
 
     def _behind_near(self, arm: str, b: int) -> bool:
         """Whether `arm` measured below `NEAR` × the best arm at the nearest bucket (within a factor 4 of b) where
