@@ -364,7 +364,7 @@ def test_the_controller_starts_no_trial_while_its_rows_are_young():
     m.recent = type(m.recent)([1] * 16, maxlen=16)
 
     def view(age):
-        seq = SimpleNamespace(seq_id=0, params=SimpleNamespace(greedy=True), output_ids=[0] * age)
+        seq = SimpleNamespace(seq_id=0, params=SimpleNamespace(greedy=True, max_tokens=64), output_ids=[0] * age)
         return StepView([seq], [4], ("self",), lambda n: [4], lambda n: [0], lambda layer: [], lambda: {})
     young = ctl.plan_step(view(m.YOUNG - 1)).decision
     assert (young.arm, young.reason) == ("self-g4", "measured") and m.burst is None
@@ -388,3 +388,28 @@ def test_a_drafter_measured_far_behind_has_its_other_lengths_left_untried(self_r
     m.recent = type(m.recent)([1] * 16, maxlen=16)
     arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "self-g2", "self-g4")]
     assert m._target(arms, 1, "eagle-g2") == (("self-g4", "new") if tried else (None, ""))
+
+
+def test_steps_in_a_requests_first_tokens_count_in_the_lap_and_calibration_not_the_window():
+    """A young step (rows in their first `YOUNG` tokens, slower on every arm) is left out of the arm's window,
+    where a trial, which never starts there, could not match it; its lap and calibration still take it."""
+    m = MeasuredArms()
+    m.current[1] = "eagle-g2"
+    for young in (True, True, False, False):
+        m.record("eagle-g2", 1, 2.0, 0.01, m.steps, expected=2.5, young=young)
+        m.steps += 1
+    assert m.n("eagle-g2", 1) == 2  # the two old steps; the young ones are in no window
+    assert m.real["eagle-g2"] == [8.0, 10.0]  # all four calibrate the credit
+
+
+def test_rows_are_young_in_the_first_tokens_of_requests_long_enough_to_have_more():
+    """`young_rows`: the rows' mean generated tokens below `first`, for requests at least 4x as long; a workload of
+    short requests is all first tokens, and is measured as it is (else nothing would ever be measured)."""
+    from types import SimpleNamespace
+
+    from specmoe.decoding.control.view import young_rows
+
+    def rows(done, max_tokens):
+        return [SimpleNamespace(output_ids=[0] * d, params=SimpleNamespace(max_tokens=max_tokens)) for d in done]
+    assert young_rows(rows([0, 4], 32), 8) and not young_rows(rows([8, 8], 32), 8)
+    assert not young_rows(rows([0, 4], 16), 8)  # 16-token requests: no part of them is past their first tokens

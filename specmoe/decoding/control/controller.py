@@ -42,7 +42,7 @@ from specmoe.decoding.control.learning import Acceptance, Realized
 from specmoe.decoding.control.measured import Arm, MeasuredArms
 from specmoe.decoding.control.plan import Plan, PricedArm, PricedPlain, StepPlan
 from specmoe.decoding.control.pricing import ArmPricing
-from specmoe.decoding.control.view import StepView
+from specmoe.decoding.control.view import StepView, young_rows
 
 class Controller(ArmPricing, Coasting, StepFeedback):
     """Chooses each step (module docstring). Every choice is an *arm*: a plain step, or a speculative plan named by
@@ -322,7 +322,8 @@ class Controller(ArmPricing, Coasting, StepFeedback):
         self.resident, self.spec_resident = res, spec_res
         avail = {n: view.available(n) for n in view.names}
         self.catchup = {n: np.asarray(view.catchup(n)) for n in view.names}  # what the step's timing is learned on
-        return self.choose(view.seq_ids, avail, res, spec_res, setup, young=view.age < self.measured.YOUNG)
+        young = young_rows(view.seqs, self.measured.YOUNG)  # (no trial starts in a request's first tokens)
+        return self.choose(view.seq_ids, avail, res, spec_res, setup, young=young)
 
     def stopper(self, splan, name: str, rows: list[int], seqs, gammas: list[int]):
         """The draft hook of drafter `name` over its rows (batch rows `rows`, local gammas): records each greedy

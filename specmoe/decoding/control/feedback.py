@@ -12,6 +12,7 @@ import numpy as np
 
 from specmoe.decoding.control.candidates import is_uniform
 from specmoe.decoding.control.plan import Plan
+from specmoe.decoding.control.view import young_rows
 
 
 class StepFeedback:
@@ -24,7 +25,8 @@ class StepFeedback:
         costs more than `learn_share` of it)."""
         plan = splan.decision
         chain = plan is not None and plan.kind == "spec" and plan.width == 1 and depths is not None
-        self._learn_rate(plan, seqs, out, clock, self._pooled_tokens(splan, depths) if chain else None)
+        self._learn_rate(plan, seqs, out, clock, self._pooled_tokens(splan, depths) if chain else None,
+                         young_rows(seqs, self.measured.YOUNG))
         if plan is None:  # a coasting plain step
             return
         if plan.width > 1:  # a tree step: the time model and the plans' calibration price chains
@@ -46,11 +48,12 @@ class StepFeedback:
         self.learn_s = dt if self.learn_s is None else 0.8 * self.learn_s + 0.2 * dt
         self.learn_skip = self._learn_stride(measured) - 1
 
-    def _learn_rate(self, plan: Plan | None, seqs, out: list[list[int]], clock, pooled: float | None = None
-                    ) -> None:
+    def _learn_rate(self, plan: Plan | None, seqs, out: list[list[int]], clock, pooled: float | None = None,
+                    young: bool = False) -> None:
         """The step's realized tokens/s for its arm (what `auto` chooses by): tokens emitted over the step's seconds
         with its plan and the drafters' setup, and (a chain step) `pooled`, the tokens its drafts were worth on the
-        drafter's pooled acceptance (`_pooled_tokens`). A forced or scheduled speculative step is no arm's
+        drafter's pooled acceptance (`_pooled_tokens`); `young`: the rows were in their first tokens
+        (`ArmRates.record`). A forced or scheduled speculative step is no arm's
         configuration."""
         if plan is not None and plan.kind == "spec" and plan.reason in ("forced", "schedule"):
             self.measured.interrupt()
@@ -65,7 +68,7 @@ class StepFeedback:
             seconds = clock.step_s() + planned + clock.wall("setup")
             wait, lookups = clock.traffic()  # a trial's wait is credited for the moment's misses (`MissMoment`)
             self.measured.record(arm, len(seqs), sum(len(o) for o in out), seconds, self.steps, expected=pooled,
-                                 wait=wait, lookups=lookups, choice=self.free)
+                                 wait=wait, lookups=lookups, choice=self.free, young=young)
         self.folded += 1
         due = self.folded % self.SAVE_EVERY == 0 and time.monotonic() - self.saved_at >= self.SAVE_S
         if self.memory is not None and due:

@@ -143,14 +143,17 @@ class ArmRates:
         self.recent = deque(self.recent, maxlen=2 * self.SETTLE)
 
     def record(self, arm: str, B: int, tokens: float, seconds: float, step: int, expected: float | None = None,
-               wait: float = 0.0, lookups: int = 0, choice: bool = True) -> None:
+               wait: float = 0.0, lookups: int = 0, choice: bool = True, young: bool = False) -> None:
         """One step of `arm` at batch B emitted `tokens` in `seconds` (its whole cycle as the decoder measured it);
         `expected`: what its drafts were worth on the drafter's pooled acceptance (a chain step; else `tokens`);
         `wait`: of its seconds, those it waited for expert loads, over `lookups` experts its forwards looked up
         (a trial's is credited less the moment's excess: module docstring). `choice` False: a plain step nothing
         else could have taken (every row at its last token): part of its batch's lap, no arm's measurement (the
         last steps of a batch's ragged tail measured plain alone at buckets 1-4, and the tails of batch 64 ran
-        plain there while the fixed eagle-g2 drafted on)."""
+        plain there while the fixed eagle-g2 drafted on). `young`: the rows were in their first tokens (`YOUNG`),
+        which run slower on every arm (a request's experts are not cached yet): part of the lap and of the arm's
+        calibration, not of its window, since no trial starts there (`MeasuredArms._explore`) and an exploited
+        arm's window holding them read it below a trial measured after them."""
         b = bucket(B)
         self.recent.append(b)
         self.seen[b] = self.seen.get(b, 0) + 1
@@ -176,7 +179,7 @@ class ArmRates:
             real[0], real[1] = real[0] + float(tokens), real[1] + e
             if real[1] > self.REAL_MAX:  # old text fades: halve both sums
                 real[0], real[1] = real[0] / 2, real[1] / 2
-        if switched:
+        if switched or young:
             return
         key = (arm, b)
         w = self.win.setdefault(key, deque(maxlen=self.WINDOW))

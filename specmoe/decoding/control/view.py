@@ -10,6 +10,15 @@ from dataclasses import dataclass, field
 from specmoe.decoding.drafters.base import DraftSet
 
 
+def young_rows(seqs, first: int) -> bool:
+    """Whether the rows are, on average, in their first `first` generated tokens, of requests at least 4× as long
+    (a request's first tokens run slower on every arm, its experts not cached yet; requests shorter than that are
+    all first tokens, and measured as they are)."""
+    n = max(len(seqs), 1)
+    return (sum(len(s.output_ids) for s in seqs) < first * n
+            and sum(s.params.max_tokens for s in seqs) >= 4 * first * n)
+
+
 @dataclass
 class StepView:
     """`seqs` (batch order) and `limits` (the most each may draft); `available(d)` / `catchup(d)`: drafter d's
@@ -27,11 +36,6 @@ class StepView:
     @property
     def seq_ids(self) -> list[int]:
         return [s.seq_id for s in self.seqs]
-
-    @property
-    def age(self) -> float:
-        """Tokens the rows have generated so far, on average (a request's first ones run slower on every arm)."""
-        return sum(len(s.output_ids) for s in self.seqs) / max(len(self.seqs), 1)
 
     def available(self, name: str) -> list[int]:
         return self._once(("available", name), lambda: self.available_of(name))
