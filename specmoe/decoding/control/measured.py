@@ -42,7 +42,8 @@ Successive elimination with a bounded budget:
   on every arm, its experts not cached yet: at batch 1 on the demo model eagle-g2 emitted 225 tok/s over a
   request's first 8 tokens and 287 over the rest, eagle-g4 225 and 319, and trials, which started at a fresh plan
   and so often at a request's start, rated eagle-g2 at 206 tok/s against the exploited eagle-g4's 280 while
-  its fixed engine ran 6% faster than eagle-g4's); a trial started later reads its arm a little high, which the steps it then runs exploited correct;
+  its fixed engine ran 6% faster than eagle-g4's), and those first steps are in no arm's window (`ArmRates.record`:
+  an exploited arm and a trial are rated on steps of the same kind);
   free during the first `WARMUP` steps, afterwards only while exploration steps stay within `SHARE` of the steps
   after the warm-up (a second opinion within `SECOND_SHARE`, still under the 5% target);
 - a bucket is explored only while it is the largest of the last 2·`SETTLE` steps' or at least `SETTLE` of them were
