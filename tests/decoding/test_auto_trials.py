@@ -346,7 +346,6 @@ def test_no_trial_starts_in_a_requests_first_tokens():
     assert m.pick(arms, 1, young=True) == first  # (a running burst is not cut by a new request)
 
 
-
 def test_the_controller_starts_no_trial_while_its_rows_are_young():
     """Through `Controller.plan_step` (the view's rows and their generated tokens): with self-g2 due for a trial
     (self-g4 exploited, plain measured), a step whose row has generated fewer than `YOUNG` tokens takes self-g4,
@@ -368,8 +367,7 @@ def test_the_controller_starts_no_trial_while_its_rows_are_young():
         return StepView([seq], [4], ("self",), lambda n: [4], lambda n: [0], lambda layer: [], lambda: {})
     young = ctl.plan_step(view(m.YOUNG - 1)).decision
     assert (young.arm, young.reason) == ("self-g4", "measured") and m.burst is None
-    ctl.spec_coasting = ctl.coasting = None
-    ctl.coasting = (frozenset(), 0)
+    ctl.spec_coasting, ctl.coasting = None, (frozenset(), 0)  # (the next step plans afresh)
     old = ctl.plan_step(view(m.YOUNG)).decision
     assert (old.arm, old.reason) == ("self-g2", "explore") and m.burst is not None
 

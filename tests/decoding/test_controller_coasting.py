@@ -88,8 +88,8 @@ def test_a_clear_speculative_call_is_reused_for_a_few_steps_of_the_same_sequence
     ctl.choose = choose
     ctl.coast_above = 0.0  # every speculative call counts as clear
     # speculation measured faster (whatever this machine measures): the best speculative arm, decided
-    ctl.measured.pick = lambda arms, B, young=False: Pick(max(arms[1:], key=lambda a: a.predicted).name if arms[1:] else "plain",
-                                             "measured")
+    ctl.measured.pick = lambda arms, B, young=False: Pick(
+        max(arms[1:], key=lambda a: a.predicted).name if arms[1:] else "plain", "measured")
     ps, sp = BATCHES["b7"]
     assert [o.token_ids for o in llm.generate(ps, sp)] == reference(path, "b7")
     coasted = ctl.reasons.get("coast", 0)
@@ -186,7 +186,8 @@ def test_a_measured_fixed_configuration_is_reused_by_sequences_joining_in_its_ba
     assert not fresh and q.decision.reason == "coast" and q.drafter_of == ["self"] and q.gammas == [2]
     assert ctl.spec_coasting[0] == (5,)
     assert ctl.coast_spec(_view([5, 6, 7], [4, 4, 4])) is None and ctl.spec_coasting is None  # bucket 1 -> 4
-    ctl.measured.pick = lambda arms, B, young=False: Pick("self", "measured")  # per-row lengths: a joining row plans afresh
+    # per-row lengths: a joining row plans afresh
+    ctl.measured.pick = lambda arms, B, young=False: Pick("self", "measured")
     ctl.plan_s = 1.0
     r = ctl.plan([0], [4], res, spec_res)
     assert r.arm == "self" and ctl.spec_coasting is not None
