@@ -349,7 +349,9 @@ def test_no_trial_starts_in_a_requests_first_tokens():
 def test_the_controller_starts_no_trial_while_its_rows_are_young():
     """Through `Controller.plan_step` (the view's rows and their generated tokens): with self-g2 due for a trial
     (self-g4 exploited, plain measured), a step whose row has generated fewer than `YOUNG` tokens takes self-g4,
-    and the same step once the row is past them starts self-g2's trial."""
+    whose call is then reused only `coast_steps` steps (not `coast_max`: at batch 64 the next fresh plan fell in the
+    batch's tail, and no trial ever started at its full size), and the fresh plan after them, the row past its first
+    tokens, starts self-g2's trial."""
     from types import SimpleNamespace
 
     from specmoe.decoding.control.view import StepView
@@ -366,8 +368,10 @@ def test_the_controller_starts_no_trial_while_its_rows_are_young():
         seq = SimpleNamespace(seq_id=0, params=SimpleNamespace(greedy=True, max_tokens=64), output_ids=[0] * age)
         return StepView([seq], [4], ("self",), lambda n: [4], lambda n: [0], lambda layer: [], lambda: {})
     young = ctl.plan_step(view(m.YOUNG - 1)).decision
-    assert (young.arm, young.reason) == ("self-g4", "measured") and m.burst is None
-    ctl.spec_coasting, ctl.coasting = None, (frozenset(), 0)  # (the next step plans afresh)
+    assert (young.arm, young.reason) == ("self-g4", "measured") and m.burst is None and m.deferred_at(1)
+    reused = [ctl.plan_step(view(m.YOUNG)).decision for _ in range(ctl.coast_steps)]
+    assert [(p.arm, p.reason) for p in reused] == [("self-g4", "coast")] * ctl.coast_steps
+    assert ctl.coast_steps < ctl.coast_max
     old = ctl.plan_step(view(m.YOUNG)).decision
     assert (old.arm, old.reason) == ("self-g2", "explore") and m.burst is not None
 

@@ -130,7 +130,10 @@ class Coasting:
     def _measured_coast(self, B: int) -> int:
         """Steps the measured best's call (plain or a fixed configuration) is reused for: `coast_max`, or
         `coast_settled` once the bandit finds nothing left to explore at this bucket (a fresh plan, ~1.4 ms at batch
-        1, every 16 steps of ~10 ms cost ~1%; exploration and drift re-measures start at fresh plans)."""
+        1, every 16 steps of ~10 ms cost ~1%; exploration and drift re-measures start at fresh plans); `coast_steps`
+        while a trial waits for the rows to be past their first tokens (`MeasuredArms.deferred_at`)."""
+        if self.measured.deferred_at(B):
+            return self.coast_steps
         return self.coast_settled if self.measured.settled(B) else self.coast_max
 
     def _rejoin(self, ids, seq_ids: list[int]) -> bool:

@@ -136,6 +136,7 @@ class MeasuredArms(ArmRates):
     chosen: dict = field(default_factory=dict)     # arm -> steps it was chosen
     burst: _Burst | None = None
     idle: dict = field(default_factory=dict)       # bucket -> its last pick found no arm to explore (`settled`)
+    deferred: dict = field(default_factory=dict)   # bucket -> its last pick put a due trial off (`deferred_at`)
 
     # ------------------------------------------------------------ the choice
     def pick(self, arms: list[Arm], B: int, young: bool = False) -> Pick:
@@ -154,6 +155,14 @@ class MeasuredArms(ArmRates):
             self.explored += self.steps > self.WARMUP
         self.chosen[pick.arm] = self.chosen.get(pick.arm, 0) + 1
         return pick
+
+    def deferred_at(self, B: int) -> bool:
+        """Whether the last pick at B's bucket put off a trial that was due because the rows were in their first
+        `YOUNG` tokens: the exploited arm's call is reused only a few steps (`Coasting._measured_coast`), so a
+        fresh plan past those tokens starts it (reused for `coast_max` steps, the next fresh plan at batch 64 fell
+        in the batch's tail, and no trial ever started at its full size: eagle-g2 was never measured there while
+        the fixed eagle-g2 ran 10% faster than the exploited eagle-g4)."""
+        return self.deferred.get(bucket(B), False)
 
     def settled(self, B: int) -> bool:
         """Whether the last pick at B's bucket found no arm worth exploring (every arm measured, none stale or
@@ -248,11 +257,10 @@ class MeasuredArms(ArmRates):
             if bu.bucket == b and bu.arm not in offered and bu.left > 0 and conditional(bu.arm) and len(arms) > 1:
                 self.cut[(bu.arm, b)] = self.steps  # cut short: a lookup without a match (not a request's end)
             self.burst = None
-        if young:  # a request's first tokens run slower on every arm: a trial starts later (`YOUNG`)
-            return None
         target, mode = self._target(arms, b, best)
         self.idle[b] = target is None and self.n(best, b) >= self.need(b)  # (not: the exploited arm measured first)
         if target is None:
+            self.deferred[b] = False
             return None
         # + the switch's unmeasured step; an arm measured again starts a fresh window (its old steps are old news),
         # one measured more adds a burst to it
@@ -260,7 +268,11 @@ class MeasuredArms(ArmRates):
         # a second opinion may take the budget a little further: one 4-step trial at batch 1 can meet the stalls
         # of a few expert misses (on the widened copy eagle-g2's one trial read 25 tok/s against eagle-g4's 38 while
         # the fixed engines ran 46 and 41), and at SHARE its second opinion found no room in 240 steps
-        if not self._budget(length, self.SECOND_SHARE if mode == "second" else None):
+        due = self._budget(length, self.SECOND_SHARE if mode == "second" else None)
+        # a request's first tokens run slower on every arm: a trial due now starts once the rows are past them, and
+        # the exploited arm's call is reused only until then (`deferred`)
+        self.deferred[b] = due and young
+        if not due or young:
             return None
         if mode == "second":
             self.prior[(target, b)] = deque(self.win[(target, b)])
