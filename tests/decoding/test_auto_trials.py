@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specmoe.decoding.control.measured import Arm, MeasuredArms
+from specmoe.decoding.control.measured import Arm, MeasuredArms, Pick
 
 
 def _exploit(m: MeasuredArms, arm: str, steps) -> None:
@@ -415,3 +415,27 @@ def test_rows_are_young_in_the_first_tokens_of_requests_long_enough_to_have_more
         return [SimpleNamespace(output_ids=[0] * d, params=SimpleNamespace(max_tokens=max_tokens)) for d in done]
     assert young_rows(rows([0, 4], 32), 8) and not young_rows(rows([8, 8], 32), 8)
     assert not young_rows(rows([0, 4], 16), 8)  # 16-token requests: no part of them is past their first tokens
+
+
+def test_an_arm_measured_ahead_but_not_clearly_is_measured_longer_before_stale_arms():
+    """eagle-g4's one trial read above the exploited eagle-g2 on a window too short to be clear: its next burst
+    comes before re-measuring an arm flagged stale by a drift, and adds to its window ("more")."""
+    m = MeasuredArms()
+    for arm, tokens in (("plain", 2.0), ("eagle+ngram", 3.4)):
+        m.interrupt()
+        _exploit(m, arm, [(tokens, 0.01)] * (m.need(1) + 1))
+    m.interrupt()
+    _exploit(m, "eagle-g2", [(2.6, 0.01), (3.4, 0.01)] * 16)
+    m.interrupt()
+    m.current[1] = "eagle-g2"
+    for t in (2.0, 4.8, 1.6, 4.8, 2.0):  # (the switch's first step is no measurement)
+        m.record("eagle-g4", 1, t, 0.01, m.steps)
+        m.steps += 1
+    m.stale.add(("eagle+ngram", 1))
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    assert m.score("eagle-g4", 1) > m.score("eagle-g2", 1)
+    assert m._exploit([Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "eagle-g4")], 1).arm == "eagle-g2"
+    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "eagle-g4", "eagle+ngram")]
+    n = m.n("eagle-g4", 1)
+    assert m._target(arms, 1, "eagle-g2") == ("eagle-g4", "more")
+    assert m.pick(arms, 1) == Pick("eagle-g4", "explore") and m.n("eagle-g4", 1) == n  # (its window kept)
