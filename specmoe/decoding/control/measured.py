@@ -32,7 +32,8 @@ Successive elimination with a bounded budget:
 - exploration, in bursts of `need` + 1 consecutive steps of one arm, in this order: an unmeasured plain (the
   baseline) or another length or shape of the exploited arm's drafter (whose acceptance is measured where the
   others' is only predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its
-  trial, though it measures 8% faster than the exploited eagle-g4); a measured arm flagged by drift, or measured
+  trial, though it measures 8% faster than the exploited eagle-g4); one measured above `STAY` × the exploited arm
+  on a window too short to be clear (a burst more added to its window); a measured arm flagged by drift, or measured
   `STALE` steps ago while close to the best; one whose single trial put it behind the best but within `SECOND` of it
   (a second opinion, `RECENT` steps later: the better of its two trials stands; before the first trials of other
   drafters, which the model ranked lower: a trial of 4 steps can meet a slow moment); another drafter's unmeasured
@@ -43,7 +44,8 @@ Successive elimination with a bounded budget:
   request's first 8 tokens and 287 over the rest, eagle-g4 225 and 319, and trials, which started at a fresh plan
   and so often at a request's start, rated eagle-g2 at 206 tok/s against the exploited eagle-g4's 280 while
   its fixed engine ran 6% faster than eagle-g4's), and those first steps are in no arm's window (`ArmRates.record`:
-  an exploited arm and a trial are rated on steps of the same kind);
+  an exploited arm and a trial are rated on steps of the same kind): a trial due then is put off, the exploited
+  arm's call reused only a few steps so the next fresh plan starts it (`deferred_at`);
   free during the first `WARMUP` steps, afterwards only while exploration steps stay within `SHARE` of the steps
   after the warm-up (a second opinion within `SECOND_SHARE`, still under the 5% target);
 - a bucket is explored only while it is the largest of the last 2·`SETTLE` steps' or at least `SETTLE` of them were
