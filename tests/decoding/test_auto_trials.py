@@ -340,7 +340,13 @@ def test_no_trial_starts_in_a_requests_first_tokens():
         _exploit(m, arm, [(2.0, 0.01)] * (m.need(1) + 1))
     m.recent = type(m.recent)([1] * 16, maxlen=16)
     arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g4", "eagle-g2")]
-    assert m.pick(arms, 1, young=True).reason == "measured" and m.burst is None
+    assert m.pick(arms, 1, young=True).reason == "measured" and m.burst is None and m.deferred_at(1)
+    # a pick that does not explore the bucket (a larger batch's ragged tail passing through) puts nothing off: the
+    # exploited arm's call may be reused in full
+    m.recent.extend([4, 4])
+    assert m.pick(arms, 1, young=True).reason == "measured" and not m.deferred_at(1)
+    m.recent.extend([1] * 16)
+    assert m.pick(arms, 1, young=True).reason == "measured" and m.deferred_at(1)
     first = m.pick(arms, 1)
     assert (first.arm, first.reason) == ("eagle-g2", "explore") and m.burst.left > 0
     assert m.pick(arms, 1, young=True) == first  # (a running burst is not cut by a new request)

@@ -247,6 +247,7 @@ class MeasuredArms(ArmRates):
     def _explore(self, arms: list[Arm], b: int, best: str, young: bool = False) -> str | None:
         tail = max(self.recent, default=b) > 2 * b  # the ragged tail of a batch more than twice as large
         peak = b >= max(self.recent, default=b)  # the largest bucket of the last steps: no size passed on the way down
+        self.deferred[b] = False  # (set again below only by this pick's own deferral: `deferred_at`)
         if not self.min_steps or ((self.recent.count(b) < self.SETTLE and not peak or tail) and any(self.win.values())):
             return None
         offered = {a.name for a in arms}
@@ -262,7 +263,6 @@ class MeasuredArms(ArmRates):
         target, mode = self._target(arms, b, best)
         self.idle[b] = target is None and self.n(best, b) >= self.need(b)  # (not: the exploited arm measured first)
         if target is None:
-            self.deferred[b] = False
             return None
         # + the switch's unmeasured step; an arm measured again starts a fresh window (its old steps are old news),
         # one measured more adds a burst to it
