@@ -14,8 +14,8 @@ engine identical to the first baseline: the run's noise floor). Every run of eve
 token against plain decoding (the first baseline) in fp32. `--warmup-steps N` warms every system with rounds
 shaped like the measured ones on fresh held-out prompts until auto has taken N steps (its exploration is free
 in its first 64 steps, then bounded to 4%). Rounds are
-interleaved (round r runs every system once, the order rotated by r·n/rounds of n systems, so no system
-always runs first or last); auto's ratios are medians over rounds of its tok/s ÷ the other system's in the same
+interleaved (round r runs every system once, in an order shuffled with seed r, so no system always runs first or
+last or after the same system: with the order rotated, eagle-g2 ran right after auto in every round); auto's ratios are medians over rounds of its tok/s ÷ the other system's in the same
 round (the machine's speed drifts between rounds), and the best baseline and best fixed configuration are the
 ones with the highest median tok/s (beside it, the fixed configuration a user would have picked by hand: the
 fastest on the warm-up prompts, other text than the measured rounds', and auto's ratio to it); only ratios within one invocation mean something (identical runs minutes
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -280,11 +281,15 @@ def main() -> int:
         e2e = {n: [] for n in systems}  # generated tokens / generate wall, prefill included
         equal, last = {}, {}
         per_round = []  # what auto ran in each measured round: arm -> steps (its warm-up steps excluded)
+        orders = []  # the order the systems ran in, each round
         for rnd in range(args.rounds):
             outs = {}
+            # a fresh order each round (seeded by the round): a rotation kept each system's predecessor, and
+            # eagle-g2 ran right after auto in every round
             order = list(llms)
-            k = (rnd * len(order)) // args.rounds
-            for n in order[k:] + order[:k]:
+            random.Random(rnd).shuffle(order)
+            orders.append(order)
+            for n in order:
                 llm = llms[n]
                 llm.reset_stats()
                 before = dict(controller_of(llm).measured.chosen) if n == "auto" else None
@@ -328,7 +333,7 @@ def main() -> int:
                        "hit_rate": {n: last[n].get("hit_rate") for n in systems},
                        "tokens_per_step": {n: last[n].get("tokens_per_step") for n in systems},
                        "auto_choice": {k: st.get(k) for k in AUTO_KEEP},
-                       "auto_steps_per_round": per_round,
+                       "auto_steps_per_round": per_round, "order_per_round": orders,
                        "auto_acceptance_from_memory": warmed})
         pt = points[-1]
         print(f"B={B}: auto {med['auto']:.1f} tok/s = {pt['auto_vs_baseline']:.2f}x {base}, "
