@@ -163,9 +163,10 @@ def readme_block(results: list[dict]) -> str:
                     f"of the run)")
         fixed = sorted(n for n in res["points"][0]["median_tok_s"] if is_fixed(n))
         load = (res["machine"].get("loadavg_at_start") or ["?"])[0]
+        order = "shuffled" if all("order_per_round" in p for p in res["points"]) else "rotated"  # (older runs rotated)
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
-                  f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds (auto's "
-                  f"ratios: medians of per-round ratios){warm}, "
+                  f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds (the systems in "
+                  f"a {order} order each round; auto's ratios: medians of per-round ratios){warm}, "
                   f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`), "
                   f"{res['machine'].get('cpu_model', '?')}, load average at the start {load} on "
                   f"{res['machine'].get('usable_cores', '?')} cores (other work on the machine shows in the A/A "
