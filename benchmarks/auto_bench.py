@@ -252,6 +252,21 @@ def main() -> int:
     if args.control:
         systems[CONTROL] = BASELINES[ref]
     points, t_start, code, warm_rounds = [], time.perf_counter(), commit(), {}  # the code this run loaded (not HEAD at its end)
+    machine = machine_info()  # (its load average: the machine's at the start)
+
+    def save() -> dict:  # after every point: a run cut short keeps the points it finished
+        res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine,
+               "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,
+               "max_tokens": args.max_tokens, "rounds": args.rounds, "seqs_at_batch_1": args.seqs_at_batch_1,
+               **({"warmup_steps": args.warmup_steps, "warmup_rounds": warm_rounds} if args.warmup_steps else
+                  {"warmup_tokens": args.warmup_tokens}), "warmup_batch": "measured",
+               "auto_memory": "cleared at start; each point's auto engine starts from what earlier points saved",
+               "elapsed_s": time.perf_counter() - t_start,
+               "out": str(out.relative_to(REPO)) if out.is_relative_to(REPO) else str(out), "points": points}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        return res
+
     for B in [int(b) for b in args.batches.split(",")]:
         llms = {n: LLM(str(path), threads=args.threads, dtype=args.dtype, **tier, **o) for n, o in systems.items()}
         prompts = prompts_for(tok, max(B, args.seqs_at_batch_1))
@@ -343,16 +358,8 @@ def main() -> int:
                  if picked else "")
               + f"all equal: {all(equal.values())}; A/A noise floor {pt['noise_floor'] or 0:.2f}x", flush=True)
         del llms
-    res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine_info(),
-           "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,
-           "max_tokens": args.max_tokens, "rounds": args.rounds, "seqs_at_batch_1": args.seqs_at_batch_1,
-           **({"warmup_steps": args.warmup_steps, "warmup_rounds": warm_rounds} if args.warmup_steps else
-              {"warmup_tokens": args.warmup_tokens}), "warmup_batch": "measured",
-           "auto_memory": "cleared at start; each point's auto engine starts from what earlier points saved",
-           "elapsed_s": time.perf_counter() - t_start, "out": str(out.relative_to(REPO)) if out.is_relative_to(REPO)
-           else str(out), "points": points}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        save()
+    res = save()
     png = out.with_suffix(".png")
     png = None if plot_or_skip(plot, res, png) is False else png
     print(f"wrote {out}{f' and {png}' if png else ''}")
