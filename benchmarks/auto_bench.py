@@ -7,7 +7,8 @@
 Decode tokens/s (the tokens after each sequence's first, over the decode steps' time; end-to-end tok/s with
 the prefill is recorded beside it). Disk tier (direct reads), expert cache 25% of the experts per layer,
 greedy, EOS ignored, held-out prompts
-(benchmarks/prompts: code and prose domains taken in turn). Systems: the non-speculative baselines (S3-FIFO, the
+(benchmarks/prompts: code and prose domains taken in turn); a round runs at least `--seqs-per-round` (16) sequences
+at each system, in whole batches (batch 1: 16 requests one after another; batch 4: 4 batches). Systems: the non-speculative baselines (S3-FIFO, the
 disk tier's default cache policy, LRU, LFU, adaptive, on-demand), `auto`, the fixed speculative configurations
 drafter × γ {2, 4} × {chain, tree} (auto and these on the tier's default policy), and an A/A control (a second
 engine identical to the first baseline: the run's noise floor). Every run of every system is checked token for
@@ -165,7 +166,8 @@ def readme_block(results: list[dict]) -> str:
         load = (res["machine"].get("loadavg_at_start") or ["?"])[0]
         order = "shuffled" if all("order_per_round" in p for p in res["points"]) else "rotated"  # (older runs rotated)
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
-                  f"{res['max_tokens']} tokens per prompt, median of {res['rounds']} interleaved rounds (the systems in "
+                  f"{res['max_tokens']} tokens per prompt, {res.get('seqs_per_round', 4)} or more sequences a round at batch 1 "
+                  f"(whole batches above), median of {res['rounds']} interleaved rounds (the systems in "
                   f"a {order} order each round; auto's ratios: medians of per-round ratios){warm}, "
                   f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`), "
                   f"{res['machine'].get('cpu_model', '?')}, load average at the start {load} on "
@@ -203,7 +205,9 @@ def main() -> int:
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--seqs-at-batch-1", type=int, default=4)
+    ap.add_argument("--seqs-per-round", type=int, default=16,
+                    help="each round runs at least this many sequences: batch B runs ceil(N / B) batches of B distinct "
+                         "prompts (one batch of 4 lasted ~0.5 s a round, and the A/A noise floor there read 1.14-1.17)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fixed", default="self,eagle,ngram", help="drafters of the fixed configurations")
@@ -257,7 +261,7 @@ def main() -> int:
     def save() -> dict:  # after every point: a run cut short keeps the points it finished
         res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine,
                "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,
-               "max_tokens": args.max_tokens, "rounds": args.rounds, "seqs_at_batch_1": args.seqs_at_batch_1,
+               "max_tokens": args.max_tokens, "rounds": args.rounds, "seqs_per_round": args.seqs_per_round,
                **({"warmup_steps": args.warmup_steps, "warmup_rounds": warm_rounds} if args.warmup_steps else
                   {"warmup_tokens": args.warmup_tokens}), "warmup_batch": "measured",
                "auto_memory": "cleared at start; each point's auto engine starts from what earlier points saved",
@@ -269,16 +273,17 @@ def main() -> int:
 
     for B in [int(b) for b in args.batches.split(",")]:
         llms = {n: LLM(str(path), threads=args.threads, dtype=args.dtype, **tier, **o) for n, o in systems.items()}
-        prompts = prompts_for(tok, max(B, args.seqs_at_batch_1))
-        groups = [[p] for p in prompts[:args.seqs_at_batch_1]] if B == 1 else [prompts[:B]]
-        per = args.seqs_at_batch_1 if B == 1 else B
+        per = B * -(-args.seqs_per_round // B)  # sequences a round runs: whole batches of B
+        prompts = prompts_for(tok, per)
+        groups = [prompts[i:i + B] for i in range(0, per, B)]
         held = {n: [0, 0.0] for n in systems}  # decode tokens and seconds over the warm-up rounds after the first
         if args.warmup_steps:  # rounds like the measured ones, on fresh held-out prompts, until auto is past them
             pool, k, ctl = prompts_for(tok, 900, warmup=True), 0, controller_of(llms["auto"])
-            while ctl.measured.steps < args.warmup_steps and (k + 1) * per <= len(pool):
+            # (at least 2 rounds: the first warms caches and kernels, the rest rate the fixed configurations)
+            while (ctl.measured.steps < args.warmup_steps or k < 2) and (k + 1) * per <= len(pool):
                 warm = pool[k * per:(k + 1) * per]
                 for n, llm in llms.items():
-                    for group in ([[p] for p in warm] if B == 1 else [warm]):
+                    for group in [warm[i:i + B] for i in range(0, per, B)]:
                         r = measure(llm, group, args.max_tokens, instrument=False)
                         if k:  # (the first round warms caches and kernels)
                             held[n][0] += r["generated_tokens"] - r["batch"]
@@ -288,7 +293,7 @@ def main() -> int:
             print(f"B={B}: {k} warm-up rounds, auto took {ctl.measured.steps} steps", flush=True)
         else:
             warm = prompts_for(tok, per, warmup=True)
-            warm = [[p] for p in warm] if B == 1 else [warm]
+            warm = [warm[i:i + B] for i in range(0, per, B)]
             for llm in llms.values():  # warm-up on held-out prompts: calibration, affinity tables, caches, acceptance
                 for group in warm:
                     measure(llm, group, args.warmup_tokens, instrument=False)
