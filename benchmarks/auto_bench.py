@@ -165,8 +165,9 @@ def readme_block(results: list[dict]) -> str:
         fixed = sorted(n for n in res["points"][0]["median_tok_s"] if is_fixed(n))
         load = (res["machine"].get("loadavg_at_start") or ["?"])[0]
         order = "shuffled" if all("order_per_round" in p for p in res["points"]) else "rotated"  # (older runs rotated)
+        seqs = res.get("seqs_per_round", res.get("seqs_at_batch_1", 4))  # (older runs: one batch a round above 1)
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
-                  f"{res['max_tokens']} tokens per prompt, {res.get('seqs_per_round', res.get('seqs_at_batch_1', 4))} or more sequences a round at batch 1 "
+                  f"{res['max_tokens']} tokens per prompt, {seqs} or more sequences a round at batch 1 "
                   f"(whole batches above), median of {res['rounds']} interleaved rounds (the systems in "
                   f"a {order} order each round; auto's ratios: medians of per-round ratios){warm}, "
                   f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`), "
