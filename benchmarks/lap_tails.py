@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
 
-from auto_bench import commit, model_path, prompts_for  # noqa: E402
+from auto_bench import commit, disk_tier, prompts_for  # noqa: E402
 from specmoe import LLM  # noqa: E402
 from specmoe.bench.machine import machine_info  # noqa: E402
 from specmoe.bench.measure import measure  # noqa: E402
@@ -83,12 +83,7 @@ def main() -> int:
     out = Path(args.out or REPO / "benchmarks" / "results" / f"lap_tails_{args.model}_{tag}.json")
     torch.set_num_threads(1)
     cache = Path(args.cache_dir)
-    path = model_path(args.model, cache, args.dtype)
-    probe = LLM(str(path), threads=1, dtype=args.dtype)
-    cfg, tok = probe.config, probe.tokenizer
-    del probe
-    tier = {"offload": "disk", "cache_experts": max(cfg.top_k, cfg.num_experts // 4), "prefetch": "none",
-            "repack_dir": str(cache / "repack")}
+    path, _, tok, tier = disk_tier(args.model, cache, args.dtype)
     systems = {"plain": {"decoding": "ar"}}
     systems |= {f"{args.drafter}-g{g}": {"decoding": "specmoe", "drafter": args.drafter, "num_draft_tokens": int(g)}
                 for g in args.gammas.split(",")}
