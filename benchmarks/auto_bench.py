@@ -148,6 +148,11 @@ def model_path(name: str, cache: Path, dtype: str) -> Path:
     return widened_copy(default_model_path(), cache_dir=cache)[0]
 
 
+def batches(prompts: list, B: int) -> list[list]:
+    """`prompts` in consecutive batches of B (a round's, or a warm-up round's, generate calls)."""
+    return [prompts[i:i + B] for i in range(0, len(prompts), B)]
+
+
 def disk_tier(model: str, cache: Path, dtype: str, threads: int = 1):
     """(the model's path, its config, its tokenizer, the tier options) of the disk tier the auto benches run on:
     expert cache at 25% of the experts per layer (at least top-k), no prefetch, repacked experts under `cache`."""
@@ -283,7 +288,7 @@ def main() -> int:
         llms = {n: LLM(str(path), threads=args.threads, dtype=args.dtype, **tier, **o) for n, o in systems.items()}
         per = B * -(-args.seqs_per_round // B)  # sequences a round runs: whole batches of B
         prompts = prompts_for(tok, per)
-        groups = [prompts[i:i + B] for i in range(0, per, B)]
+        groups = batches(prompts, B)
         held = {n: [0, 0.0] for n in systems}  # decode tokens and seconds over the warm-up rounds after the first
         if args.warmup_steps:  # rounds like the measured ones, on fresh held-out prompts, until auto is past them
             pool, k, ctl = prompts_for(tok, 900, warmup=True), 0, controller_of(llms["auto"])
@@ -291,7 +296,7 @@ def main() -> int:
             while (ctl.measured.steps < args.warmup_steps or k < 2) and (k + 1) * per <= len(pool):
                 warm = pool[k * per:(k + 1) * per]
                 for n, llm in llms.items():
-                    for group in [warm[i:i + B] for i in range(0, per, B)]:
+                    for group in batches(warm, B):
                         r = measure(llm, group, args.max_tokens, instrument=False)
                         if k:  # (the first round warms caches and kernels)
                             held[n][0] += r["generated_tokens"] - r["batch"]
@@ -301,7 +306,7 @@ def main() -> int:
             print(f"B={B}: {k} warm-up rounds, auto took {ctl.measured.steps} steps", flush=True)
         else:
             warm = prompts_for(tok, per, warmup=True)
-            warm = [warm[i:i + B] for i in range(0, per, B)]
+            warm = batches(warm, B)
             for llm in llms.values():  # warm-up on held-out prompts: calibration, affinity tables, caches, acceptance
                 for group in warm:
                     measure(llm, group, args.warmup_tokens, instrument=False)
@@ -371,8 +376,8 @@ def main() -> int:
                  if picked else "")
               + f"all equal: {all(equal.values())}; A/A noise floor {pt['noise_floor'] or 0:.2f}x", flush=True)
         del llms
-        save()
-    res = save()
+        res = save()
+    res = res if points else save()
     png = out.with_suffix(".png")
     png = None if plot_or_skip(plot, res, png) is False else png
     print(f"wrote {out}{f' and {png}' if png else ''}")
