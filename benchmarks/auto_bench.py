@@ -7,8 +7,8 @@
 Decode tokens/s (the tokens after each sequence's first, over the decode steps' time; end-to-end tok/s with the
 prefill is recorded beside it). Disk tier (direct reads), expert cache 25% of the experts per layer, greedy, EOS
 ignored, held-out prompts (benchmarks/prompts: code and prose domains taken in turn); a round runs at least
-`--seqs-per-round` (16) sequences at each system, in whole batches (batch 1: 16 requests one after another; batch 4:
-4 batches). Systems: the non-speculative baselines (S3-FIFO, the disk tier's default cache policy, LRU, LFU,
+`--seqs-per-round` (16) sequences at each system, in at least `--batches-per-round` (4) whole batches (batch 1: 16
+requests one after another; batch 4: 4 batches; batch 16: 4 batches of 16). Systems: the non-speculative baselines (S3-FIFO, the disk tier's default cache policy, LRU, LFU,
 adaptive, on-demand), `auto`, the fixed speculative configurations drafter × γ {2, 4} × {chain, tree} (auto and
 these on the tier's default policy), and an A/A control (a second engine identical to the first baseline: the run's
 noise floor). Every run of every system is checked token for token against plain decoding (the first baseline) in
@@ -182,9 +182,10 @@ def readme_block(results: list[dict]) -> str:
         load = (res["machine"].get("loadavg_at_start") or ["?"])[0]
         order = "shuffled" if all("order_per_round" in p for p in res["points"]) else "rotated"  # (older runs rotated)
         seqs = res.get("seqs_per_round", res.get("seqs_at_batch_1", 4))  # (older runs: one batch a round above 1)
+        nb = res.get("batches_per_round", 1)
         lines += [f"`{res['model']}` model, disk tier, cache {res['cache_experts']} experts/layer, {res['dtype']}, "
-                  f"{res['max_tokens']} tokens per prompt, {seqs} or more sequences a round at batch 1 "
-                  f"(whole batches above), median of {res['rounds']} interleaved rounds (the systems in "
+                  f"{res['max_tokens']} tokens per prompt, at least {seqs} sequences and {nb} whole "
+                  f"batch{'es' if nb > 1 else ''} a round, median of {res['rounds']} interleaved rounds (the systems in "
                   f"a {order} order each round; auto's ratios: medians of per-round ratios){warm}, "
                   f"{len(fixed)} fixed configurations, commit `{res['commit'][:10]}` (`{res['out']}`), "
                   f"{res['machine'].get('cpu_model', '?')}, load average at the start {load} on "
@@ -225,6 +226,9 @@ def main() -> int:
     ap.add_argument("--seqs-per-round", type=int, default=16,
                     help="each round runs at least this many sequences: batch B runs ceil(N / B) batches of B distinct "
                          "prompts (one batch of 4 lasted ~0.5 s a round, and the A/A noise floor there read 1.14-1.17)")
+    ap.add_argument("--batches-per-round", type=int, default=4,
+                    help="... and at least this many whole batches of B (one batch of 16 lasted ~1 s a round, and the "
+                         "fixed eagle-g2 read 217-602 tok/s over 5 rounds at batch 16, A/A noise floor 1.12)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fixed", default="self,eagle,ngram", help="drafters of the fixed configurations")
@@ -275,6 +279,7 @@ def main() -> int:
         res = {"command": "python " + " ".join(sys.argv), "commit": code, "machine": machine,
                "model": args.model, "model_path": str(path), "dtype": args.dtype, "tier": "disk", "cache_experts": ce,
                "max_tokens": args.max_tokens, "rounds": args.rounds, "seqs_per_round": args.seqs_per_round,
+               "batches_per_round": args.batches_per_round,
                **({"warmup_steps": args.warmup_steps, "warmup_rounds": warm_rounds} if args.warmup_steps else
                   {"warmup_tokens": args.warmup_tokens}), "warmup_batch": "measured",
                "auto_memory": "cleared at start; each point's auto engine starts from what earlier points saved",
@@ -286,12 +291,14 @@ def main() -> int:
 
     for B in [int(b) for b in args.batches.split(",")]:
         llms = {n: LLM(str(path), threads=args.threads, dtype=args.dtype, **tier, **o) for n, o in systems.items()}
-        per = B * -(-args.seqs_per_round // B)  # sequences a round runs: whole batches of B
+        per = B * max(-(-args.seqs_per_round // B), args.batches_per_round)  # a round's sequences: whole batches
         prompts = prompts_for(tok, per)
         groups = batches(prompts, B)
         held = {n: [0, 0.0] for n in systems}  # decode tokens and seconds over the warm-up rounds after the first
         if args.warmup_steps:  # rounds like the measured ones, on fresh held-out prompts, until auto is past them
-            pool, k, ctl = prompts_for(tok, 900, warmup=True), 0, controller_of(llms["auto"])
+            # (from the files' other end, never reaching the measured prompts)
+            held_out = len(prompts_for(tok, 10 ** 6)) - per
+            pool, k, ctl = prompts_for(tok, held_out, warmup=True), 0, controller_of(llms["auto"])
             # (at least 2 rounds: the first warms caches and kernels, the rest rate the fixed configurations)
             while (ctl.measured.steps < args.warmup_steps or k < 2) and (k + 1) * per <= len(pool):
                 warm = pool[k * per:(k + 1) * per]
