@@ -15,47 +15,48 @@ Successive elimination with a bounded budget:
   `need`); the first step after a switch to it is not counted: it pays the switch's cold cache, which the arm's
   steady state does not (a drafter's catch-up, `Drafter.sync`, is left out of every step's seconds);
 - exploitation: the current arm stays unless another measures `STAY`× faster *and* faster by more than `Z` standard
-  errors of the two rates (a step's tokens follow the text it lands on, so a few steps of an arm are a noisy sample:
-  the best of many noisy rates is mostly the luckiest); with no current arm, the measured arm of the highest lower
-  confidence bound (rate − Z·se); before any arm is measured at this bucket, the best measured at the nearest
-  bucket; before that, the model's best. A lookup arm (ngram, or a mix with it) is offered and measured only where
-  its lookup matched, repetitive text on which every arm runs faster (eagle-g2 emits up to 1.3x its average there):
-  its rate counts `EDGE`x less against the others (ngram-g4 at 385 tok/s on its matched steps took batch 4 from
-  eagle-g2 at 382 on all steps, while the fixed ngram-g4 engine ran well behind it). Arms compare on their steps of
-  as many rows (`_rows`: a trial runs at a batch's start, the exploited arm over its whole life), and the
-  shortest draft length of the chosen arm's drafter measured within `STAY` of it is taken (`_even`: deeper drafts
-  leave a longer ragged tail, which per-step rates do not see, and their credit leans on the deep positions'
-  estimates, which read high); once an arm has run whole batches at a bucket, its
-  rate there is priced by them (`laps`: whole batches' realized tokens/s over their full steps' credited). (Rates relative to the
+  errors of the two rates or over a full window (a step's tokens follow the text it lands on, so a few steps of an arm
+  are a noisy sample: the best of many noisy rates is mostly the luckiest; an arm ahead is measured longer); with no
+  current arm, the measured arm of the highest lower confidence bound (rate − Z·se); before any arm is measured at
+  this bucket, the best measured at the nearest bucket; before that, the model's best. A lookup arm (ngram, or a mix
+  with it) is offered and measured only where its lookup matched, repetitive text on which every arm runs faster
+  (eagle-g2 emits up to 1.3x its average there): its rate counts `EDGE`x less against the others (ngram-g4 at 385
+  tok/s on its matched steps took batch 4 from eagle-g2 at 382 on all steps, while the fixed ngram-g4 engine ran well
+  behind it). Arms compare on their steps of as many rows (`_rows`: a trial runs at a batch's start, the exploited arm
+  over its whole life), and the shortest draft length of the chosen arm's drafter measured within `STAY` of it is
+  taken (`_even`: deeper drafts leave a longer ragged tail, which per-step rates do not see, and their credit leans on
+  the deep positions' estimates, which read high); once an arm has run whole batches at a bucket, its rate there is
+  priced by them (`laps`: whole batches' realized tokens/s over their full steps' credited). (Rates relative to the
   exploited arm's adjacent steps were tried and dropped: a burst's tokens per step follow the text it lands on more
   than the machine's speed, and chained ratios compounded that noise);
-- exploration, in bursts of `need` + 1 consecutive steps of one arm, in this order: an unmeasured plain (the
-  baseline) or another length or shape of the exploited arm's drafter (whose acceptance is measured where the
-  others' is only predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its
-  trial, though it measures 8% faster than the exploited eagle-g4); one measured above `STAY` × the exploited arm
-  on a window too short to be clear (a burst more added to its window); a measured arm flagged by drift, or measured
-  `STALE` steps ago while close to the best; one whose single trial put it behind the best but within `SECOND` of it
-  (a second opinion, `RECENT` steps later: the better of its two trials stands; before the first trials of other
-  drafters, which the model ranked lower: a trial of 4 steps can meet a slow moment); another drafter's unmeasured
-  arm, the most promising predicted first (not one of a drafter whose measured lengths all read below `FAR` × the
-  best: `_far`); or one measured on few steps that is nearly tied;
-  no trial starts while the batch's rows are in their first `YOUNG` tokens (a request's first tokens run slower
-  on every arm, its experts not cached yet: at batch 1 on the demo model eagle-g2 emitted 225 tok/s over a
-  request's first 8 tokens and 287 over the rest, eagle-g4 225 and 319, and trials, which started at a fresh plan
-  and so often at a request's start, rated eagle-g2 at 206 tok/s against the exploited eagle-g4's 280 while
-  its fixed engine ran 6% faster than eagle-g4's), and those first steps are in no arm's window (`ArmRates.record`:
-  an exploited arm and a trial are rated on steps of the same kind): a trial due then is put off, the exploited
-  arm's call reused only a few steps so the next fresh plan starts it (`deferred_at`);
-  free during the first `WARMUP` steps, afterwards only while exploration steps stay within `SHARE` of the steps
-  after the warm-up (a second opinion within `SECOND_SHARE`, still under the 5% target);
-- a bucket is explored only while it is the largest of the last 2·`SETTLE` steps' or at least `SETTLE` of them were
-  in it, and none of them in a bucket more than twice as large (or while nothing is measured anywhere; a batch of 64
-  whose ragged tail ran 17 of its 27 steps never spent 8 of 16 steps at 64, and eagle-g2 was never tried there): a passing batch size, such as a batch's
-  ragged tail (64 sequences, then 40, 17, 5, 1: a speculative batch's rows finish steps apart, and its last row can
-  run 10+ steps alone), exploits the nearest measured bucket's best arm instead of paying trials it could never
-  amortize (and that spent the budget the batch's own bucket needed); at a new bucket, an arm measured below `NEAR`
-  × the best at a neighbouring bucket (within a factor 4) is not tried until the batch has stayed `NEAR_AFTER` steps
-  there;
+- exploration, in bursts of `need` + 1 consecutive steps of one arm, in this order: an unmeasured plain (the baseline)
+  or another length or shape of the exploited arm's drafter (whose acceptance is measured where the others' is only
+  predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its trial, though it
+  measures 8% faster than the exploited eagle-g4); one measured above `STAY` × the exploited arm on a window not clear
+  yet (a burst more added to its window, until clear or full); a measured arm flagged by drift, or measured `STALE`
+  steps ago while close to the best (within `SECOND` of it for another length of the exploited arm's drafter; a
+  re-measure, like a second opinion, leaves the better of the arm's two readings standing); one whose single trial put
+  it behind the best but within `SECOND` of it (a second opinion, `RECENT` steps later: the better of its two trials
+  stands; before the first trials of other drafters, which the model ranked lower: a trial of 4 steps can meet a slow
+  moment); another drafter's unmeasured arm, the most promising predicted first (not one of a drafter whose measured
+  lengths all read below `FAR` × the best: `_far`); or one measured on few steps that is nearly tied; no trial starts
+  while the batch's rows are in their first `YOUNG` tokens (a request's first tokens run slower on every arm, its
+  experts not cached yet: at batch 1 on the demo model eagle-g2 emitted 225 tok/s over a request's first 8 tokens and
+  287 over the rest, eagle-g4 225 and 319, and trials, which started at a fresh plan and so often at a request's
+  start, rated eagle-g2 at 206 tok/s against the exploited eagle-g4's 280 while its fixed engine ran 6% faster than
+  eagle-g4's), and those first steps are in no arm's window (`ArmRates.record`: an exploited arm and a trial are rated
+  on steps of the same kind): a trial due then is put off, the exploited arm's call reused only a few steps so the
+  next fresh plan starts it (`deferred_at`); free during the first `WARMUP` steps, afterwards only while exploration
+  steps stay within `SHARE` of the steps after the warm-up (a second opinion within `SECOND_SHARE`, still under the 5%
+  target);
+- a bucket is explored only while it is the largest of the last 2·`SETTLE` steps' or at least `SETTLE` of them were in
+  it, and none of them in a bucket more than twice as large (or while nothing is measured anywhere; a batch of 64
+  whose ragged tail ran 17 of its 27 steps never spent 8 of 16 steps at 64, and eagle-g2 was never tried there): a
+  passing batch size, such as a batch's ragged tail (64 sequences, then 40, 17, 5, 1: a speculative batch's rows
+  finish steps apart, and its last row can run 10+ steps alone), exploits the nearest measured bucket's best arm
+  instead of paying trials it could never amortize (and that spent the budget the batch's own bucket needed); at a new
+  bucket, an arm measured below `NEAR` × the best at a neighbouring bucket (within a factor 4) is not tried until the
+  batch has stayed `NEAR_AFTER` steps there;
 - drift: when the exploited arm's rate over its last `RECENT` steps differs from its rate over the `RECENT` steps
   before them by more than `DRIFT` and by more than two standard errors of that difference (at batch 1 a step's
   tokens swing 1-5 with the text: 8 steps' rate swung 2x with nothing changed, and each false drift sent the budget
@@ -213,7 +214,9 @@ class MeasuredArms(ArmRates):
                             "measured")
             best = max(measured, key=measured.get)
             gap = measured[best] - measured[cur]
-            clear = gap > self.Z * math.hypot(se[best], se[cur])
+            # clear by Z standard errors, or over a window as full as the exploited arm's (`_target`'s "more"
+            # bursts fill the window of an arm measured ahead: as measured as it can be, its lead stands)
+            clear = gap > self.Z * math.hypot(se[best], se[cur]) or self.n(best, b) >= self.WINDOW
             return Pick(self._even(best if measured[best] > self.STAY * measured[cur] and clear else cur, measured),
                         "measured")
         near = sorted({k[1] for k in self.win if k[1] != b}, key=lambda k: abs(math.log2(k / b)))
@@ -276,16 +279,16 @@ class MeasuredArms(ArmRates):
         self.deferred[b] = due and young
         if not due or young:
             return None
-        if mode == "second":
-            self.prior[(target, b)] = deque(self.win[(target, b)])
-        if mode in ("again", "second"):
+        if mode in ("again", "second"):  # measured from scratch, the better of its two readings standing
+            self.prior[(target, b)] = (deque(self.win[(target, b)]), mode == "second")
             self.win[(target, b)].clear()
         self.burst = _Burst(target, b, length - 1)
         return target
 
     def _target(self, arms: list[Arm], b: int, best: str) -> tuple[str | None, str]:
         """The arm to explore, and how: "new" (not measured yet), "again" (from scratch: drift, or an old
-        measurement), "second" (from scratch, the better of its two trials standing: `_trial_done`) or "more" (a
+        measurement), "second" (from scratch: a second opinion; after either, the better of the two readings stands:
+        `_trial_done`) or "more" (a
         burst added to a noisy measurement)."""
         if self.n(best, b) < self.need(b):  # the exploited arm is being measured first
             return None, ""
@@ -308,17 +311,22 @@ class MeasuredArms(ArmRates):
         if first is not None and (first.name == "plain" or drafter(first.name) == drafter(best)):
             return first.name, "new"
         # measured ahead of the exploited arm (by `STAY`) but not clearly (a short window: `_exploit` keeps it):
-        # measured longer before anything else is re-measured (at batch 4 eagle-g2's one trial read 7% above the
-        # exploited eagle-g4, and the budget of 160 steps went to re-measuring a lookup mix flagged by drift, while
-        # the fixed eagle-g2 ran 9% faster)
-        ahead = {a.name: r for a in cands if self.need(b) <= self.n(a.name, b) < 3 * self.need(b)
+        # measured longer before anything else is re-measured, until it is clear or its window is full (at batch 4
+        # eagle-g2's one trial read 7% above the exploited eagle-g4, and the budget of 160 steps went to
+        # re-measuring a lookup mix flagged by drift, while the fixed eagle-g2 ran 9% faster; with these bursts capped
+        # at 3 × `need` steps, plain ran 85% of 5 rounds' steps at batch 4 while the fixed eagle-g4 ran 1.17x the AR
+        # baseline, and eagle-g4 ended measured 14% ahead of plain over 15 steps)
+        ahead = {a.name: r for a in cands if self.need(b) <= self.n(a.name, b) < self.WINDOW
                  and (r := (self.score(a.name, b, f) or 0.0) / self._edge(a.name)) > self.STAY * rb / self._edge(best)}
         if ahead:
             return max(ahead, key=ahead.get), "more"
-        # flagged by drift: every arm (its rate is old news); merely old: those close to the best
+        # flagged by drift: every arm (its rate is old news); merely old: those close to the best, or within SECOND
+        # of it for another length of its drafter (whose acceptance is the exploited arm's: only its reading, a
+        # few steps at one moment, put it behind)
         old = [a.name for a in cands if (a.name, b) in self.stale
                or (self.steps - self.last.get((a.name, b), 0) > self.STALE
-                   and (self.score(a.name, b, f) or 0.0) >= self.CLOSE * rb)]
+                   and (self.score(a.name, b, f) or 0.0) >= (self.SECOND if drafter(a.name) == drafter(best)
+                                                                 else self.CLOSE) * rb)]
         if old:  # the one measured closest to the best first (the likeliest to take over), then the oldest
             return max(old, key=lambda n: (self.score(n, b, f) or 0.0, -self.last.get((n, b), 0))), "again"
         # measured once, behind but within SECOND of the best, at least RECENT steps ago (another moment's stalls):
