@@ -502,3 +502,38 @@ def test_another_length_behind_is_remeasured_when_old_and_its_better_reading_sta
         m.record("eagle-g4", 1, 3.0, 0.04, m.steps)  # 75 tok/s this time
         m.steps += 1
     assert m.score("eagle-g4", 1) == pytest.approx(before) and m.second_trials == 0
+
+
+def test_an_arm_displaced_on_a_slow_window_is_measured_again_and_takes_the_bucket_back():
+    """eagle-g4, exploited, meets a slow moment: its window falls below plain's and plain takes the bucket. Its
+    reading (0.72x plain, below `CLOSE`) would stand until `STALE`; displaced, it is measured again `RECENT` steps
+    later ("again"), reads its usual rate, and is measured on until it takes the bucket back."""
+    m = MeasuredArms()
+    _exploit(m, "plain", [(1.0, 0.0053)] * 8)  # plain: ~190 tok/s
+    m.interrupt()
+    _exploit(m, "eagle-g4", [(4.0, 0.02)] * 8)  # 200 tok/s ...
+    m.current[1] = "eagle-g4"
+    for _ in range(24):  # ... then a slow moment: 120 tok/s, the window (32 steps) at 137
+        m.record("eagle-g4", 1, 3.0, 0.025, m.steps)
+        m.steps += 1
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    m.explored = 0
+    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g4")]
+    assert m.score("eagle-g4", 1) < m.score("plain", 1) / m.STAY
+    assert m.pick(arms, 1).arm == "plain" and m.current[1] == "plain"  # plain takes over on the slow window
+    m.trials[("eagle-g4", 1)] = 2  # (measured twice before: no second opinion is due)
+    m.interrupt()
+    t = m.displaced[("eagle-g4", 1)]
+    while m.steps - t < m.RECENT:
+        assert m._target(arms, 1, "plain") == (None, "")
+        m.record("plain", 1, 1.0, 0.0053, m.steps)
+        m.steps += 1
+    assert m.score("eagle-g4", 1) < m.CLOSE * m.score("plain", 1)
+    assert m._target(arms, 1, "plain") == ("eagle-g4", "again")
+    for _ in range(200):
+        pick = m.pick(arms, 1)
+        if pick == Pick("eagle-g4", "measured"):
+            break
+        m.record(pick.arm, 1, 4.0 if pick.arm == "eagle-g4" else 1.0, 0.02 if pick.arm == "eagle-g4" else 0.0053,
+                 m.steps)
+    assert m.current[1] == "eagle-g4" and m.score("eagle-g4", 1) > m.score("plain", 1)

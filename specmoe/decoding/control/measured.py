@@ -140,6 +140,7 @@ class MeasuredArms(ArmRates):
     burst: _Burst | None = None
     idle: dict = field(default_factory=dict)       # bucket -> its last pick found no arm to explore (`settled`)
     deferred: dict = field(default_factory=dict)   # bucket -> its last pick put a due trial off (`deferred_at`)
+    displaced: dict = field(default_factory=dict)  # (arm, bucket) -> step it stopped being the exploited arm
 
     # ------------------------------------------------------------ the choice
     def pick(self, arms: list[Arm], B: int, young: bool = False) -> Pick:
@@ -149,6 +150,9 @@ class MeasuredArms(ArmRates):
         self.laps.spreads.update({a.name: a.spread for a in arms if a.spread is not None})
         exploit = self._exploit(arms, b)
         if len(arms) > 1:  # (plain alone, e.g. at a sequence's last token, is no choice)
+            prev = self.current.get(b)
+            if prev is not None and drafter(prev) != drafter(exploit.arm) and self.n(prev, b) >= self.need(b):
+                self.displaced[(prev, b)] = self.steps  # (re-measured `RECENT` steps on: `_target`)
             self.current[b] = exploit.arm
         x = self._explore(arms, b, exploit.arm, young)
         pick = Pick(x, "explore") if x is not None else exploit
@@ -323,7 +327,7 @@ class MeasuredArms(ArmRates):
         # flagged by drift: every arm (its rate is old news); merely old: those close to the best, or within SECOND
         # of it for another length of its drafter (whose acceptance is the exploited arm's: only its reading, a
         # few steps at one moment, put it behind)
-        old = [a.name for a in cands if (a.name, b) in self.stale
+        old = [a.name for a in cands if (a.name, b) in self.stale or self._displaced(a.name, b)
                or (self.steps - self.last.get((a.name, b), 0) > self.STALE
                    and (self.score(a.name, b, f) or 0.0) >= (self.SECOND if drafter(a.name) == drafter(best)
                                                                  else self.CLOSE) * rb)]
@@ -344,6 +348,17 @@ class MeasuredArms(ArmRates):
         few = [a.name for a in cands if self.n(a.name, b) < 3 * self.need(b)
                and (self.score(a.name, b, f) or 0.0) + self.Z * self.se_of((a.name, b), f) >= rb]
         return (few[0], "more") if few else (None, "")
+
+    def _displaced(self, arm: str, b: int) -> bool:
+        """Whether `arm` stopped being the exploited arm at b, to another drafter's arm (the exploited drafter's
+        other lengths are re-measured when old: `_target`), at least `RECENT` steps ago and has not been measured
+        since: its window froze on the steps that put it behind, which a moment (a run of misses, the machine
+        slowing) may have made; re-measured once ("again": the better of its two readings stands). A reading
+        frozen low is otherwise corrected only once `STALE` and within `CLOSE` of the best (at batch 1 on the demo
+        model, fp32, plain ran 251 of auto's 1383 steps, eagle-g2 and eagle-g4 measured 1.33x and 1.17x plain at
+        the end)."""
+        t = self.displaced.get((arm, b))
+        return t is not None and self.last.get((arm, b), 0) <= t and self.steps - t >= self.RECENT
 
     def _kin(self, b: int) -> set[str]:
         """The drafters with a fixed configuration measured at bucket b: their other lengths are never pruned there
