@@ -35,7 +35,8 @@ Successive elimination with a bounded budget:
   measures 8% faster than the exploited eagle-g4); one measured above `STAY` × the exploited arm on a window not clear
   yet (a burst more added to its window, until clear or full); a measured arm flagged by drift, or measured `STALE`
   steps ago while close to the best (within `SECOND` of it for another length of the exploited arm's drafter; a
-  re-measure, like a second opinion, leaves the better of the arm's two readings standing); one whose single trial put
+  re-measure, like a second opinion, leaves the better of the arm's two readings standing) or displaced as the
+  exploited arm by another drafter's `RECENT` steps ago (`_displaced`); one whose single trial put
   it behind the best but within `SECOND` of it (a second opinion, `RECENT` steps later: the better of its two trials
   stands; before the first trials of other drafters, which the model ranked lower: a trial of 4 steps can meet a slow
   moment); another drafter's unmeasured arm, the most promising predicted first (not one of a drafter whose measured
