@@ -537,3 +537,34 @@ def test_an_arm_displaced_on_a_slow_window_is_measured_again_and_takes_the_bucke
         m.record(pick.arm, 1, 4.0 if pick.arm == "eagle-g4" else 1.0, 0.02 if pick.arm == "eagle-g4" else 0.0053,
                  m.steps)
     assert m.current[1] == "eagle-g4" and m.score("eagle-g4", 1) > m.score("plain", 1)
+
+
+def test_a_remeasure_cut_short_and_taken_again_compares_with_the_reading_before_the_first():
+    """A re-measure ("again", a drift's stale flag) of another drafter's arm cut short at its first step leaves
+    its window empty and the flag on; the next re-measure keeps the reading from before the first as the one its
+    result is compared with (the empty window taken as that reading divided by zero in the middle of a generate
+    call)."""
+    m = MeasuredArms()
+    _exploit(m, "eagle-g2", [(2.0, 0.01)] * 32)  # 200 tok/s
+    m.interrupt()
+    m.record("self-g2", 1, 3.0, 0.02, m.steps)
+    for _ in range(8):
+        m.record("self-g2", 1, 3.0, 0.02, m.steps)  # 150 tok/s
+    m.interrupt()
+    _exploit(m, "eagle-g2", [(2.0, 0.01)] * 8)
+    m.steps += 1000
+    m.recent = type(m.recent)([1] * 16, maxlen=16)
+    arms = [Arm(n, 1.0, 1.0) for n in ("eagle-g2", "self-g2")]
+    m.stale.add(("self-g2", 1))
+    assert m.pick(arms, 1) == Pick("self-g2", "explore") and m.n("self-g2", 1) == 0 and m.prior
+    m.record("self-g2", 1, 3.0, 0.04, m.steps)  # the switch's first step (no measurement) ...
+    m.steps += 1
+    m.note("eagle-g2")  # ... and the burst ends: a step of another arm
+    m.record("eagle-g2", 1, 2.0, 0.01, m.steps)
+    assert m.n("self-g2", 1) == 0 and ("self-g2", 1) in m.stale
+    assert m._target(arms, 1, "eagle-g2") == ("self-g2", "again")
+    assert m.pick(arms, 1) == Pick("self-g2", "explore")
+    for _ in range(m.need(1) + 1):
+        m.record("self-g2", 1, 3.0, 0.04, m.steps)  # 75 tok/s this time
+        m.steps += 1
+    assert m.score("self-g2", 1) == pytest.approx(150.0) and not m.prior

@@ -284,9 +284,11 @@ class MeasuredArms(ArmRates):
         self.deferred[b] = due and young
         if not due or young:
             return None
-        if mode in ("again", "second"):  # measured from scratch, the better of its two readings standing
-            self.prior[(target, b)] = (deque(self.win[(target, b)]), mode == "second")
-            self.win[(target, b)].clear()
+        key = (target, b)
+        if mode in ("again", "second"):  # measured from scratch, the better of its two readings standing (a trial
+            if key not in self.prior and self.win[key]:  # cut short leaves its window part-filled: the reading
+                self.prior[key] = (deque(self.win[key]), mode == "second")  # before it stays the one compared)
+            self.win[key].clear()
         self.burst = _Burst(target, b, length - 1)
         return target
 

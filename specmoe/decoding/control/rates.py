@@ -217,7 +217,7 @@ class ArmRates:
         first, second = self.prior.pop(key, (None, False))
         self.trials[key] = self.trials.get(key, 0) + 1
         self.second_trials += second
-        if first is not None and _rate(first) > _rate(w):
+        if first and _rate(first) > _rate(w):
             w.clear()
             w.extend(first)
 
