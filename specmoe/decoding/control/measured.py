@@ -35,8 +35,7 @@ Successive elimination with a bounded budget:
   measures 8% faster than the exploited eagle-g4); one measured above `STAY` × the exploited arm on a window not clear
   yet (a burst more added to its window, until clear or full); a measured arm flagged by drift, or measured `STALE`
   steps ago while close to the best (within `SECOND` of it for another length of the exploited arm's drafter; a
-  re-measure, like a second opinion, leaves the better of the arm's two readings standing) or displaced as the
-  exploited arm by another drafter's `RECENT` steps ago (`_displaced`); one whose single trial put
+  re-measure starts a fresh window); one whose single trial put
   it behind the best but within `SECOND` of it (a second opinion, `RECENT` steps later: the better of its two trials
   stands; before the first trials of other drafters, which the model ranked lower: a trial of 4 steps can meet a slow
   moment); another drafter's unmeasured arm, the most promising predicted first (not one of a drafter whose measured
@@ -141,7 +140,6 @@ class MeasuredArms(ArmRates):
     burst: _Burst | None = None
     idle: dict = field(default_factory=dict)       # bucket -> its last pick found no arm to explore (`settled`)
     deferred: dict = field(default_factory=dict)   # bucket -> its last pick put a due trial off (`deferred_at`)
-    displaced: dict = field(default_factory=dict)  # (arm, bucket) -> step it stopped being the exploited arm
 
     # ------------------------------------------------------------ the choice
     def pick(self, arms: list[Arm], B: int, young: bool = False) -> Pick:
@@ -151,9 +149,6 @@ class MeasuredArms(ArmRates):
         self.laps.spreads.update({a.name: a.spread for a in arms if a.spread is not None})
         exploit = self._exploit(arms, b)
         if len(arms) > 1:  # (plain alone, e.g. at a sequence's last token, is no choice)
-            prev = self.current.get(b)
-            if prev is not None and drafter(prev) != drafter(exploit.arm) and self.n(prev, b) >= self.need(b):
-                self.displaced[(prev, b)] = self.steps  # (re-measured `RECENT` steps on: `_target`)
             self.current[b] = exploit.arm
         x = self._explore(arms, b, exploit.arm, young)
         pick = Pick(x, "explore") if x is not None else exploit
@@ -285,17 +280,16 @@ class MeasuredArms(ArmRates):
         if not due or young:
             return None
         key = (target, b)
-        if mode in ("again", "second"):  # measured from scratch, the better of its two readings standing (a trial
-            if key not in self.prior and self.win[key]:  # cut short leaves its window part-filled: the reading
-                self.prior[key] = (deque(self.win[key]), mode == "second")  # before it stays the one compared)
+        if mode == "second" and key not in self.prior:  # the better of its two trials stands (`_trial_done`)
+            self.prior[key] = deque(self.win[key])
+        if mode in ("again", "second"):
             self.win[key].clear()
         self.burst = _Burst(target, b, length - 1)
         return target
 
     def _target(self, arms: list[Arm], b: int, best: str) -> tuple[str | None, str]:
         """The arm to explore, and how: "new" (not measured yet), "again" (from scratch: drift, or an old
-        measurement), "second" (from scratch: a second opinion; after either, the better of the two readings stands:
-        `_trial_done`) or "more" (a
+        measurement), "second" (from scratch, the better of its two trials standing: `_trial_done`) or "more" (a
         burst added to a noisy measurement)."""
         if self.n(best, b) < self.need(b):  # the exploited arm is being measured first
             return None, ""
@@ -330,7 +324,7 @@ class MeasuredArms(ArmRates):
         # flagged by drift: every arm (its rate is old news); merely old: those close to the best, or within SECOND
         # of it for another length of its drafter (whose acceptance is the exploited arm's: only its reading, a
         # few steps at one moment, put it behind)
-        old = [a.name for a in cands if (a.name, b) in self.stale or self._displaced(a.name, b)
+        old = [a.name for a in cands if (a.name, b) in self.stale
                or (self.steps - self.last.get((a.name, b), 0) > self.STALE
                    and (self.score(a.name, b, f) or 0.0) >= (self.SECOND if drafter(a.name) == drafter(best)
                                                                  else self.CLOSE) * rb)]
@@ -351,17 +345,6 @@ class MeasuredArms(ArmRates):
         few = [a.name for a in cands if self.n(a.name, b) < 3 * self.need(b)
                and (self.score(a.name, b, f) or 0.0) + self.Z * self.se_of((a.name, b), f) >= rb]
         return (few[0], "more") if few else (None, "")
-
-    def _displaced(self, arm: str, b: int) -> bool:
-        """Whether `arm` stopped being the exploited arm at b, to another drafter's arm (the exploited drafter's
-        other lengths are re-measured when old: `_target`), at least `RECENT` steps ago and has not been measured
-        since: its window froze on the steps that put it behind, which a moment (a run of misses, the machine
-        slowing) may have made; re-measured once ("again": the better of its two readings stands). A reading
-        frozen low is otherwise corrected only once `STALE` and within `CLOSE` of the best (at batch 1 on the demo
-        model, fp32, plain ran 251 of auto's 1383 steps, eagle-g2 and eagle-g4 measured 1.33x and 1.17x plain at
-        the end)."""
-        t = self.displaced.get((arm, b))
-        return t is not None and self.last.get((arm, b), 0) <= t and self.steps - t >= self.RECENT
 
     def _kin(self, b: int) -> set[str]:
         """The drafters with a fixed configuration measured at bucket b: their other lengths are never pruned there
