@@ -8,10 +8,10 @@ Decode tokens/s (the tokens after each sequence's first, over the decode steps' 
 prefill is recorded beside it). Disk tier (direct reads), expert cache 25% of the experts per layer, greedy, EOS
 ignored, held-out prompts (benchmarks/prompts: code and prose domains taken in turn); a round runs at least
 `--seqs-per-round` (16) sequences at each system, in at least `--batches-per-round` (4) whole batches (batch 1: 16
-requests one after another; batch 4: 4 batches; batch 16: 4 batches of 16). Systems: the non-speculative baselines (S3-FIFO, the disk tier's default cache policy, LRU, LFU,
-adaptive, on-demand), `auto`, the fixed speculative configurations drafter × γ {2, 4} × {chain, tree} (auto and
-these on the tier's default policy), and an A/A control (a second engine identical to the first baseline: the run's
-noise floor). Every run of every system is checked token for token against plain decoding (the first baseline) in
+requests one after another; batch 4: 4 batches; batch 16: 4 batches of 16). Systems: the non-speculative baselines
+(S3-FIFO, the disk tier's default cache policy, LRU, LFU, adaptive, on-demand), `auto`, the fixed speculative
+configurations drafter × γ {2, 4} × {chain, tree} (auto and these on the tier's default policy), and an A/A control
+(a second engine identical to the first baseline: the run's noise floor). Every run of every system is checked token for token against plain decoding (the first baseline) in
 fp32. `--warmup-steps N` warms every system with rounds shaped like the measured ones on fresh held-out prompts
 until auto has taken N steps (its exploration is free in its first 64 steps, then bounded to 4%). Rounds are
 interleaved (round r runs every system once, in an order shuffled with seed r, so no system always runs first or
@@ -132,6 +132,12 @@ def prompts_for(tokenizer, n: int, *, warmup: bool = False) -> list[list[int]]:
     if warmup:
         cols = cols[::-1]
     return [tokenizer.encode(p) for row in cols for p in row][:n]
+
+
+def prompt_count() -> int:
+    """How many distinct prompts `prompts_for` can give (whole rows of the domains, as it takes them)."""
+    return len(DOMAINS) * min(len((REPO / "benchmarks" / "prompts" / f"{d}.jsonl").read_text().splitlines())
+                              for d in DOMAINS)
 
 
 def commit() -> str:
@@ -297,8 +303,7 @@ def main() -> int:
         held = {n: [0, 0.0] for n in systems}  # decode tokens and seconds over the warm-up rounds after the first
         if args.warmup_steps:  # rounds like the measured ones, on fresh held-out prompts, until auto is past them
             # (from the files' other end, never reaching the measured prompts)
-            held_out = len(prompts_for(tok, 10 ** 6)) - per
-            pool, k, ctl = prompts_for(tok, held_out, warmup=True), 0, controller_of(llms["auto"])
+            pool, k, ctl = prompts_for(tok, prompt_count() - per, warmup=True), 0, controller_of(llms["auto"])
             # (at least 2 rounds: the first warms caches and kernels, the rest rate the fixed configurations)
             while (ctl.measured.steps < args.warmup_steps or k < 2) and (k + 1) * per <= len(pool):
                 warm = pool[k * per:(k + 1) * per]

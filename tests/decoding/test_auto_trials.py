@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specmoe.decoding.control.measured import Arm, MeasuredArms, Pick
-
-
-def _exploit(m: MeasuredArms, arm: str, steps) -> None:
-    """Record `steps` [(tokens, seconds)] of `arm` at batch 1 as the exploited arm."""
-    m.current[1] = arm
-    for t, s in steps:
-        m.record(arm, 1, t, s, m.steps)
-        m.steps += 1
+from specmoe.decoding.control.measured import Arm, MeasuredArms
+from tests.decoding.arm_steps import exploit
 
 
 def test_a_rate_that_swings_with_the_text_is_no_drift_but_a_lasting_fall_is():
@@ -25,11 +18,11 @@ def test_a_rate_that_swings_with_the_text_is_no_drift_but_a_lasting_fall_is():
         m.record("plain", 1, 1.0, 1 / 150, 0)
     m.interrupt()
     noisy = [(1.0, 0.01), (5.0, 0.01)] * 8 + [(1.0, 0.01), (1.0, 0.01), (5.0, 0.01), (1.0, 0.01)] * 16
-    _exploit(m, "eagle", noisy)
+    exploit(m, "eagle", noisy)
     assert m.n("eagle", 1) == m.WINDOW and not m.stale  # (16 steps at 300, then 16 at 200: within the noise)
     assert m.drifts == 0
     for k in range(32):
-        _exploit(m, "eagle", [(1.0, 0.01)])
+        exploit(m, "eagle", [(1.0, 0.01)])
         if m.drifts:
             break
     assert ("plain", 1) in m.stale
@@ -45,7 +38,7 @@ def test_arms_flagged_by_drift_are_measured_again_closest_to_the_best_first():
         for _ in range(m.min_steps + 1):
             m.record(arm, 1, 1.0, 1 / rate, 0)
     m.interrupt()
-    _exploit(m, "eagle", [(2.0, 0.01)] * 16)
+    exploit(m, "eagle", [(2.0, 0.01)] * 16)
     m.stale |= {("plain", 1), ("self", 1), ("ngram", 1)}
     arms = [Arm(n, 1.0, 1.0) for n in ("plain", "self", "ngram", "eagle")]
     assert m._target(arms, 1, "eagle") == ("self", "again")
@@ -111,7 +104,7 @@ def test_a_drift_re_measures_the_arms_within_reach_not_those_far_behind():
         for _ in range(m.min_steps + 1):
             m.record(arm, 1, 1.0, 1 / rate, 0)
     m.interrupt()
-    _exploit(m, "eagle-g2", [(2.0, 0.01)] * 17 + [(2.0, 0.015)] * 16)  # 200 tok/s, then 133 (the first: a switch)
+    exploit(m, "eagle-g2", [(2.0, 0.01)] * 17 + [(2.0, 0.015)] * 16)  # 200 tok/s, then 133 (the first: a switch)
     assert m.stale == {("eagle-g4", 1), ("self-g2", 1)}  # within 0.6 x 133; plain (70) is not
 
 
@@ -183,7 +176,7 @@ def test_an_arm_one_unlucky_trial_put_behind_is_tried_again_and_its_better_trial
         m.record("eagle-g2", 1, 2.0, s, 0)
     assert m.rate("eagle-g2", 1) == pytest.approx(2080 / 12) and m.trials[("eagle-g2", 1)] == 1
     m.interrupt()
-    _exploit(m, "eagle-g4", [(3.0, 3.0 / 240)] * 20)
+    exploit(m, "eagle-g4", [(3.0, 3.0 / 240)] * 20)
     m.recent = type(m.recent)([1] * 16, maxlen=16)
     arms = [Arm(n, 1.0, 1.0) for n in ("eagle-g2", "eagle-g4")]
     assert m._exploit(arms, 1).arm == "eagle-g4"
@@ -209,7 +202,7 @@ def test_a_second_opinion_comes_before_another_drafters_first_trial():
         m.record("eagle-g2", 1, 2.0, s, 0)
     assert m.trials[("eagle-g2", 1)] == 1
     m.interrupt()
-    _exploit(m, "eagle-g4", [(3.0, 3.0 / 260)] * 20)
+    exploit(m, "eagle-g4", [(3.0, 3.0 / 260)] * 20)
     m.interrupt()
     for _ in range(m.need(1) + 1):
         m.record("plain", 1, 1.0, 1.0 / 150, m.steps)
@@ -292,7 +285,7 @@ def test_a_second_opinion_finds_room_where_a_first_trial_would_not():
         for s in (t,) + (slow * t,) * 4:  # (the first: the switch's, not measured)
             m.record("eagle-g2", 1, 2.0, s, 0)
         m.interrupt()
-        _exploit(m, "eagle-g4", [(3.0, 3.0 / 260)] * 20)
+        exploit(m, "eagle-g4", [(3.0, 3.0 / 260)] * 20)
         m.steps, m.explored = m.WARMUP + 300, 9
         m.recent = type(m.recent)([1] * 16, maxlen=16)
         return m
@@ -337,7 +330,7 @@ def test_no_trial_starts_in_a_requests_first_tokens():
     m = MeasuredArms()
     for arm in ("plain", "eagle-g4"):
         m.interrupt()
-        _exploit(m, arm, [(2.0, 0.01)] * (m.need(1) + 1))
+        exploit(m, arm, [(2.0, 0.01)] * (m.need(1) + 1))
     m.recent = type(m.recent)([1] * 16, maxlen=16)
     arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g4", "eagle-g2")]
     assert m.pick(arms, 1, young=True).reason == "measured" and m.burst is None and m.deferred_at(1)
@@ -367,7 +360,7 @@ def test_the_controller_starts_no_trial_while_its_rows_are_young():
     m = ctl.measured
     for arm in ("plain", "self-g4"):
         m.interrupt()
-        _exploit(m, arm, [(2.0, 0.01)] * (m.need(1) + 1))
+        exploit(m, arm, [(2.0, 0.01)] * (m.need(1) + 1))
     m.recent = type(m.recent)([1] * 16, maxlen=16)
 
     def view(age):
@@ -389,10 +382,10 @@ def test_a_drafter_measured_far_behind_has_its_other_lengths_left_untried(self_r
     m = MeasuredArms()
     for arm, rate in (("plain", 140.0), ("self-g2", self_rate)):
         m.interrupt()
-        _exploit(m, arm, [(2.0, 2.0 / rate)] * (m.need(1) + 1))
+        exploit(m, arm, [(2.0, 2.0 / rate)] * (m.need(1) + 1))
     m.trials[("self-g2", 1)] = 2  # (past its second opinion)
     m.interrupt()
-    _exploit(m, "eagle-g2", [(2.0, 2.0 / 250)] * 20)
+    exploit(m, "eagle-g2", [(2.0, 2.0 / 250)] * 20)
     m.recent = type(m.recent)([1] * 16, maxlen=16)
     arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "self-g2", "self-g4")]
     assert m._target(arms, 1, "eagle-g2") == (("self-g4", "new") if tried else (None, ""))
@@ -421,83 +414,3 @@ def test_rows_are_young_in_the_first_tokens_of_requests_long_enough_to_have_more
         return [SimpleNamespace(output_ids=[0] * d, params=SimpleNamespace(max_tokens=max_tokens)) for d in done]
     assert young_rows(rows([0, 4], 32), 8) and not young_rows(rows([8, 8], 32), 8)
     assert not young_rows(rows([0, 4], 16), 8)  # 16-token requests: no part of them is past their first tokens
-
-
-def test_an_arm_measured_ahead_but_not_clearly_is_measured_longer_before_stale_arms():
-    """eagle-g4's one trial read above the exploited eagle-g2 on a window too short to be clear: its next burst
-    comes before re-measuring an arm flagged stale by a drift, and adds to its window ("more")."""
-    m = MeasuredArms()
-    for arm, tokens in (("plain", 2.0), ("eagle+ngram", 3.4)):
-        m.interrupt()
-        _exploit(m, arm, [(tokens, 0.01)] * (m.need(1) + 1))
-    m.interrupt()
-    _exploit(m, "eagle-g2", [(2.6, 0.01), (3.4, 0.01)] * 16)
-    m.interrupt()
-    m.current[1] = "eagle-g2"
-    for t in (2.0, 4.8, 1.6, 4.8, 2.0):  # (the switch's first step is no measurement)
-        m.record("eagle-g4", 1, t, 0.01, m.steps)
-        m.steps += 1
-    m.stale.add(("eagle+ngram", 1))
-    m.recent = type(m.recent)([1] * 16, maxlen=16)
-    assert m.score("eagle-g4", 1) > m.score("eagle-g2", 1)
-    assert m._exploit([Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "eagle-g4")], 1).arm == "eagle-g2"
-    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "eagle-g4", "eagle+ngram")]
-    n = m.n("eagle-g4", 1)
-    assert m._target(arms, 1, "eagle-g2") == ("eagle-g4", "more")
-    assert m.pick(arms, 1) == Pick("eagle-g4", "explore") and m.n("eagle-g4", 1) == n  # (its window kept)
-
-
-def test_an_arm_ahead_but_not_clear_is_measured_until_its_window_is_full_and_then_taken():
-    """eagle-g4 reads 14% above the exploited plain over a noisy window of 3 x `need` steps, not clear: it gets
-    "more" bursts past that (they stopped there, and plain held batch 4 while eagle-g4 ran 1.17x faster), and once
-    its window is full, still ahead by `STAY` though not by `Z` standard errors, it is taken."""
-    m = MeasuredArms()
-    _exploit(m, "plain", [(1.0, 0.005)] * 32)  # plain: 200 tok/s, no spread
-    m.interrupt()
-    noisy = [(1.0, 0.01), (7.0, 0.01)]  # eagle-g4: 400 and 100/... alternating steps: 228 tok/s, wide spread
-    m.current[1] = "plain"
-    m.record("eagle-g4", 1, 1.0, 0.01, m.steps)  # (the switch's first step is no measurement)
-    for t, s in noisy * (3 * m.need(1) // 2):
-        m.record("eagle-g4", 1, t, s * 1.75, m.steps)
-        m.steps += 1
-    m.recent = type(m.recent)([1] * 16, maxlen=16)
-    arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g4")]
-    assert m.n("eagle-g4", 1) == 3 * m.need(1)
-    r4, r0 = m.score("eagle-g4", 1), m.score("plain", 1)
-    assert r4 > m.STAY * r0 and r4 - r0 < m.Z * m.se_of(("eagle-g4", 1))  # ahead, not clear
-    assert m._exploit(arms, 1).arm == "plain"
-    assert m._target(arms, 1, "plain") == ("eagle-g4", "more")
-    while m.n("eagle-g4", 1) < m.WINDOW:
-        t, s = noisy[m.n("eagle-g4", 1) % 2]
-        m.record("eagle-g4", 1, t, s * 1.75, m.steps)
-        m.steps += 1
-    assert m.score("eagle-g4", 1) - r0 < m.Z * m.se_of(("eagle-g4", 1))  # still not clear by Z standard errors
-    assert m._exploit(arms, 1).arm == "eagle-g4"
-
-
-def test_another_length_behind_is_remeasured_when_old():
-    """eagle-g4 read 0.75x the exploited eagle-g2 on one window, below `CLOSE` (another drafter that far behind is not
-    re-measured when old) but within `SECOND`: as another length of the exploited drafter it is measured again once
-    its reading is `STALE` steps old ("again", from a fresh window: its new reading stands, no second opinion)."""
-    m = MeasuredArms()
-    m.current[1] = "eagle-g2"
-    _exploit(m, "eagle-g2", [(2.0, 0.01)] * 32)  # 200 tok/s
-    m.interrupt()
-    m.current[1] = "eagle-g2"
-    m.record("eagle-g4", 1, 3.0, 0.02, m.steps)  # (the switch's first step is no measurement)
-    for _ in range(8):
-        m.record("eagle-g4", 1, 3.0, 0.02, m.steps)  # 150 tok/s
-    m.interrupt()
-    _exploit(m, "eagle-g2", [(2.0, 0.01)] * 32)
-    m.steps += m.STALE + 1
-    m.explored = 0
-    m.recent = type(m.recent)([1] * 16, maxlen=16)
-    arms = [Arm(n, 1.0, 1.0) for n in ("eagle-g2", "eagle-g4")]
-    before = m.score("eagle-g4", 1)
-    assert m.SECOND * m.score("eagle-g2", 1) < before < m.CLOSE * m.score("eagle-g2", 1)
-    assert m._target(arms, 1, "eagle-g2") == ("eagle-g4", "again")
-    assert m.pick(arms, 1) == Pick("eagle-g4", "explore") and m.n("eagle-g4", 1) == 0
-    for _ in range(m.need(1) + 1):
-        m.record("eagle-g4", 1, 3.0, 0.04, m.steps)  # 75 tok/s this time
-        m.steps += 1
-    assert m.score("eagle-g4", 1) == pytest.approx(75.0) and m.second_trials == 0

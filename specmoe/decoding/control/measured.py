@@ -279,11 +279,10 @@ class MeasuredArms(ArmRates):
         self.deferred[b] = due and young
         if not due or young:
             return None
-        key = (target, b)
-        if mode == "second" and key not in self.prior:  # the better of its two trials stands (`_trial_done`)
-            self.prior[key] = deque(self.win[key])
+        if mode == "second":
+            self.prior[(target, b)] = deque(self.win[(target, b)])
         if mode in ("again", "second"):
-            self.win[key].clear()
+            self.win[(target, b)].clear()
         self.burst = _Burst(target, b, length - 1)
         return target
 

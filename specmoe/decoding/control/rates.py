@@ -217,7 +217,7 @@ class ArmRates:
         first = self.prior.pop(key, None)
         self.trials[key] = self.trials.get(key, 0) + 1
         self.second_trials += first is not None
-        if first and _rate(first) > _rate(w):
+        if first is not None and _rate(first) > _rate(w):
             w.clear()
             w.extend(first)
 
