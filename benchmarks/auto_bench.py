@@ -10,19 +10,18 @@ ignored, held-out prompts (benchmarks/prompts: code and prose domains taken in t
 `--seqs-per-round` (16) sequences at each system, in at least `--batches-per-round` (4) whole batches (batch 1: 16
 requests one after another; batch 4: 4 batches; batch 16: 4 batches of 16). Systems: the non-speculative baselines
 (S3-FIFO, the disk tier's default cache policy, LRU, LFU, adaptive, on-demand), `auto`, the fixed speculative
-configurations drafter × γ {2, 4} × {chain, tree} (auto and these on the tier's default policy), and an A/A control
-(a second engine identical to the first baseline: the run's noise floor). Every run of every system is checked token for token against plain decoding (the first baseline) in
-fp32. `--warmup-steps N` warms every system with rounds shaped like the measured ones on fresh held-out prompts
-until auto has taken N steps (its exploration is free in its first 64 steps, then bounded to 4%). Rounds are
-interleaved (round r runs every system once, in an order shuffled with seed r, so no system always runs first or
-last or after the same system: with the order rotated, eagle-g2 ran right after auto in every round); auto's ratios
-are medians over rounds of its tok/s ÷ the other system's in the same round (the machine's speed drifts between
-rounds), and the best baseline and best fixed configuration are the ones with the highest median tok/s (beside it,
-the fixed configuration a user would have picked by hand: the fastest on the warm-up prompts, other text than the
-measured rounds', and auto's ratio to it); only ratios within one invocation mean something (identical runs minutes
-apart on this kind of machine differ by up to 1.5×). What `auto` chose is recorded from its stats: share of plain
-steps, rows per drafter, τ per drafter, bytes per token.
-"""
+configurations drafter × γ {2, 4} × {chain, tree} (auto and these on the tier's default policy), and an A/A control (a
+second engine identical to the first baseline: the run's noise floor). Every run of every system is checked token for
+token against plain decoding (the first baseline) in fp32. `--warmup-steps N` warms every system with rounds shaped
+like the measured ones on fresh held-out prompts until auto has taken N steps (its exploration is free in its first 64
+steps, then bounded to 4%). Rounds are interleaved (round r runs every system once, in an order shuffled with seed r,
+so no system always runs first or last or after the same system: with the order rotated, eagle-g2 ran right after auto
+in every round); auto's ratios are medians over rounds of its tok/s ÷ the other system's in the same round (the
+machine's speed drifts between rounds), and the best baseline and best fixed configuration are the ones with the
+highest median tok/s (beside it, the fixed configuration a user would have picked by hand: the fastest on the warm-up
+prompts, other text than the measured rounds', and auto's ratio to it); only ratios within one invocation mean
+something (identical runs minutes apart on this kind of machine differ by up to 1.5×). What `auto` chose is recorded
+from its stats: share of plain steps, rows per drafter, τ per drafter, bytes per token."""
 from __future__ import annotations
 
 import argparse
