@@ -66,8 +66,8 @@ AUTO_KEEP = ("controller_steps", "controller_reasons", "controller_rows_by_draft
              "controller_s", "time_refinement", "fwd_refinement", "step_overhead_s_per_token",
              "auto_chosen", "auto_chosen_steps", "auto_current_by_bucket", "auto_exploration_share",
              "auto_exploration_steps", "auto_second_trials", "auto_lap_factors", "auto_lap_pricing",
-             "auto_measured_rates", "auto_measured_steps", "auto_miss_moment", "auto_arm_calibration",
-             "controller_arm_rates")
+             "auto_measured_rates", "auto_measured_steps", "auto_miss_moment", "auto_moment_cv",
+             "auto_arm_calibration", "controller_arm_rates")
 
 
 def paired(tps: dict, a: str, b: str) -> float:

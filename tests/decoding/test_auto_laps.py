@@ -212,7 +212,8 @@ def test_a_shorter_draft_is_not_priced_with_a_deeper_ones_tail():
         for _ in range(3):  # eagle-g2's trial: its full steps at a batch's start
             rec("eagle-g2", 64, 150.0, 0.1 * 150.0 / 190.0 * 1.05)
         arms = [Arm(n, 1.0, 1.0, spreads.get(n)) for n in ("eagle-g2", "eagle-g4")]
-        return m.pick(arms, 64).arm, m
+        m.pick(arms, 64)  # (records the offered spreads; may explore eagle-g2 further: two steps are one moment)
+        return m._exploit(arms, 64).arm, m
 
     pick, m = run({"eagle-g2": 0.52, "eagle-g4": 0.9})
     assert pick == "eagle-g2"

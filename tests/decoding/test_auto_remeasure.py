@@ -86,3 +86,77 @@ def test_another_length_behind_is_remeasured_when_old():
         m.record("eagle-g4", 1, 3.0, 0.04, m.steps)  # 75 tok/s this time
         m.steps += 1
     assert m.score("eagle-g4", 1) == pytest.approx(75.0) and m.second_trials == 0
+
+
+def test_a_lucky_trial_is_not_clear_against_the_spread_between_moments():
+    """The exploited eagle-g2's blocks of `need` steps spread between moments (150 to 250 tok/s, steady within
+    each); plain's one trial reads 15% above it on four identical steps. Its within-window spread is none, but one
+    burst is one moment: the floor on its standard error (`se_of`) keeps it from being clear, so eagle-g2 stays and
+    plain is measured further ("more"); with eagle-g2 as steady between moments as within, the same lead is taken."""
+    def run(moments) -> tuple:
+        m = MeasuredArms()
+        exploit(m, "eagle-g2", [(r / 100.0, 0.01) for r in moments for _ in range(m.need(1))])
+        m.interrupt()
+        m.current[1] = "eagle-g2"
+        rate = 1.15 * m.score("eagle-g2", 1)
+        for _ in range(m.need(1) + 1):  # (the switch's first step is no measurement)
+            m.record("plain", 1, rate / 100.0, 0.01, m.steps)
+            m.steps += 1
+        m.recent = type(m.recent)([1] * 16, maxlen=16)
+        arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2")]
+        return m, m._exploit(arms, 1).arm, m._target(arms, 1, "eagle-g2")
+
+    m, arm, target = run([150.0, 250.0] * 4)
+    assert m.moment_cv(1) > 0.2 and m.se_of(("plain", 1)) > 0.2 * m.score("plain", 1)
+    assert arm == "eagle-g2" and target == ("plain", "more")
+    m, arm, _ = run([200.0] * 8)
+    assert m.moment_cv(1) == 0.0 and arm == "plain"
+
+
+def test_a_reading_older_than_the_exploited_window_is_measured_again_before_it_is_taken():
+    """plain's trial read 30% above eagle-g2's current window, but before any step of that window (another moment
+    of the machine): eagle-g2 stays and plain is measured again from scratch ("again"); the same reading taken
+    within eagle-g2's window is taken."""
+    def run(trial_first: bool) -> tuple:
+        m = MeasuredArms()
+        m.current[1] = "eagle-g2"
+        if not trial_first:
+            exploit(m, "eagle-g2", [(2.0, 0.01)] * 32)  # 200 tok/s
+        m.interrupt()
+        m.current[1] = "eagle-g2"
+        for _ in range(m.need(1) + 1):  # (the switch's first step is no measurement)
+            m.record("plain", 1, 2.6, 0.01, m.steps)
+            m.steps += 1
+        m.interrupt()
+        if trial_first:
+            exploit(m, "eagle-g2", [(2.0, 0.01)] * 32)
+        m.recent = type(m.recent)([1] * 16, maxlen=16)
+        arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2")]
+        return m._exploit(arms, 1).arm, m._target(arms, 1, "eagle-g2")
+
+    arm, target = run(trial_first=True)
+    assert arm == "eagle-g2" and target == ("plain", "again")
+    assert run(trial_first=False)[0] == "plain"
+
+
+def test_a_drift_does_not_flag_an_arm_measured_since_the_move():
+    """eagle-g2's rate falls by 40%; plain was measured during its recent steps (after the move) and self-g2 before
+    them: the drift flags self-g2 stale, not plain."""
+    m = MeasuredArms()
+    exploit(m, "eagle-g2", [(3.0, 0.01)] * 20)  # 300 tok/s
+    m.interrupt()
+    m.current[1] = "self-g2"
+    for _ in range(m.need(1) + 1):
+        m.record("self-g2", 1, 2.5, 0.01, m.steps)
+        m.steps += 1
+    m.interrupt()
+    exploit(m, "eagle-g2", [(3.0, 0.01)] * 12 + [(1.8, 0.01)] * 8)
+    m.interrupt()
+    m.current[1] = "eagle-g2"
+    for _ in range(m.need(1) + 1):
+        m.record("plain", 1, 1.7, 0.01, m.steps)
+        m.steps += 1
+    m.interrupt()
+    assert m.drifts == 0
+    exploit(m, "eagle-g2", [(1.8, 0.01)] * 8)
+    assert m.drifts == 1 and ("self-g2", 1) in m.stale and ("plain", 1) not in m.stale

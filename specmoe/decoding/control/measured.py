@@ -16,7 +16,10 @@ Successive elimination with a bounded budget:
   steady state does not (a drafter's catch-up, `Drafter.sync`, is left out of every step's seconds);
 - exploitation: the current arm stays unless another measures `STAY`× faster *and* faster by more than `Z` standard
   errors of the two rates or over a full window (a step's tokens follow the text it lands on, so a few steps of an arm
-  are a noisy sample: the best of many noisy rates is mostly the luckiest; an arm ahead is measured longer); with no
+  are a noisy sample: the best of many noisy rates is mostly the luckiest; an arm ahead is measured longer; a trial's
+  steps share one moment, so a rate's standard error is at least the spread between moments that its window's
+  bursts leave, `ArmRates.se_of`; and a challenger is taken only on a reading within the exploited arm's window,
+  `_fresh`: an older one is measured again first); with no
   current arm, the measured arm of the highest lower confidence bound (rate − Z·se); before any arm is measured at
   this bucket, the best measured at the nearest bucket; before that, the model's best. A lookup arm (ngram, or a mix
   with it) is offered and measured only where its lookup matched, repetitive text on which every arm runs faster
@@ -217,14 +220,23 @@ class MeasuredArms(ArmRates):
             # clear by Z standard errors, or over a window as full as the exploited arm's (`_target`'s "more"
             # bursts fill the window of an arm measured ahead: as measured as it can be, its lead stands)
             clear = gap > self.Z * math.hypot(se[best], se[cur]) or self.n(best, b) >= self.WINDOW
-            return Pick(self._even(best if measured[best] > self.STAY * measured[cur] and clear else cur, measured),
-                        "measured")
+            take = measured[best] > self.STAY * measured[cur] and clear and self._fresh(best, b)
+            return Pick(self._even(best if take else cur, measured), "measured")
         near = sorted({k[1] for k in self.win if k[1] != b}, key=lambda k: abs(math.log2(k / b)))
         for nb in near:
             there = {n: r for n in names if (r := self.score(n, nb)) is not None}
             if there:
                 return Pick(max(there, key=there.get), "measured-near")
         return Pick(max(arms, key=lambda a: a.predicted).name, "model")
+
+    def _fresh(self, arm: str, b: int) -> bool:
+        """Whether `arm` was last measured at bucket b within the exploited arm's window there: a reading older than
+        that window compares two moments of the machine, not two arms (this machine's speed swings up to 1.5x
+        between runs a few seconds apart: at demo fp32 batch 4 plain's 4-step trial read 383 tok/s beside the
+        exploited eagle-g2's 380; 58 steps later, a slower round, eagle-g2's window read 323, plain's old reading
+        took the batch, and plain then ran at 258). An old reading ahead is measured again first (`_target`)."""
+        since = self.since(self.current.get(b), b)
+        return since is None or self.last.get((arm, b), -1) >= since
 
     def _even(self, arm: str, measured: dict) -> str:
         """The shortest fixed length of `arm`'s drafter measured as fast as it (within `STAY`). At a batch, deeper
@@ -318,8 +330,9 @@ class MeasuredArms(ArmRates):
         # baseline, and eagle-g4 ended measured 14% ahead of plain over 15 steps)
         ahead = {a.name: r for a in cands if self.need(b) <= self.n(a.name, b) < self.WINDOW
                  and (r := (self.score(a.name, b, f) or 0.0) / self._edge(a.name)) > self.STAY * rb / self._edge(best)}
-        if ahead:
-            return max(ahead, key=ahead.get), "more"
+        if ahead:  # (a reading older than the exploited arm's window is taken again from scratch: `_fresh`)
+            a = max(ahead, key=ahead.get)
+            return a, "more" if self._fresh(a, b) else "again"
         # flagged by drift: every arm (its rate is old news); merely old: those close to the best, or within SECOND
         # of it for another length of its drafter (whose acceptance is the exploited arm's: only its reading, a
         # few steps at one moment, put it behind)
@@ -405,6 +418,9 @@ class MeasuredArms(ArmRates):
                 "auto_measured_rates": {f"{a}@{b}": round(self.rate_of((a, b)), 2)
                                         for (a, b) in sorted(self.win) if self.win[(a, b)]},
                 "auto_measured_steps": {f"{a}@{b}": len(w) for (a, b), w in sorted(self.win.items())},
+                # per bucket: the spread between moments that floors a rate's standard error (`ArmRates.se_of`)
+                "auto_moment_cv": {str(b): round(cv, 4) for b in sorted(self.current)
+                                   if (cv := self.moment_cv(b)) is not None},
                 "auto_arm_calibration": {a: round(self.kappa(a), 4) for a in sorted(self.real)},
                 # per bucket: the exploited arm's recent and long-run wait per expert lookup (ms) and how far the
                 # moment's excess foretold its next step (`MissMoment`): what a trial's wait is credited by

@@ -26,7 +26,7 @@ eagle-g4 0.78 (a deeper draft's verification loads experts the next tokens use);
 wait per lookup rated plain 7% above its realized rate and eagle-g4 7% below, and `auto` ran plain for 96 of 222
 steps.
 
-Per (arm, bucket) a window of its last `WINDOW` steps, (credited tokens, seconds, rows); per arm its calibration
+Per (arm, bucket) a window of its last `WINDOW` steps, (credited tokens, seconds, rows, step); per arm its calibration
 sums (`kappa`); per (arm, bucket) the whole batches it ran (`laps.Laps`), which price its rate there (`scale`). A
 drift of the exploited arm's rate flags the others at its bucket stale (`record`; what the bandit does with that:
 `measured`). All of it persists per machine, model and tier (`state`, `warm`).
@@ -121,7 +121,8 @@ class ArmRates:
     FAR: float = 0.6         # on drift, arms measured below this share of the exploited arm's rate stay measured
     RECENT: int = 16         # drift: the exploited arm's last steps against the as many before them
     SETTLE: int = 8          # steps of the last 2·SETTLE in a bucket before it is explored
-    win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds, rows)]
+    MOMENTS: int = 3         # the exploited arm's blocks of `need` steps before their spread floors a rate's se
+    win: dict = field(default_factory=dict)        # (arm, bucket) -> deque[(tokens, seconds, rows, step)]
     last: dict = field(default_factory=dict)       # (arm, bucket) -> step last measured
     calm: dict = field(default_factory=dict)       # (arm, bucket) -> its steps recorded since its last drift
     real: dict = field(default_factory=dict)       # arm -> [tokens emitted, tokens expected on pooled acceptance]
@@ -183,7 +184,7 @@ class ArmRates:
             return
         key = (arm, b)
         w = self.win.setdefault(key, deque(maxlen=self.WINDOW))
-        w.append((e, float(seconds), int(B)))
+        w.append((e, float(seconds), int(B), step))
         self.last[key] = step
         self.stale.discard(key)
         self.calm[key] = self.calm.get(key, 0) + 1
@@ -198,9 +199,10 @@ class ArmRates:
                 # the workload moved: the others' rates are old news, for those within FAR of it (rated on pooled
                 # acceptance, an arm far behind stays behind when the text moves: re-measuring self-g2 at 0.4x
                 # after every drift spent the budget for nothing)
-                keep = self.FAR * min(a, r) * self.credits(arm, key[1])
-                self.stale |= {k for k, v in self.win.items()
-                               if k[1] == key[1] and k[0] != arm and v and self.rate_of(k) >= keep}
+                # (not those measured since the move began: their readings are of the moved workload already)
+                keep, moved = self.FAR * min(a, r) * self.credits(arm, key[1]), recent[0][3]
+                self.stale |= {k for k, v in self.win.items() if k[1] == key[1] and k[0] != arm and v
+                               and self.rate_of(k) >= keep and self.last.get(k, -1) < moved}
                 self.calm[key] = 0
                 for _ in range(len(w) - R):  # its own steps before the move are old news too
                     w.popleft()
@@ -292,8 +294,35 @@ class ArmRates:
         return self.min_steps if b < self.WIDE else (self.min_steps + 1) // 2
 
     def se_of(self, key, rows: int = 0) -> float:
-        """Standard error of the arm's rate at a bucket (`_se` of its window, × `scale`; `_steps`)."""
-        return _se(self._steps(key, rows)) * self.scale(*key)
+        """Standard error of the arm's rate at a bucket (`_se` of its window, × `scale`; `_steps`), at least what
+        its window's moments leave (`moment_cv`): a trial's `need` steps run back to back, at one moment of the text
+        and the cache, and their spread is not the spread between moments. The arm taken is the best of several
+        such readings, so mostly the luckiest: at demo batch 4 (fp32) the trial that made plain the exploited arm read
+        276 tok/s and plain then ran at 184-194, eagle-g4's read 388 and it then ran at 234-296, and the one-moment
+        spread made those leads look clear (auto ran 0.87-0.94x the best fixed engine at 3 of 4 batch sizes). Here
+        a window of n steps counts as n / `need` independent moments."""
+        steps = self._steps(key, rows)
+        se, cv = _se(steps), self.moment_cv(key[1])
+        if cv and steps:
+            se = max(se, cv * _rate(steps) * math.sqrt(max(1, self.need(key[1])) / len(steps)))
+        return se * self.scale(*key)
+
+    def moment_cv(self, b: int) -> float | None:
+        """The spread between moments at bucket b: the relative standard deviation of the rates of the exploited
+        arm's consecutive blocks of `need` steps (what one trial's reading of an arm would spread by, were it that
+        arm), over its window; None until it has `MOMENTS` whole blocks."""
+        w, k = list(self.win.get((self.current.get(b), b), ())), max(1, self.need(b))
+        blocks = [w[i - k:i] for i in range(len(w), k - 1, -k)]
+        if len(blocks) < self.MOMENTS:
+            return None
+        rs = [_rate(x) for x in blocks]
+        m = sum(rs) / len(rs)
+        return math.sqrt(sum((r - m) ** 2 for r in rs) / (len(rs) - 1)) / m if m > 0 else None
+
+    def since(self, arm: str, b: int) -> int | None:
+        """The step the arm's window at bucket b starts at (None: empty)."""
+        w = self.win.get((arm, b))
+        return w[0][3] if w else None
 
     def n(self, arm: str, b: int) -> int:
         return len(self.win.get((arm, b), ()))
@@ -326,5 +355,5 @@ class ArmRates:
             k2 = max(1, self.need(b))
             if tokens <= 0 or seconds <= 0 or n < k2:
                 continue
-            self.win[(arm, b)] = deque([(tokens / n, seconds / n, b)] * k2, maxlen=self.WINDOW)
+            self.win[(arm, b)] = deque([(tokens / n, seconds / n, b, 0)] * k2, maxlen=self.WINDOW)
             self.last[(arm, b)] = 0
