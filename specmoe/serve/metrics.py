@@ -150,6 +150,12 @@ class _StatsCollector:
                 arm, bucket = key.rsplit("@", 1)
                 laps.add_metric([arm, bucket], float(v))
             yield laps
+            cv = GaugeMetricFamily("specmoe_auto_moment_cv", "spread between moments at a batch bucket (relative "
+                                   "standard deviation of the exploited configuration's 4-step blocks): the floor "
+                                   "on a measured rate's standard error", labels=["bucket"])
+            for bucket, v in s.get("auto_moment_cv", {}).items():
+                cv.add_metric([bucket], float(v))
+            yield cv
         drafters = s.get("drafters") or {}
         if drafters:
             rows = CounterMetricFamily("specmoe_drafter_rows", "sequence-steps drafted, by drafter", labels=["drafter"])

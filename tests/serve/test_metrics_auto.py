@@ -42,3 +42,18 @@ def test_metrics_show_what_a_batchs_ragged_tail_leaves_each_configuration():
     fams = {f.name: f for f in text_string_to_metric_families(ServerMetrics(llm).render().decode())}
     got = {(s.labels["arm"], s.labels["bucket"]): s.value for s in fams["specmoe_auto_lap_factor"].samples}
     assert got == {("eagle-g2", "4"): pytest.approx(st["auto_lap_factors"]["eagle-g2@4"])}
+
+
+def test_metrics_show_the_spread_between_moments_that_floors_a_rates_standard_error():
+    from specmoe.engine.auto import controller_of
+    llm = LLM(decoding="auto", dtype="float32", threads=1)
+    m = controller_of(llm).measured
+    m.current[8] = "eagle-g2"  # (a bucket the generation below, one row, leaves alone)
+    for k in range(1 + 3 * m.need(8)):  # blocks of 4 steps at 200 and 300 tok/s (the first step: a switch's)
+        m.record("eagle-g2", 8, 2.0 if (k - 1) // m.need(8) % 2 else 3.0, 0.01, k)
+    llm.generate(["def fibonacci(n):"], SamplingParams(max_tokens=8, ignore_eos=True))
+    st = llm.stats
+    assert st["auto_moment_cv"]["8"] == pytest.approx(m.moment_cv(8), abs=1e-4) and m.moment_cv(8) > 0.15
+    fams = {f.name: f for f in text_string_to_metric_families(ServerMetrics(llm).render().decode())}
+    got = {s.labels["bucket"]: s.value for s in fams["specmoe_auto_moment_cv"].samples}
+    assert got["8"] == pytest.approx(st["auto_moment_cv"]["8"])
