@@ -76,6 +76,15 @@ def paired(tps: dict, a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(tps[a], tps[b]))
 
 
+def unmeasured(res: dict) -> list[int]:
+    """The batch sizes a results file's command asked for that it has no point for (a run stopped early keeps the
+    points it finished: `save`)."""
+    cmd = res.get("command", "").split()
+    asked = cmd[cmd.index("--batches") + 1].split(",") if "--batches" in cmd[:-1] else []
+    done = {p["batch"] for p in res["points"]}
+    return [int(b) for b in asked if b.isdigit() and int(b) not in done]
+
+
 def held_pick(p: dict, names) -> tuple[str, float] | None:
     """Of `names`, the system fastest on the warm-up prompts of point p (its `warmup_tok_s`: other text than the
     measured rounds'), and auto ÷ it over the measured rounds (`paired`); None where the warm-up did not rate them
@@ -210,7 +219,9 @@ def readme_block(results: list[dict]) -> str:
                   f"{res['machine'].get('usable_cores', '?')} cores (other work on the machine shows in the A/A "
                   f"noise floor)"
                   + (f"; batch {', '.join(map(str, res['rerun']['batches']))} from a rerun at the same commit "
-                     f"(`rerun` in the JSON: {res['rerun']['why']})" if res.get("rerun") else "") + ":", "",
+                     f"(`rerun` in the JSON: {res['rerun']['why']})" if res.get("rerun") else "")
+                  + (f"; batch {', '.join(map(str, missing))} not measured (the run was stopped before it)"
+                     if (missing := unmeasured(res)) else "") + ":", "",
                   "| batch | best baseline | decode tok/s | best fixed speculative | tok/s | auto tok/s | auto ÷ baseline "
                   "| auto ÷ best fixed | baseline picked on the warm-up prompts: auto ÷ it "
                   "| fixed picked on the warm-up prompts: auto ÷ it | A/A noise floor "
