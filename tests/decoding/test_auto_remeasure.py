@@ -142,21 +142,19 @@ def test_a_reading_older_than_the_exploited_window_is_measured_again_before_it_i
 def test_a_drift_does_not_flag_an_arm_measured_since_the_move():
     """eagle-g2's rate falls by 40%; plain was measured during its recent steps (after the move) and self-g2 before
     them: the drift flags self-g2 stale, not plain."""
+    def trial(arm: str, tokens: float) -> None:  # a burst of need + 1 steps (the first: a switch's, unmeasured)
+        m.interrupt()
+        m.current[1] = "eagle-g2"
+        for _ in range(m.need(1) + 1):
+            m.record(arm, 1, tokens, 0.01, m.steps)
+            m.steps += 1
+        m.interrupt()
+
     m = MeasuredArms()
     exploit(m, "eagle-g2", [(3.0, 0.01)] * 20)  # 300 tok/s
-    m.interrupt()
-    m.current[1] = "self-g2"
-    for _ in range(m.need(1) + 1):
-        m.record("self-g2", 1, 2.5, 0.01, m.steps)
-        m.steps += 1
-    m.interrupt()
+    trial("self-g2", 2.5)
     exploit(m, "eagle-g2", [(3.0, 0.01)] * 12 + [(1.8, 0.01)] * 8)
-    m.interrupt()
-    m.current[1] = "eagle-g2"
-    for _ in range(m.need(1) + 1):
-        m.record("plain", 1, 1.7, 0.01, m.steps)
-        m.steps += 1
-    m.interrupt()
+    trial("plain", 1.7)
     assert m.drifts == 0
     exploit(m, "eagle-g2", [(1.8, 0.01)] * 8)
     assert m.drifts == 1 and ("self-g2", 1) in m.stale and ("plain", 1) not in m.stale
