@@ -1,4 +1,4 @@
-"""`auto`'s re-measures: an arm measured ahead until its lead is clear or its window full, another length of the
+"""`auto`'s re-measures: an arm measured ahead until its lead is clear or held over `LEAD` trials' worth of steps, another length of the
 exploited drafter measured again when old (`measured.MeasuredArms._target` / `_exploit`)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.decoding.arm_steps import exploit
 
 def test_an_arm_measured_ahead_but_not_clearly_is_measured_longer_before_stale_arms():
     """eagle-g4's one trial read above the exploited eagle-g2 on a window too short to be clear: its next burst
-    comes before re-measuring an arm flagged stale by a drift, and adds to its window ("more")."""
+    comes before re-measuring an arm flagged stale by a drift, and adds to its window ("ahead")."""
     m = MeasuredArms()
     for arm, tokens in (("plain", 2.0), ("eagle+ngram", 3.4)):
         m.interrupt()
@@ -28,14 +28,15 @@ def test_an_arm_measured_ahead_but_not_clearly_is_measured_longer_before_stale_a
     assert m._exploit([Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "eagle-g4")], 1).arm == "eagle-g2"
     arms = [Arm(n, 1.0, 1.0) for n in ("plain", "eagle-g2", "eagle-g4", "eagle+ngram")]
     n = m.n("eagle-g4", 1)
-    assert m._target(arms, 1, "eagle-g2") == ("eagle-g4", "more")
+    assert m._target(arms, 1, "eagle-g2") == ("eagle-g4", "ahead")
     assert m.pick(arms, 1) == Pick("eagle-g4", "explore") and m.n("eagle-g4", 1) == n  # (its window kept)
 
 
-def test_an_arm_ahead_but_not_clear_is_measured_until_its_window_is_full_and_then_taken():
-    """eagle-g4 reads 14% above the exploited plain over a noisy window of 3 x `need` steps, not clear: it gets
-    "more" bursts past that (they stopped there, and plain held batch 4 while eagle-g4 ran 1.17x faster), and once
-    its window is full, still ahead by `STAY` though not by `Z` standard errors, it is taken."""
+def test_an_arm_ahead_but_not_clear_is_measured_until_it_holds_its_lead_and_then_taken():
+    """eagle-g4 reads 14% above the exploited plain over a noisy window of 3 x `need` steps, not clear: it is not
+    taken yet and gets "ahead" bursts past that (they once stopped there, and plain held batch 4 while eagle-g4 ran
+    1.17x faster), and once it has held its lead over `LEAD` trials' worth of steps, still ahead by `STAY` though
+    not by `Z` standard errors, it is taken."""
     m = MeasuredArms()
     exploit(m, "plain", [(1.0, 0.005)] * 32)  # plain: 200 tok/s, no spread
     m.interrupt()
@@ -51,13 +52,38 @@ def test_an_arm_ahead_but_not_clear_is_measured_until_its_window_is_full_and_the
     r4, r0 = m.score("eagle-g4", 1), m.score("plain", 1)
     assert r4 > m.STAY * r0 and r4 - r0 < m.Z * m.se_of(("eagle-g4", 1))  # ahead, not clear
     assert m._exploit(arms, 1).arm == "plain"
-    assert m._target(arms, 1, "plain") == ("eagle-g4", "more")
-    while m.n("eagle-g4", 1) < m.WINDOW:
+    assert m._target(arms, 1, "plain") == ("eagle-g4", "ahead")
+    assert m._lead(1) == m.LEAD * m.need(1) < m.WINDOW
+    while m.n("eagle-g4", 1) < m._lead(1):
         t, s = noisy[m.n("eagle-g4", 1) % 2]
         m.record("eagle-g4", 1, t, s * 1.75, m.steps)
         m.steps += 1
     assert m.score("eagle-g4", 1) - r0 < m.Z * m.se_of(("eagle-g4", 1))  # still not clear by Z standard errors
     assert m._exploit(arms, 1).arm == "eagle-g4"
+
+
+def test_a_lead_is_measured_on_the_second_opinion_budget():
+    """With exploration at `SHARE` of the steps after the warm-up (no room for a trial of another kind), a burst
+    measuring an arm ahead still starts, within `SECOND_SHARE`; a stale arm's re-measure does not."""
+    def run(ahead: bool) -> Pick:
+        m = MeasuredArms()
+        swing = [(r, 0.01) for r in (1.5, 2.5) for _ in range(m.need(1))]  # 200 tok/s, moments 150 and 250
+        exploit(m, "eagle-g2", swing * 4)
+        m.interrupt()
+        m.current[1] = "eagle-g2"
+        for _ in range(m.need(1) + 1):  # (the switch's first step is no measurement)
+            m.record("eagle-g4", 1, 2.3 if ahead else 1.9, 0.01, m.steps)
+            m.steps += 1
+        m.interrupt()
+        exploit(m, "eagle-g2", swing)
+        m.stale.add(("eagle-g4", 1))
+        m.steps = 1000
+        m.explored = int(m.SHARE * (m.steps - m.WARMUP))
+        m.recent = type(m.recent)([1] * 16, maxlen=16)
+        return m.pick([Arm(n, 1.0, 1.0) for n in ("eagle-g2", "eagle-g4")], 1)
+
+    assert run(ahead=True) == Pick("eagle-g4", "explore")  # (not clear yet: not taken)
+    assert run(ahead=False) == Pick("eagle-g2", "measured")
 
 
 def test_another_length_behind_is_remeasured_when_old():
@@ -92,7 +118,7 @@ def test_a_lucky_trial_is_not_clear_against_the_spread_between_moments():
     """The exploited eagle-g2's blocks of `need` steps spread between moments (150 to 250 tok/s, steady within
     each); plain's one trial reads 15% above it on four identical steps. Its within-window spread is none, but one
     burst is one moment: the floor on its standard error (`se_of`) keeps it from being clear, so eagle-g2 stays and
-    plain is measured further ("more"); with eagle-g2 as steady between moments as within, the same lead is taken."""
+    plain is measured further ("ahead"); with eagle-g2 as steady between moments as within, the same lead is taken."""
     def run(moments) -> tuple:
         m = MeasuredArms()
         exploit(m, "eagle-g2", [(r / 100.0, 0.01) for r in moments for _ in range(m.need(1))])
@@ -108,14 +134,14 @@ def test_a_lucky_trial_is_not_clear_against_the_spread_between_moments():
 
     m, arm, target = run([150.0, 250.0] * 4)
     assert m.moment_cv(1) > 0.2 and m.se_of(("plain", 1)) > 0.2 * m.score("plain", 1)
-    assert arm == "eagle-g2" and target == ("plain", "more")
+    assert arm == "eagle-g2" and target == ("plain", "ahead")
     m, arm, _ = run([200.0] * 8)
     assert m.moment_cv(1) == 0.0 and arm == "plain"
 
 
 def test_a_reading_older_than_the_exploited_window_is_measured_again_before_it_is_taken():
     """plain's trial read 30% above eagle-g2's current window, but before any step of that window (another moment
-    of the machine): eagle-g2 stays and plain is measured again from scratch ("again"); the same reading taken
+    of the machine): eagle-g2 stays and plain is measured again from scratch ("recheck"); the same reading taken
     within eagle-g2's window is taken."""
     def run(trial_first: bool) -> tuple:
         m = MeasuredArms()
@@ -135,7 +161,7 @@ def test_a_reading_older_than_the_exploited_window_is_measured_again_before_it_i
         return m._exploit(arms, 1).arm, m._target(arms, 1, "eagle-g2")
 
     arm, target = run(trial_first=True)
-    assert arm == "eagle-g2" and target == ("plain", "again")
+    assert arm == "eagle-g2" and target == ("plain", "recheck")
     assert run(trial_first=False)[0] == "plain"
 
 
