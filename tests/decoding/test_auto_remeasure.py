@@ -1,4 +1,4 @@
-"""`auto`'s re-measures: an arm measured ahead until its lead is clear or held over `LEAD` trials' worth of steps, another length of the
+"""`auto`'s re-measures: an arm measured ahead until its lead is clear or its window full, another length of the
 exploited drafter measured again when old (`measured.MeasuredArms._target` / `_exploit`)."""
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ def test_an_arm_measured_ahead_but_not_clearly_is_measured_longer_before_stale_a
     assert m.pick(arms, 1) == Pick("eagle-g4", "explore") and m.n("eagle-g4", 1) == n  # (its window kept)
 
 
-def test_an_arm_ahead_but_not_clear_is_measured_until_it_holds_its_lead_and_then_taken():
+def test_an_arm_ahead_but_not_clear_is_measured_until_its_window_is_full_and_then_taken():
     """eagle-g4 reads 14% above the exploited plain over a noisy window of 3 x `need` steps, not clear: it is not
     taken yet and gets "ahead" bursts past that (they once stopped there, and plain held batch 4 while eagle-g4 ran
-    1.17x faster), and once it has held its lead over `LEAD` trials' worth of steps, still ahead by `STAY` though
-    not by `Z` standard errors, it is taken."""
+    1.17x faster), and once its window is full, still ahead by `STAY` though not by `Z` standard errors, it is
+    taken."""
     m = MeasuredArms()
     exploit(m, "plain", [(1.0, 0.005)] * 32)  # plain: 200 tok/s, no spread
     m.interrupt()
@@ -53,8 +53,12 @@ def test_an_arm_ahead_but_not_clear_is_measured_until_it_holds_its_lead_and_then
     assert r4 > m.STAY * r0 and r4 - r0 < m.Z * m.se_of(("eagle-g4", 1))  # ahead, not clear
     assert m._exploit(arms, 1).arm == "plain"
     assert m._target(arms, 1, "plain") == ("eagle-g4", "ahead")
-    assert m._lead(1) == m.LEAD * m.need(1) < m.WINDOW
-    while m.n("eagle-g4", 1) < m._lead(1):
+    while m.n("eagle-g4", 1) < m.WINDOW - 1:
+        t, s = noisy[m.n("eagle-g4", 1) % 2]
+        m.record("eagle-g4", 1, t, s * 1.75, m.steps)
+        m.steps += 1
+    assert m._exploit(arms, 1).arm == "plain" and m._target(arms, 1, "plain") == ("eagle-g4", "ahead")
+    while m.n("eagle-g4", 1) < m.WINDOW:
         t, s = noisy[m.n("eagle-g4", 1) % 2]
         m.record("eagle-g4", 1, t, s * 1.75, m.steps)
         m.steps += 1

@@ -15,7 +15,7 @@ Successive elimination with a bounded budget:
   `need`); the first step after a switch to it is not counted: it pays the switch's cold cache, which the arm's
   steady state does not (a drafter's catch-up, `Drafter.sync`, is left out of every step's seconds);
 - exploitation: the current arm stays unless another measures `STAY`× faster *and* faster by more than `Z` standard
-  errors of the two rates or over `LEAD` trials' worth of steps (a step's tokens follow the text it lands on, so a few steps of an arm
+  errors of the two rates or over a full window (a step's tokens follow the text it lands on, so a few steps of an arm
   are a noisy sample: the best of many noisy rates is mostly the luckiest; an arm ahead is measured longer; a trial's
   steps share one moment, so a rate's standard error is at least the spread between moments that its window's
   bursts leave, `ArmRates.se_of`; and a challenger is taken only on a reading within the exploited arm's window,
@@ -36,8 +36,8 @@ Successive elimination with a bounded budget:
   or another length or shape of the exploited arm's drafter (whose acceptance is measured where the others' is only
   predicted: at batch 64 the model ranked eagle-g2 last of 7 and the budget ran out before its trial, though it
   measures 8% faster than the exploited eagle-g4); one measured above `STAY` × the exploited arm on a window not clear
-  yet (a burst more added to its window, until clear or held over `LEAD` trials' worth of steps, within
-  `SECOND_SHARE`: an arm ahead is the likeliest to pay for its trials); a measured arm flagged by drift, or measured `STALE`
+  yet (a burst more added to its window, until clear or full, within `SECOND_SHARE`: an arm ahead is the likeliest
+  to pay for its trials); a measured arm flagged by drift, or measured `STALE`
   steps ago while close to the best (within `SECOND` of it for another length of the exploited arm's drafter; a
   re-measure starts a fresh window); one whose single trial put
   it behind the best but within `SECOND` of it (a second opinion, `RECENT` steps later: the better of its two trials
@@ -135,7 +135,6 @@ class MeasuredArms(ArmRates):
     NEAR_AFTER: int = 256    # ... until the batch has stayed this many steps in the new bucket
     EDGE: float = 1.25       # a lookup arm exploited only when it measures this much faster (`_edge`)
     SECOND: float = 0.6      # an arm whose one trial measured it behind the best, within this share, is tried again
-    LEAD: int = 4            # trials' worth of steps (`need` each) over which a lead of `STAY` stands (`_lead`)
     YOUNG: int = 8           # no trial starts while the batch's rows have generated fewer tokens than this (mean)
     cut: dict = field(default_factory=dict)        # (arm, bucket) -> step its last trial was cut short
     steps: int = 0                                 # steps chosen (`tick`)
@@ -219,10 +218,13 @@ class MeasuredArms(ArmRates):
                             "measured")
             best = max(measured, key=measured.get)
             gap = measured[best] - measured[cur]
-            # clear by Z standard errors, or held over `LEAD` moments (`_target`'s "ahead" bursts measure an arm
-            # ahead until then: at demo bf16 batch 1 eagle-g4 ended a run measured 17% ahead of the exploited
-            # eagle-g2 over 25 steps, short of a full window, while its fixed engine ran 1.03-1.22x eagle-g2's)
-            clear = gap > self.Z * math.hypot(se[best], se[cur]) or self.n(best, b) >= self._lead(b)
+            # clear by Z standard errors, or over a window as full as the exploited arm's (`_target`'s "ahead"
+            # bursts fill the window of an arm measured ahead: as measured as it can be, its lead stands). A lead
+            # held over 16 steps was tried (2a17e8d): it took eagle-g4 at demo bf16 batch 1 (0.89 -> 1.00x the best
+            # fixed), and also, falsely, eagle-g4 in demo fp32 batch 16's tail (1.05 -> 0.94x) and plain for 126 of
+            # a round's 284 steps on the widened copy at batch 1 (bf16, `moment_cv` 0.28): at a moment spread of
+            # 0.1-0.3, a 3% lead over 4 moments is within one standard error of the difference
+            clear = gap > self.Z * math.hypot(se[best], se[cur]) or self.n(best, b) >= self.WINDOW
             take = measured[best] > self.STAY * measured[cur] and clear and self._fresh(best, b)
             return Pick(self._even(best if take else cur, measured), "measured")
         near = sorted({k[1] for k in self.win if k[1] != b}, key=lambda k: abs(math.log2(k / b)))
@@ -231,12 +233,6 @@ class MeasuredArms(ArmRates):
             if there:
                 return Pick(max(there, key=there.get), "measured-near")
         return Pick(max(arms, key=lambda a: a.predicted).name, "model")
-
-    def _lead(self, b: int) -> int:
-        """Steps over which an arm measured `STAY`× ahead of the exploited arm is taken even when its lead is not
-        clear by `Z` standard errors: `LEAD` trials' worth (a full window took more bursts than the budget buys: about
-        one a round of ~200 steps at batch 1)."""
-        return min(self.WINDOW, self.LEAD * max(1, self.need(b)))
 
     def _fresh(self, arm: str, b: int) -> bool:
         """Whether `arm` was last measured at bucket b within the exploited arm's window there: a reading older than
@@ -294,7 +290,8 @@ class MeasuredArms(ArmRates):
         # a second opinion may take the budget a little further: one 4-step trial at batch 1 can meet the stalls
         # of a few expert misses (on the widened copy eagle-g2's one trial read 25 tok/s against eagle-g4's 38 while
         # the fixed engines ran 46 and 41), and at SHARE its second opinion found no room in 240 steps
-        # and so may the bursts that measure a lead (an arm ahead is the likeliest to pay for its trials)
+        # and so may the bursts that measure a lead (an arm ahead is the likeliest to pay for its trials; at 4% the
+        # budget bought about one burst a round at batch 1, and a lead took several rounds to fill its window)
         due = self._budget(length, self.SECOND_SHARE if mode in ("second", "ahead", "recheck") else None)
         # a request's first tokens run slower on every arm: a trial due now starts once the rows are past them, and
         # the exploited arm's call is reused only until then (`deferred`)
@@ -335,12 +332,12 @@ class MeasuredArms(ArmRates):
         if first is not None and (first.name == "plain" or drafter(first.name) == drafter(best)):
             return first.name, "new"
         # measured ahead of the exploited arm (by `STAY`) but not clearly (a short window: `_exploit` keeps it):
-        # measured longer before anything else is re-measured, until it is clear or held over `_lead` (at batch 4
+        # measured longer before anything else is re-measured, until it is clear or its window is full (at batch 4
         # eagle-g2's one trial read 7% above the exploited eagle-g4, and the budget of 160 steps went to
         # re-measuring a lookup mix flagged by drift, while the fixed eagle-g2 ran 9% faster; with these bursts capped
         # at 3 × `need` steps, plain ran 85% of 5 rounds' steps at batch 4 while the fixed eagle-g4 ran 1.17x the AR
         # baseline, and eagle-g4 ended measured 14% ahead of plain over 15 steps)
-        ahead = {a.name: r for a in cands if self.need(b) <= self.n(a.name, b) < self._lead(b)
+        ahead = {a.name: r for a in cands if self.need(b) <= self.n(a.name, b) < self.WINDOW
                  and (r := (self.score(a.name, b, f) or 0.0) / self._edge(a.name)) > self.STAY * rb / self._edge(best)}
         if ahead:  # (a reading older than the exploited arm's window is taken again from scratch: `_fresh`)
             a = max(ahead, key=ahead.get)
