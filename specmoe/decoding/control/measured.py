@@ -221,9 +221,10 @@ class MeasuredArms(ArmRates):
             # clear by Z standard errors, or over a window as full as the exploited arm's (`_target`'s "ahead"
             # bursts fill the window of an arm measured ahead: as measured as it can be, its lead stands). A lead
             # held over 16 steps was tried (2a17e8d): it took eagle-g4 at demo bf16 batch 1 (0.89 -> 1.00x the best
-            # fixed), and also, falsely, eagle-g4 in demo fp32 batch 16's tail (1.05 -> 0.94x) and plain for 126 of
-            # a round's 284 steps on the widened copy at batch 1 (bf16, `moment_cv` 0.28): at a moment spread of
-            # 0.1-0.3, a 3% lead over 4 moments is within one standard error of the difference
+            # fixed); with it auto also ran the slower eagle-g4 in demo fp32 batch 16's tail (eagle-g4 measured 12%
+            # ahead over 20 steps at 8 rows; 1.05 -> 0.94x) and plain for 126 of a round's 284 steps on the widened
+            # copy at batch 1 (bf16, `moment_cv` 0.28): at a moment spread of 0.1-0.3, a 3% lead over 4 moments is
+            # within one standard error of the difference
             clear = gap > self.Z * math.hypot(se[best], se[cur]) or self.n(best, b) >= self.WINDOW
             take = measured[best] > self.STAY * measured[cur] and clear and self._fresh(best, b)
             return Pick(self._even(best if take else cur, measured), "measured")
